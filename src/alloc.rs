@@ -1,0 +1,202 @@
+//! The object allocator interface, and a plain heap allocator behind it.
+//!
+//! The store keeps compressed objects through [`ObjAllocator`]: sizes in,
+//! opaque handles out, frees by handle, with bulk variants so that a whole
+//! compression group costs one allocation call and a drained batch one free
+//! call. The real allocator is the size-class slab in [`crate::slab`];
+//! [`HeapAllocator`] (one heap allocation per object) is the simple
+//! reference used to check it.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// An opaque, non-zero object identifier. 0 means "no object".
+pub type Handle = u64;
+
+/// The allocator refused: `mem_limit` would be exceeded or the OS gave no
+/// memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllocError {
+    /// The limit in force (0 when the OS refused memory).
+    pub limit: u64,
+}
+
+/// Moves objects on behalf of the allocator during compaction.
+///
+/// The allocator knows each object's owner (the slot index given at
+/// allocation); the store knows how to lock that slot.
+pub trait Relocate: Sync {
+    /// Under the lock of slot `owner`: if the slot still references `old`,
+    /// calls `mv`, which copies the object and returns its new handle, and
+    /// points the slot at that handle. Returns false (and does not call `mv`)
+    /// when the slot no longer holds `old`: the object is on its way to
+    /// being freed and must not be moved.
+    fn relocate(&self, owner: u64, old: Handle, mv: &mut dyn FnMut() -> Option<Handle>) -> bool;
+}
+
+/// A store for variable-sized objects, safe to call from many threads.
+pub trait ObjAllocator: Send + Sync {
+    /// Allocates one object per entry of `sizes`, owned by the matching
+    /// entry of `owners` (slot indices), appending handles to `out`. All or
+    /// nothing: on error no object is allocated and `out` is unchanged.
+    fn alloc_bulk(&self, sizes: &[u32], owners: &[u64], out: &mut Vec<Handle>)
+        -> Result<(), AllocError>;
+
+    /// Frees every handle in `handles`.
+    fn free_bulk(&self, handles: &[Handle]);
+
+    /// The object's bytes: `len` must be the size it was allocated with.
+    ///
+    /// # Safety
+    /// `h` must be live and neither freed nor moved while the slice is used:
+    /// the caller holds the lock of the slot that owns it.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn object(&self, h: Handle, len: usize) -> &mut [u8];
+
+    /// Bytes of memory the allocator holds, metadata and waste included.
+    fn mem_used_total(&self) -> u64;
+
+    /// Peak of `mem_used_total` since creation or the last reset.
+    fn mem_used_max(&self) -> u64;
+
+    /// Forgets the peak: `mem_used_max` restarts from the current use.
+    fn reset_mem_used_max(&self);
+
+    /// The memory limit in bytes (0: none).
+    fn mem_limit(&self) -> u64;
+
+    /// Sets the memory limit in bytes (0: none). Objects already stored stay.
+    fn set_mem_limit(&self, bytes: u64);
+
+    /// Moves objects to free memory, returning the number of 4 KB pages
+    /// given back. The default allocator cannot move anything.
+    fn compact(&self, _relocate: &dyn Relocate) -> u64 {
+        0
+    }
+}
+
+/// One heap allocation per object: simple, correct, and the baseline the
+/// slab's memory efficiency is measured against.
+#[derive(Debug, Default)]
+pub struct HeapAllocator {
+    used: AtomicU64,
+    max: AtomicU64,
+    limit: AtomicU64,
+}
+
+/// Bytes in front of each heap object recording its length, so that a free
+/// by handle alone knows what to give back.
+const HEAP_HEADER: usize = 8;
+
+impl HeapAllocator {
+    /// Creates an empty heap allocator with no limit.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn charge(size: u32) -> u64 {
+        // What malloc really spends: the header and 16-byte rounding.
+        (size as u64 + HEAP_HEADER as u64 + 15) & !15
+    }
+}
+
+impl ObjAllocator for HeapAllocator {
+    fn alloc_bulk(
+        &self,
+        sizes: &[u32],
+        _owners: &[u64],
+        out: &mut Vec<Handle>,
+    ) -> Result<(), AllocError> {
+        let total: u64 = sizes.iter().map(|&s| Self::charge(s)).sum();
+        let limit = self.limit.load(Relaxed);
+        let prev = self.used.fetch_add(total, Relaxed);
+        if limit != 0 && prev + total > limit {
+            self.used.fetch_sub(total, Relaxed);
+            return Err(AllocError { limit });
+        }
+        self.max.fetch_max(prev + total, Relaxed);
+        for &size in sizes {
+            let mut v = vec![0u8; size as usize + HEAP_HEADER].into_boxed_slice();
+            v[..HEAP_HEADER].copy_from_slice(&(size as u64).to_ne_bytes());
+            out.push(Box::into_raw(v) as *mut u8 as Handle);
+        }
+        Ok(())
+    }
+
+    fn free_bulk(&self, handles: &[Handle]) {
+        let mut freed = 0;
+        for &h in handles {
+            let p = h as *mut u8;
+            // SAFETY: `h` came from alloc_bulk, whose header holds the size.
+            unsafe {
+                let mut len = [0u8; HEAP_HEADER];
+                std::ptr::copy_nonoverlapping(p, len.as_mut_ptr(), HEAP_HEADER);
+                let size = u64::from_ne_bytes(len) as usize;
+                drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+                    p,
+                    size + HEAP_HEADER,
+                )));
+                freed += Self::charge(size as u32);
+            }
+        }
+        self.used.fetch_sub(freed, Relaxed);
+    }
+
+    unsafe fn object(&self, h: Handle, len: usize) -> &mut [u8] {
+        std::slice::from_raw_parts_mut((h as *mut u8).add(HEAP_HEADER), len)
+    }
+
+    fn mem_used_total(&self) -> u64 {
+        self.used.load(Relaxed)
+    }
+
+    fn mem_used_max(&self) -> u64 {
+        self.max.load(Relaxed)
+    }
+
+    fn reset_mem_used_max(&self) {
+        self.max.store(self.used.load(Relaxed), Relaxed);
+    }
+
+    fn mem_limit(&self) -> u64 {
+        self.limit.load(Relaxed)
+    }
+
+    fn set_mem_limit(&self, bytes: u64) {
+        self.limit.store(bytes, Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heap_alloc_write_read_free() {
+        let a = HeapAllocator::new();
+        let mut hs = Vec::new();
+        a.alloc_bulk(&[10, 3000, 1], &[0, 1, 2], &mut hs).unwrap();
+        assert_eq!(hs.len(), 3);
+        for (i, &h) in hs.iter().enumerate() {
+            unsafe { a.object(h, 1).fill(i as u8) };
+        }
+        for (i, &h) in hs.iter().enumerate() {
+            assert_eq!(unsafe { a.object(h, 1) }[0], i as u8);
+        }
+        assert!(a.mem_used_total() >= 3011);
+        a.free_bulk(&hs);
+        assert_eq!(a.mem_used_total(), 0);
+        assert!(a.mem_used_max() >= 3011);
+    }
+
+    #[test]
+    fn heap_limit_is_all_or_nothing() {
+        let a = HeapAllocator::new();
+        a.set_mem_limit(1000);
+        let mut hs = Vec::new();
+        assert!(a.alloc_bulk(&[600, 600], &[0, 1], &mut hs).is_err());
+        assert!(hs.is_empty());
+        assert_eq!(a.mem_used_total(), 0);
+        a.alloc_bulk(&[600], &[0], &mut hs).unwrap();
+        a.free_bulk(&hs);
+    }
+}

@@ -1,0 +1,229 @@
+//! Page codecs behind one trait.
+//!
+//! Every codec compresses whole buffers (one 4 KB page, or a packed group of
+//! pages) and decompresses into a caller-sized buffer. A codec instance owns
+//! its context and scratch (zstd's `CCtx`, libdeflate's compressor), so each
+//! queue thread keeps its own instances in its [`crate::ctx::QueueCtx`]: no
+//! codec is ever shared behind a lock.
+
+mod deflate;
+mod lz4;
+mod zstd;
+
+pub use self::deflate::DeflateCodec;
+pub use self::lz4::Lz4Codec;
+pub use self::zstd::ZstdCodec;
+
+use std::fmt;
+use std::str::FromStr;
+
+/// Why a codec call failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CodecError {
+    /// The compressed input is malformed or decodes to the wrong length.
+    Corrupt(String),
+    /// The codec library reported an internal failure.
+    Internal(String),
+}
+
+impl fmt::Display for CodecError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CodecError::Corrupt(m) => write!(f, "corrupt compressed data: {m}"),
+            CodecError::Internal(m) => write!(f, "codec failure: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for CodecError {}
+
+/// A compressor/decompressor with its own context.
+pub trait Codec: Send {
+    /// The algorithm this codec implements.
+    fn algo(&self) -> Algo;
+
+    /// Compresses `src` into `dst`. Returns `Ok(Some(n))` with the compressed
+    /// length, or `Ok(None)` when the result would not fit in `dst` (the
+    /// caller then stores the data raw).
+    fn compress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<Option<usize>, CodecError>;
+
+    /// Decompresses `src` into `dst`, which must be filled exactly: a stream
+    /// that decodes to any other length is corrupt.
+    fn decompress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<(), CodecError>;
+
+    /// Compresses a compression group: `pages[i]` into
+    /// `dst[i * PAGE_SIZE..i * PAGE_SIZE + budget]`, pushing one result per
+    /// page onto `out` (as [`Codec::compress`]: `None` means "store raw").
+    /// Returns how many pages an accelerator compressed (0 for software).
+    ///
+    /// The default runs the pages one by one through this codec's own
+    /// context; accelerator codecs override it to keep several pages in
+    /// flight at once.
+    fn compress_batch(
+        &mut self,
+        pages: &[&[u8]],
+        dst: &mut [u8],
+        budget: usize,
+        out: &mut Vec<Option<usize>>,
+    ) -> Result<usize, CodecError> {
+        for (i, page) in pages.iter().enumerate() {
+            let area = &mut dst[i * crate::PAGE_SIZE..i * crate::PAGE_SIZE + budget];
+            out.push(self.compress(page, area)?);
+        }
+        Ok(0)
+    }
+}
+
+/// A compression algorithm and its parameters, as named on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Algo {
+    /// LZ4 (lz4_flex block format).
+    Lz4,
+    /// Zstandard at the given level.
+    Zstd(i32),
+    /// Raw deflate (libdeflate) at the given level, each buffer compressed
+    /// alone so that no match reaches back more than 4 KB within a page.
+    Deflate(i32),
+    /// Raw deflate routed to Intel IAA work queues where one is usable, else
+    /// to the software deflate path producing the same format.
+    DeflateIaa,
+}
+
+/// zstd's level when `zstd` is given without one (what zram uses).
+pub const ZSTD_DEFAULT_LEVEL: i32 = 1;
+/// libdeflate's level for `deflate`: the fast end, like the kernel's.
+pub const DEFLATE_DEFAULT_LEVEL: i32 = 1;
+
+impl Algo {
+    /// Creates a fresh codec instance (own context and scratch) for `self`.
+    pub fn new_codec(&self) -> Box<dyn Codec> {
+        match *self {
+            Algo::Lz4 => Box::new(Lz4Codec::new()),
+            Algo::Zstd(level) => Box::new(ZstdCodec::new(level)),
+            Algo::Deflate(level) => Box::new(DeflateCodec::new(level, *self)),
+            Algo::DeflateIaa => Box::new(DeflateCodec::new(DEFLATE_DEFAULT_LEVEL, *self)),
+        }
+    }
+}
+
+impl fmt::Display for Algo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Algo::Lz4 => write!(f, "lz4"),
+            Algo::Zstd(l) => write!(f, "zstd:{l}"),
+            Algo::Deflate(l) if *l == DEFLATE_DEFAULT_LEVEL => write!(f, "deflate"),
+            Algo::Deflate(l) => write!(f, "deflate:{l}"),
+            Algo::DeflateIaa => write!(f, "deflate-iaa"),
+        }
+    }
+}
+
+impl FromStr for Algo {
+    type Err = String;
+
+    /// Parses `lz4`, `zstd`, `zstd:LEVEL` (1..=22), `deflate`,
+    /// `deflate:LEVEL` (1..=12) or `deflate-iaa`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (name, level) = match s.split_once(':') {
+            Some((n, l)) => (n, Some(l)),
+            None => (s, None),
+        };
+        let parse_level = |lo: i32, hi: i32, default: i32| -> Result<i32, String> {
+            match level {
+                None => Ok(default),
+                Some(l) => match l.parse::<i32>() {
+                    Ok(v) if (lo..=hi).contains(&v) => Ok(v),
+                    _ => Err(format!("invalid level '{l}' for {name}: expected {lo}..={hi}")),
+                },
+            }
+        };
+        match name {
+            "lz4" if level.is_none() => Ok(Algo::Lz4),
+            "zstd" => Ok(Algo::Zstd(parse_level(1, 22, ZSTD_DEFAULT_LEVEL)?)),
+            "deflate" => Ok(Algo::Deflate(parse_level(1, 12, DEFLATE_DEFAULT_LEVEL)?)),
+            "deflate-iaa" if level.is_none() => Ok(Algo::DeflateIaa),
+            _ => Err(format!(
+                "unknown algorithm '{s}': expected lz4, zstd[:LEVEL], deflate[:LEVEL] or deflate-iaa"
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample_pages() -> Vec<Vec<u8>> {
+        let text: Vec<u8> = b"the quick brown fox jumps over the lazy dog; "
+            .iter()
+            .cycle()
+            .take(4096)
+            .copied()
+            .collect();
+        let mut x = 0x9e3779b97f4a7c15u64;
+        let random: Vec<u8> = (0..4096)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        vec![vec![0u8; 4096], text, random, vec![7u8; 8192]]
+    }
+
+    #[test]
+    fn every_codec_round_trips() {
+        for algo in [Algo::Lz4, Algo::Zstd(1), Algo::Zstd(3), Algo::Deflate(1), Algo::DeflateIaa] {
+            let mut c = algo.new_codec();
+            for page in sample_pages() {
+                let mut dst = vec![0u8; page.len() * 2];
+                let n = c.compress(&page, &mut dst).unwrap().expect("fits in 2x");
+                let mut back = vec![0u8; page.len()];
+                c.decompress(&dst[..n], &mut back).unwrap();
+                assert_eq!(back, page, "{algo}");
+            }
+        }
+    }
+
+    #[test]
+    fn incompressible_into_small_buffer_reports_none() {
+        for algo in [Algo::Lz4, Algo::Zstd(1), Algo::Deflate(1)] {
+            let mut c = algo.new_codec();
+            let page = &sample_pages()[2];
+            let mut dst = vec![0u8; 3072];
+            assert_eq!(c.compress(page, &mut dst).unwrap(), None, "{algo}");
+        }
+    }
+
+    #[test]
+    fn corrupt_input_is_an_error_not_a_panic() {
+        for algo in [Algo::Lz4, Algo::Zstd(1), Algo::Deflate(1)] {
+            let mut c = algo.new_codec();
+            let page = &sample_pages()[1];
+            let mut dst = vec![0u8; 8192];
+            let n = c.compress(page, &mut dst).unwrap().unwrap();
+            let mut back = vec![0u8; 4096];
+            // Truncated, bit-flipped, garbage and wrong-length outputs.
+            assert!(c.decompress(&dst[..n / 2], &mut back).is_err(), "{algo} truncated");
+            assert!(c.decompress(&[0xff; 64], &mut back).is_err(), "{algo} garbage");
+            let mut short = vec![0u8; 4095];
+            assert!(c.decompress(&dst[..n], &mut short).is_err(), "{algo} wrong length");
+        }
+    }
+
+    #[test]
+    fn algo_names_parse_and_print() {
+        assert_eq!("lz4".parse::<Algo>(), Ok(Algo::Lz4));
+        assert_eq!("zstd".parse::<Algo>(), Ok(Algo::Zstd(1)));
+        assert_eq!("zstd:3".parse::<Algo>(), Ok(Algo::Zstd(3)));
+        assert_eq!("deflate".parse::<Algo>(), Ok(Algo::Deflate(1)));
+        assert_eq!("deflate-iaa".parse::<Algo>(), Ok(Algo::DeflateIaa));
+        for bad in ["", "lzo", "zstd:0", "zstd:23", "zstd:x", "lz4:1", "deflate:13"] {
+            assert!(bad.parse::<Algo>().is_err(), "{bad}");
+        }
+        for a in [Algo::Lz4, Algo::Zstd(3), Algo::Deflate(1), Algo::Deflate(6), Algo::DeflateIaa] {
+            assert_eq!(a.to_string().parse::<Algo>(), Ok(a));
+        }
+    }
+}

@@ -1,0 +1,92 @@
+//! `QueueCtx`: everything one queue thread owns.
+//!
+//! One per ublk queue (per CPU): its codec instance with context and scratch,
+//! its statistics shard, its batch of handles to free. Nothing in it is
+//! shared on the I/O path, which is what keeps the hot path free of locks.
+
+use crate::codec::Codec;
+use crate::free::FreeBatch;
+use crate::group::GroupPlan;
+use crate::page::PAGE_SIZE;
+use crate::stats::StatsShard;
+use crate::store::Store;
+use std::sync::Arc;
+
+/// The mutable state of one queue thread, passed to the store's operations.
+pub(crate) struct CtxState {
+    pub(crate) codec: Box<dyn Codec>,
+    /// Compression output for one group: one page-sized area per page.
+    pub(crate) scratch: Vec<u8>,
+    pub(crate) shard: Arc<StatsShard>,
+    pub(crate) free: FreeBatch,
+    /// Reused per-group vectors, so a write allocates nothing on the heap.
+    pub(crate) plan: GroupPlan,
+}
+
+/// The per-thread context every store operation runs with.
+pub struct QueueCtx {
+    store: Arc<Store>,
+    st: CtxState,
+    id: usize,
+}
+
+impl QueueCtx {
+    pub(crate) fn new(store: Arc<Store>, id: usize, shard: Arc<StatsShard>) -> Self {
+        let g = store.config().group_pages;
+        let st = CtxState {
+            codec: store.config().algo.new_codec(),
+            scratch: vec![0u8; g * PAGE_SIZE],
+            shard,
+            free: FreeBatch::new(),
+            plan: GroupPlan::with_capacity(g),
+        };
+        QueueCtx { store, st, id }
+    }
+
+    /// This context's index (its queue number).
+    pub fn id(&self) -> usize {
+        self.id
+    }
+
+    /// The store this context serves.
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    /// Writes `data` (a multiple of 4 KB) at byte `offset`.
+    pub fn write(&mut self, offset: u64, data: &[u8]) -> crate::Result<()> {
+        self.store.write(&mut self.st, offset, data)
+    }
+
+    /// Reads `buf.len()` bytes (a multiple of 4 KB) at byte `offset`.
+    pub fn read(&mut self, offset: u64, buf: &mut [u8]) -> crate::Result<()> {
+        self.store.read(&mut self.st, offset, buf)
+    }
+
+    /// Discards `len` bytes at `offset`: the pages read as zeros afterwards
+    /// and their memory is freed.
+    pub fn discard(&mut self, offset: u64, len: u64) -> crate::Result<()> {
+        self.store.discard(&mut self.st, offset, len)
+    }
+
+    /// Zeroes `len` bytes at `offset` (same effect as discard in zblk).
+    pub fn write_zeroes(&mut self, offset: u64, len: u64) -> crate::Result<()> {
+        self.store.write_zeroes(&mut self.st, offset, len)
+    }
+
+    /// Frees the handles this context has batched (idle timer, stat, exit).
+    pub fn flush_frees(&mut self) {
+        self.st.free.flush(self.store.allocator());
+    }
+
+    /// Handles batched in this context and not yet freed.
+    pub fn pending_frees(&self) -> usize {
+        self.st.free.pending()
+    }
+}
+
+impl Drop for QueueCtx {
+    fn drop(&mut self) {
+        self.flush_frees();
+    }
+}

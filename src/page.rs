@@ -1,0 +1,57 @@
+//! Page-sized helpers: the same-filled test and fills.
+
+/// Bytes in a page: the unit zblk stores.
+pub const PAGE_SIZE: usize = 4096;
+/// `PAGE_SIZE` as u64, for byte offsets.
+pub const PAGE_SIZE_U64: u64 = PAGE_SIZE as u64;
+
+/// Returns the repeated word if `page` is one 8-byte word repeated (zram's
+/// same-filled page: such pages are kept in the slot with no allocation).
+#[inline]
+pub fn same_filled(page: &[u8]) -> Option<u64> {
+    let (head, _) = page.split_first_chunk::<8>()?;
+    let word = u64::from_ne_bytes(*head);
+    // Compare 64-byte blocks against a block of the word: vectorises well and
+    // stops at the first differing block, which for most pages is the first.
+    let mut pattern = [0u8; 64];
+    fill_word(&mut pattern, word);
+    let mut chunks = page.chunks_exact(64);
+    for c in &mut chunks {
+        if c != pattern {
+            return None;
+        }
+    }
+    let tail = chunks.remainder();
+    if tail.len() % 8 == 0 && tail.chunks_exact(8).all(|c| c == head) {
+        Some(word)
+    } else {
+        None
+    }
+}
+
+/// Fills `page` with the 8-byte `word` repeated.
+#[inline]
+pub fn fill_word(page: &mut [u8], word: u64) {
+    let bytes = word.to_ne_bytes();
+    for c in page.chunks_exact_mut(8) {
+        c.copy_from_slice(&bytes);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_filled_detects_words() {
+        assert_eq!(same_filled(&[0u8; PAGE_SIZE]), Some(0));
+        let mut p = vec![0u8; PAGE_SIZE];
+        fill_word(&mut p, 0x0102030405060708);
+        assert_eq!(same_filled(&p), Some(0x0102030405060708));
+        for pos in [0, 7, 8, 63, 64, 4095] {
+            let mut q = p.clone();
+            q[pos] ^= 1;
+            assert_eq!(same_filled(&q), None, "pos {pos}");
+        }
+    }
+}

@@ -1,0 +1,379 @@
+//! `Store`: the slot table and the four operations over page-aligned ranges.
+//!
+//! This is the zram_drv.c of zblk: one function per operation (write, read,
+//! discard, write-zeroes), each taking the caller's per-thread state. Writes
+//! go through compression groups (`group.rs`); reads, discards and
+//! write-zeroes walk their slots one lock at a time.
+
+use crate::alloc::{Handle, HeapAllocator, ObjAllocator, Relocate};
+use crate::codec::Algo;
+use crate::ctx::{CtxState, QueueCtx};
+use crate::error::{Error, Result};
+use crate::page::{fill_word, PAGE_SIZE, PAGE_SIZE_U64};
+use crate::slot::{Entry, Kind, Slot};
+use crate::stats::{self, Counter, Counters, Latencies, Op, StatsShard};
+use serde::Serialize;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// Default compressed size at or above which a page is stored raw: 3/4 of a
+/// page, near zram's huge_class_size. Storing such a page compressed would
+/// save little memory and cost a decompression on every read.
+pub const DEFAULT_HUGE_THRESHOLD: usize = PAGE_SIZE * 3 / 4;
+
+/// Default pages per compression group (zswap's batch size).
+pub const DEFAULT_GROUP_PAGES: usize = 8;
+
+/// Largest compression group.
+pub const MAX_GROUP_PAGES: usize = 64;
+
+/// How a store is built.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// Device size in bytes; a non-zero multiple of 4 KB.
+    pub size: u64,
+    /// Compression algorithm.
+    pub algo: Algo,
+    /// Pages per compression group (1 disables grouping).
+    pub group_pages: usize,
+    /// Compressed size at or above which a page is stored raw.
+    pub huge_threshold: usize,
+    /// Memory limit in bytes (0: none).
+    pub mem_limit: u64,
+}
+
+impl StoreConfig {
+    /// A configuration with defaults for everything but the size.
+    pub fn new(size: u64) -> Self {
+        StoreConfig {
+            size,
+            algo: Algo::Lz4,
+            group_pages: DEFAULT_GROUP_PAGES,
+            huge_threshold: DEFAULT_HUGE_THRESHOLD,
+            mem_limit: 0,
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.size == 0 || self.size % PAGE_SIZE_U64 != 0 {
+            return Err(Error::InvalidConfig(format!(
+                "size {} is not a non-zero multiple of 4096 bytes",
+                self.size
+            )));
+        }
+        if usize::try_from(self.size / PAGE_SIZE_U64).is_err() {
+            return Err(Error::InvalidConfig(format!("size {} is too large", self.size)));
+        }
+        if !(1..=MAX_GROUP_PAGES).contains(&self.group_pages) {
+            return Err(Error::InvalidConfig(format!(
+                "group pages {} is not in 1..={MAX_GROUP_PAGES}",
+                self.group_pages
+            )));
+        }
+        if !(64..=PAGE_SIZE).contains(&self.huge_threshold) {
+            return Err(Error::InvalidConfig(format!(
+                "huge threshold {} is not in 64..={PAGE_SIZE}",
+                self.huge_threshold
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Everything `zblk stat` shows about a store, merged from all shards.
+#[derive(Debug, Clone, Serialize)]
+pub struct StoreStats {
+    /// Device size in bytes.
+    pub disksize: u64,
+    /// Compression algorithm.
+    pub algorithm: String,
+    /// Pages per compression group.
+    pub group_pages: usize,
+    /// Counters summed over all queues.
+    #[serde(flatten)]
+    pub counters: Counters,
+    /// Bytes the allocator holds (metadata and waste included).
+    pub mem_used_total: u64,
+    /// Peak of `mem_used_total`.
+    pub mem_used_max: u64,
+    /// Memory limit in bytes (0: none).
+    pub mem_limit: u64,
+    /// Pages given back by compaction since creation.
+    pub pages_compacted: u64,
+    /// Handles detached but not yet freed.
+    pub deferred_free_pending: u64,
+    /// Bytes of slot table (16 per page of device size).
+    pub slot_table_bytes: u64,
+    /// Per-page latency percentiles.
+    pub latency: Latencies,
+    /// The counters of each queue context, in queue order.
+    pub queues: Vec<Counters>,
+}
+
+/// The compressed page store.
+pub struct Store {
+    cfg: StoreConfig,
+    slots: Box<[Slot]>,
+    alloc: Box<dyn ObjAllocator>,
+    shards: Mutex<Vec<Arc<StatsShard>>>,
+    pages_compacted: AtomicU64,
+}
+
+impl Store {
+    /// Creates a store with the heap allocator.
+    pub fn new(cfg: StoreConfig) -> Result<Arc<Store>> {
+        Self::with_allocator(cfg, Box::new(HeapAllocator::new()))
+    }
+
+    /// Creates a store over the given allocator.
+    pub fn with_allocator(cfg: StoreConfig, alloc: Box<dyn ObjAllocator>) -> Result<Arc<Store>> {
+        cfg.validate()?;
+        let pages = (cfg.size / PAGE_SIZE_U64) as usize;
+        alloc.set_mem_limit(cfg.mem_limit);
+        Ok(Arc::new(Store {
+            slots: new_slot_table(pages)?,
+            alloc,
+            shards: Mutex::new(Vec::new()),
+            pages_compacted: AtomicU64::new(0),
+            cfg,
+        }))
+    }
+
+    /// Creates a per-thread context (one per queue).
+    pub fn new_ctx(self: &Arc<Self>) -> QueueCtx {
+        let shard = Arc::new(StatsShard::default());
+        let id = {
+            let mut shards = self.shards.lock().unwrap_or_else(|e| e.into_inner());
+            shards.push(shard.clone());
+            shards.len() - 1
+        };
+        QueueCtx::new(self.clone(), id, shard)
+    }
+
+    /// The configuration the store was built with.
+    pub fn config(&self) -> &StoreConfig {
+        &self.cfg
+    }
+
+    /// Device size in bytes.
+    pub fn size(&self) -> u64 {
+        self.cfg.size
+    }
+
+    /// The object allocator.
+    pub fn allocator(&self) -> &dyn ObjAllocator {
+        &*self.alloc
+    }
+
+    /// Sets the memory limit in bytes (0: none), at run time.
+    pub fn set_mem_limit(&self, bytes: u64) {
+        self.alloc.set_mem_limit(bytes);
+    }
+
+    /// Runs compaction now; returns the pages it gave back.
+    pub fn compact(&self) -> u64 {
+        let n = self.alloc.compact(self);
+        self.pages_compacted.fetch_add(n, Relaxed);
+        n
+    }
+
+    /// Merges every queue's statistics into one snapshot.
+    pub fn stats(&self) -> StoreStats {
+        let shards = self.shards.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let (counters, latency) = stats::merge(shards.iter().map(|s| &**s));
+        let queues = shards.iter().map(|s| stats::merge([&**s]).0).collect();
+        StoreStats {
+            disksize: self.cfg.size,
+            algorithm: self.cfg.algo.to_string(),
+            group_pages: self.cfg.group_pages,
+            counters,
+            mem_used_total: self.alloc.mem_used_total(),
+            mem_used_max: self.alloc.mem_used_max(),
+            mem_limit: self.alloc.mem_limit(),
+            pages_compacted: self.pages_compacted.load(Relaxed),
+            deferred_free_pending: 0,
+            slot_table_bytes: (self.slots.len() * std::mem::size_of::<Slot>()) as u64,
+            latency,
+            queues,
+        }
+    }
+
+    pub(crate) fn slot(&self, page: u64) -> &Slot {
+        &self.slots[page as usize]
+    }
+
+    /// Checks a byte range and returns its first page and page count.
+    fn check_range(&self, st: &CtxState, offset: u64, len: u64) -> Result<(u64, usize)> {
+        let r = (|| {
+            if offset % PAGE_SIZE_U64 != 0 || len % PAGE_SIZE_U64 != 0 {
+                return Err(Error::Misaligned { offset, len });
+            }
+            match offset.checked_add(len) {
+                Some(end) if end <= self.cfg.size => {
+                    Ok((offset / PAGE_SIZE_U64, (len / PAGE_SIZE_U64) as usize))
+                }
+                _ => Err(Error::OutOfRange {
+                    offset,
+                    len,
+                    size: self.cfg.size,
+                }),
+            }
+        })();
+        if r.is_err() {
+            st.shard.add(Counter::InvalidIo, 1);
+        }
+        r
+    }
+
+    /// Writes whole pages at `offset`, one compression group at a time.
+    pub(crate) fn write(&self, st: &mut CtxState, offset: u64, data: &[u8]) -> Result<()> {
+        let t0 = Instant::now();
+        let (first, pages) = self.check_range(st, offset, data.len() as u64)?;
+        let g = self.cfg.group_pages;
+        for (i, chunk) in data.chunks(g * PAGE_SIZE).enumerate() {
+            if let Err(e) = crate::group::write_group(self, st, first + (i * g) as u64, chunk) {
+                st.shard.add(Counter::FailedWrites, 1);
+                return Err(e);
+            }
+        }
+        st.shard.add(Counter::NumWrites, 1);
+        st.shard.add(Counter::PagesWritten, pages as i64);
+        record_latency(st, Op::Write, t0, pages);
+        Ok(())
+    }
+
+    /// Reads whole pages at `offset` into `buf`.
+    pub(crate) fn read(&self, st: &mut CtxState, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let t0 = Instant::now();
+        let (first, pages) = self.check_range(st, offset, buf.len() as u64)?;
+        for (i, out) in buf.chunks_exact_mut(PAGE_SIZE).enumerate() {
+            if let Err(e) = self.read_page(st, first + i as u64, out) {
+                st.shard.add(Counter::FailedReads, 1);
+                log::error!("{e}");
+                return Err(e);
+            }
+        }
+        st.shard.add(Counter::NumReads, 1);
+        st.shard.add(Counter::PagesRead, pages as i64);
+        record_latency(st, Op::Read, t0, pages);
+        Ok(())
+    }
+
+    /// Reads one page under its slot's lock, so it sees one whole version.
+    fn read_page(&self, st: &mut CtxState, page: u64, out: &mut [u8]) -> Result<()> {
+        let guard = self.slot(page).lock();
+        let e = guard.entry();
+        match e.kind {
+            Kind::Empty => out.fill(0),
+            Kind::Same => fill_word(out, e.val),
+            Kind::Huge => {
+                // SAFETY: the slot lock keeps the object from being freed or moved.
+                out.copy_from_slice(unsafe { self.alloc.object(e.val, PAGE_SIZE) });
+            }
+            Kind::Compressed => {
+                // SAFETY: as above.
+                let obj = unsafe { self.alloc.object(e.val, e.len as usize) };
+                if let Err(err) = st.codec.decompress(obj, out) {
+                    // Never hand out a partly decoded page.
+                    out.fill(0);
+                    return Err(Error::Corrupt {
+                        page,
+                        detail: err.to_string(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Discards whole pages: they read as zeros and their objects are freed.
+    pub(crate) fn discard(&self, st: &mut CtxState, offset: u64, len: u64) -> Result<()> {
+        let t0 = Instant::now();
+        let (first, pages) = self.check_range(st, offset, len)?;
+        for page in first..first + pages as u64 {
+            let old = self.slot(page).lock().replace(Entry::EMPTY);
+            self.release(st, old);
+        }
+        st.shard.add(Counter::NotifyFree, pages as i64);
+        st.shard.add(Counter::NumDiscards, 1);
+        record_latency(st, Op::Discard, t0, pages);
+        Ok(())
+    }
+
+    /// Zeroes whole pages. An empty slot reads as zeros and costs nothing,
+    /// so this is a discard, as in zram.
+    pub(crate) fn write_zeroes(&self, st: &mut CtxState, offset: u64, len: u64) -> Result<()> {
+        self.discard(st, offset, len)
+    }
+
+    /// Accounts for an entry leaving a slot and hands its object to the
+    /// queue's free batch.
+    pub(crate) fn release(&self, st: &mut CtxState, old: Entry) {
+        account(&st.shard, &old, -1);
+        if let Some(h) = old.handle() {
+            st.free.push(h, &*self.alloc);
+        }
+    }
+}
+
+impl Relocate for Store {
+    fn relocate(&self, owner: u64, old: Handle, mv: &mut dyn FnMut() -> Option<Handle>) -> bool {
+        let Some(slot) = self.slots.get(owner as usize) else {
+            return false;
+        };
+        let mut guard = slot.lock();
+        let e = guard.entry();
+        if e.handle() != Some(old) {
+            return false;
+        }
+        match mv() {
+            Some(new) => {
+                guard.replace(Entry { val: new, ..e });
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Adds (`sign` 1) or removes (`sign` -1) an entry's share of the gauges.
+pub(crate) fn account(shard: &StatsShard, e: &Entry, sign: i64) {
+    match e.kind {
+        Kind::Empty => return,
+        Kind::Same => shard.add(Counter::SamePages, sign),
+        Kind::Huge => {
+            shard.add(Counter::HugePages, sign);
+            shard.add(Counter::OrigDataSize, sign * PAGE_SIZE as i64);
+            shard.add(Counter::ComprDataSize, sign * PAGE_SIZE as i64);
+        }
+        Kind::Compressed => {
+            shard.add(Counter::OrigDataSize, sign * PAGE_SIZE as i64);
+            shard.add(Counter::ComprDataSize, sign * e.len as i64);
+        }
+    }
+    shard.add(Counter::StoredPages, sign);
+}
+
+fn record_latency(st: &CtxState, op: Op, t0: Instant, pages: usize) {
+    if pages > 0 {
+        let ns = t0.elapsed().as_nanos() as u64;
+        st.shard.record(op, ns / pages as u64, pages as u64);
+    }
+}
+
+/// Allocates a zeroed slot table without touching it: the OS hands out zero
+/// pages lazily, so a large sparse device costs nothing until it is written.
+fn new_slot_table(pages: usize) -> Result<Box<[Slot]>> {
+    let layout = std::alloc::Layout::array::<Slot>(pages)
+        .map_err(|_| Error::InvalidConfig(format!("{pages} pages is too many")))?;
+    // SAFETY: the layout is non-zero (pages > 0 was validated); a zeroed
+    // Slot is a valid Slot (two zero atomics: empty, unlocked).
+    unsafe {
+        let p = std::alloc::alloc_zeroed(layout) as *mut Slot;
+        if p.is_null() {
+            return Err(Error::NoSpace { limit: 0 });
+        }
+        Ok(Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, pages)))
+    }
+}

@@ -1,0 +1,1 @@
+//! The ublk daemon (see issue "The ublk daemon").
