@@ -38,8 +38,12 @@ pub trait ObjAllocator: Send + Sync {
     /// Allocates one object per entry of `sizes`, owned by the matching
     /// entry of `owners` (slot indices), appending handles to `out`. All or
     /// nothing: on error no object is allocated and `out` is unchanged.
-    fn alloc_bulk(&self, sizes: &[u32], owners: &[u64], out: &mut Vec<Handle>)
-        -> Result<(), AllocError>;
+    fn alloc_bulk(
+        &self,
+        sizes: &[u32],
+        owners: &[u64],
+        out: &mut Vec<Handle>,
+    ) -> Result<(), AllocError>;
 
     /// Frees every handle in `handles`.
     fn free_bulk(&self, handles: &[Handle]);
@@ -70,6 +74,12 @@ pub trait ObjAllocator: Send + Sync {
     /// Moves objects to free memory, returning the number of 4 KB pages
     /// given back. The default allocator cannot move anything.
     fn compact(&self, _relocate: &dyn Relocate) -> u64 {
+        0
+    }
+
+    /// Pages compaction could give back now: how fragmented the allocator
+    /// is. Used to decide when to compact by itself.
+    fn compactable_pages(&self) -> u64 {
         0
     }
 }

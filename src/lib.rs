@@ -16,6 +16,7 @@ pub mod error;
 pub mod free;
 pub mod group;
 pub mod page;
+pub mod slab;
 pub mod slot;
 pub mod stats;
 pub mod store;

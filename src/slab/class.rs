@@ -1,0 +1,182 @@
+//! The size-class table: which object sizes share a class, and how many
+//! pages each class's zspages span.
+//!
+//! As in zsmalloc: classes are `CLASS_DELTA` (16) bytes apart from
+//! `MIN_OBJ` up to a whole page; each class picks the zspage length (1 to
+//! `MAX_ZSPAGE_PAGES` pages) that wastes the least of the zspage, objects
+//! being packed back to back and so straddling page boundaries; and
+//! neighbouring classes that would pack the same number of objects into the
+//! same number of pages are merged into the larger one, since the larger
+//! slot holds the smaller objects at no extra cost.
+
+use crate::page::PAGE_SIZE;
+
+/// Smallest object slot: anything smaller is rounded up to it.
+pub const MIN_OBJ: usize = 32;
+/// Step between neighbouring size classes.
+pub const CLASS_DELTA: usize = 16;
+/// Largest object: a raw (huge) page.
+pub const MAX_OBJ: usize = PAGE_SIZE;
+/// Longest zspage, in pages (zsmalloc's default chain size).
+pub const MAX_ZSPAGE_PAGES: usize = 8;
+/// Size classes before merging: `MIN_OBJ`, `MIN_OBJ + 16`, ..., `MAX_OBJ`.
+pub const RAW_CLASSES: usize = (MAX_OBJ - MIN_OBJ) / CLASS_DELTA + 1;
+
+/// One (merged) size class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClassSpec {
+    /// Slot size in bytes: every object of the class takes this much.
+    pub size: u32,
+    /// Pages per zspage.
+    pub pages: u32,
+    /// Objects per zspage.
+    pub objs: u32,
+}
+
+impl ClassSpec {
+    /// Bytes of one zspage.
+    pub fn zspage_bytes(&self) -> usize {
+        self.pages as usize * PAGE_SIZE
+    }
+
+    /// Bytes of each zspage no object can use.
+    pub fn waste(&self) -> usize {
+        self.zspage_bytes() - self.objs as usize * self.size as usize
+    }
+}
+
+/// The zspage length for objects of `size` bytes: the number of pages whose
+/// tail waste is the smallest fraction of the zspage; the shortest such
+/// length wins ties, as fewer pages per zspage means less to keep partly
+/// filled.
+pub fn best_pages(size: usize) -> usize {
+    let mut best = (1, usize::MAX, 1);
+    for pages in 1..=MAX_ZSPAGE_PAGES {
+        let bytes = pages * PAGE_SIZE;
+        let waste = bytes % size;
+        // Compare waste/bytes without floats: w1/b1 < w0/b0 <=> w1*b0 < w0*b1.
+        if best.1 == usize::MAX || waste * best.2 < best.1 * bytes {
+            best = (pages, waste, bytes);
+        }
+    }
+    best.0
+}
+
+/// The raw (unmerged) class index of an object of `size` bytes, or None if
+/// it is larger than a page.
+pub fn raw_index(size: usize) -> Option<usize> {
+    if size > MAX_OBJ {
+        return None;
+    }
+    Some(size.saturating_sub(MIN_OBJ).div_ceil(CLASS_DELTA))
+}
+
+/// The merged size classes and the map from raw index to class.
+#[derive(Debug, Clone)]
+pub struct ClassTable {
+    /// Distinct classes, smallest slot first.
+    pub specs: Vec<ClassSpec>,
+    /// For each raw index, the class (index into `specs`) that serves it.
+    pub map: Vec<u8>,
+}
+
+impl ClassTable {
+    /// Builds the table, merging classes that pack identically.
+    pub fn new() -> Self {
+        // Walk from the largest size down, as zsmalloc does: a class merges
+        // into the one above it when both have the same zspage shape.
+        let mut rev: Vec<ClassSpec> = Vec::new();
+        let mut map_rev = Vec::with_capacity(RAW_CLASSES);
+        for raw in (0..RAW_CLASSES).rev() {
+            let size = MIN_OBJ + raw * CLASS_DELTA;
+            let pages = best_pages(size);
+            let objs = (pages * PAGE_SIZE / size) as u32;
+            match rev.last() {
+                Some(prev) if prev.pages == pages as u32 && prev.objs == objs => {}
+                _ => rev.push(ClassSpec {
+                    size: size as u32,
+                    pages: pages as u32,
+                    objs,
+                }),
+            }
+            map_rev.push(rev.len() - 1);
+        }
+        let n = rev.len();
+        rev.reverse();
+        // map_rev[k] is for raw index RAW_CLASSES-1-k; its class position
+        // counted from the top is map_rev[k], from the bottom n-1-map_rev[k].
+        let mut map = vec![0u8; RAW_CLASSES];
+        for (k, &top) in map_rev.iter().enumerate() {
+            map[RAW_CLASSES - 1 - k] = (n - 1 - top) as u8;
+        }
+        ClassTable { specs: rev, map }
+    }
+
+    /// The class serving objects of `size` bytes (None above a page).
+    pub fn class_of(&self, size: usize) -> Option<usize> {
+        raw_index(size)
+            .and_then(|r| self.map.get(r))
+            .map(|&c| c as usize)
+    }
+}
+
+impl Default for ClassTable {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_size_maps_to_a_class_that_fits_it() {
+        let t = ClassTable::new();
+        assert!(t.specs.len() <= 255);
+        for size in 0..=MAX_OBJ {
+            let c = t.class_of(size).unwrap();
+            let spec = t.specs[c];
+            assert!(
+                spec.size as usize >= size.max(1),
+                "size {size} class {spec:?}"
+            );
+            // Never more than one raw step of rounding before merging, and
+            // merging only ever lands in a class with the same zspage shape.
+            let raw = raw_index(size).unwrap();
+            let raw_size = MIN_OBJ + raw * CLASS_DELTA;
+            let pages = best_pages(raw_size);
+            assert_eq!(spec.pages as usize, pages);
+            assert_eq!(spec.objs as usize, pages * PAGE_SIZE / raw_size);
+        }
+        assert_eq!(t.class_of(MAX_OBJ + 1), None);
+    }
+
+    #[test]
+    fn classes_are_sorted_distinct_and_shaped_sanely() {
+        let t = ClassTable::new();
+        for w in t.specs.windows(2) {
+            assert!(w[0].size < w[1].size);
+            assert!((w[0].pages, w[0].objs) != (w[1].pages, w[1].objs));
+        }
+        for s in &t.specs {
+            assert!((1..=MAX_ZSPAGE_PAGES as u32).contains(&s.pages));
+            assert!(s.objs >= 1 && s.objs <= 1024);
+            assert!(s.waste() < s.size as usize);
+        }
+        let last = t.specs.last().unwrap();
+        assert_eq!((last.size, last.pages, last.objs), (4096, 1, 1));
+        assert_eq!(t.specs[0].size as usize, MIN_OBJ);
+    }
+
+    #[test]
+    fn best_pages_minimises_waste() {
+        // 3 objects of 1360 in one page waste 16 bytes: 1 page is best.
+        assert_eq!(best_pages(1360), 1);
+        // 4096/3000 wastes 1096; 3 pages hold 4 objects wasting 288; 7
+        // pages hold 9 wasting 1672 of 28672 (5.8%) vs 288/12288 (2.3%).
+        assert_eq!(best_pages(3000), 3);
+        assert_eq!(best_pages(4096), 1);
+        assert_eq!(best_pages(2048), 1);
+    }
+}
