@@ -21,21 +21,22 @@ impl SlabAllocator {
             return 0;
         };
         let mut freed = 0;
+        // Zspages whose remaining objects are all waiting to be freed: they
+        // cannot be emptied now, so later steps look past them.
+        let mut pinned: Vec<u64> = Vec::new();
         for _ in 0..max_steps {
             let mut st = lock(class);
             if !st.can_compact(&class.spec) {
                 break;
             }
-            let Some(src) = st.emptiest_partial() else {
+            let Some(src) = st.emptiest_partial_except(&pinned) else {
                 break;
             };
-            let (pages, moved) = self.empty_zspage(class, &mut st, src, relocate);
+            let (pages, _moved) = self.empty_zspage(class, &mut st, src, relocate);
             drop(st);
             freed += pages;
-            if pages == 0 && moved == 0 {
-                // Everything left in the emptiest zspage is waiting to be
-                // freed: moving more would not free anything now.
-                break;
+            if pages == 0 {
+                pinned.push(src);
             }
         }
         freed

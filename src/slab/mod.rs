@@ -160,9 +160,11 @@ impl ClassState {
         })
     }
 
-    /// The emptiest live, not full zspage.
-    fn emptiest_partial(&self) -> Option<u64> {
-        self.groups[..FULL].iter().find_map(|g| g.last().copied())
+    /// The emptiest live, not full zspage not in `skip`.
+    fn emptiest_partial_except(&self, skip: &[u64]) -> Option<u64> {
+        self.groups[..FULL]
+            .iter()
+            .find_map(|g| g.iter().rev().copied().find(|id| !skip.contains(id)))
     }
 
     /// Whether moving objects could free at least one zspage.
