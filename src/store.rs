@@ -71,6 +71,9 @@ pub const AUTO_COMPACT_PERCENT: u64 = 10;
 /// ...and at least this many pages (so small stores are left alone).
 pub const AUTO_COMPACT_MIN_PAGES: u64 = 256;
 
+/// Longest a stat waits for the drain thread to free what is queued.
+const STATS_SETTLE: Duration = Duration::from_millis(200);
+
 impl StoreConfig {
     /// A configuration with defaults for everything but the size.
     pub fn new(size: u64) -> Self {
@@ -95,7 +98,10 @@ impl StoreConfig {
             )));
         }
         if usize::try_from(self.size / PAGE_SIZE_U64).is_err() {
-            return Err(Error::InvalidConfig(format!("size {} is too large", self.size)));
+            return Err(Error::InvalidConfig(format!(
+                "size {} is too large",
+                self.size
+            )));
         }
         if !(1..=MAX_GROUP_PAGES).contains(&self.group_pages) {
             return Err(Error::InvalidConfig(format!(
@@ -269,9 +275,14 @@ impl Store {
 
     /// Merges every queue's statistics into one snapshot.
     pub fn stats(&self) -> StoreStats {
-        // A stat asks for the truth soon: get the drain going if it sleeps.
-        self.frees.wake();
-        let shards = self.shards.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        // A stat asks for the truth: let the drain free what is queued
+        // (bounded, so a stat never hangs behind a very long queue).
+        self.frees.settle(STATS_SETTLE);
+        let shards = self
+            .shards
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         let (counters, latency) = stats::merge(shards.iter().map(|s| &**s));
         let queues = shards.iter().map(|s| stats::merge([&**s]).0).collect();
         // Handles detached (counted per queue) minus those freed so far:
@@ -473,4 +484,12 @@ fn new_slot_table(pages: usize) -> Result<Box<[Slot]>> {
         }
         Ok(Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, pages)))
     }
+}
+
+/// The handle and length of the object behind `page`, if it has one: for
+/// tests that need to reach a stored object (to corrupt it, say).
+#[doc(hidden)]
+pub fn debug_handle(store: &Store, page: u64) -> Option<(Handle, u32)> {
+    let e = store.slots.get(page as usize)?.lock().entry();
+    e.handle().map(|h| (h, e.len))
 }
