@@ -10,6 +10,7 @@
 
 pub mod alloc;
 pub mod bench;
+pub mod bench_discard;
 pub mod codec;
 pub mod ctx;
 pub mod error;

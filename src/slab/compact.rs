@@ -33,6 +33,7 @@ impl SlabAllocator {
                 break;
             };
             let (pages, _moved) = self.empty_zspage(class, &mut st, src, relocate);
+            self.release_dead(class, &mut st);
             drop(st);
             freed += pages;
             if pages == 0 {

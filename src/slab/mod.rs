@@ -106,6 +106,9 @@ struct ClassState {
     /// By zspage id; ids of dead zspages are in `free_ids`.
     zs: Vec<ZsMeta>,
     free_ids: Vec<u64>,
+    /// Zspages emptied during the current lock hold whose pages are not
+    /// yet given back: released together (see `release_dead`).
+    dead: Vec<u64>,
     /// Fullness groups: ids of live zspages by how full they are.
     groups: [Vec<u64>; NGROUPS],
     live_zspages: u64,
@@ -393,7 +396,7 @@ impl SlabAllocator {
         z.inuse -= 1;
         st.objs_used -= 1;
         if z.inuse == 0 {
-            self.destroy_zspage(class, st, id);
+            self.destroy_zspage(st, id);
             class.spec.pages as u64
         } else {
             st.regroup(id, class.spec.objs);
@@ -401,15 +404,50 @@ impl SlabAllocator {
         }
     }
 
-    /// Gives an empty zspage's pages back to the OS and its id to reuse.
-    fn destroy_zspage(&self, class: &SizeClass, st: &mut ClassState, id: u64) {
+    /// Retires an empty zspage; its pages go back to the OS at the end of
+    /// the lock hold ([`Self::release_dead`]).
+    fn destroy_zspage(&self, st: &mut ClassState, id: u64) {
         st.unlink(id);
         st.zs[id as usize] = ZsMeta::dead();
-        st.free_ids.push(id);
         st.live_zspages -= 1;
-        let addr = class.dir.zspage_addr(id);
-        vm::release_range(addr, class.spec.zspage_bytes(), self.mlock);
-        self.uncharge(class.cost);
+        st.dead.push(id);
+    }
+
+    /// Gives the pages of the zspages retired in this lock hold back to the
+    /// OS, one `madvise` per run of neighbouring zspages (each call costs a
+    /// TLB flush, so a drained batch that empties many neighbours pays
+    /// once), and makes their ids reusable. Called before the class lock is
+    /// released, so no id is reused before its pages are gone.
+    fn release_dead(&self, class: &SizeClass, st: &mut ClassState) {
+        if st.dead.is_empty() {
+            return;
+        }
+        st.dead.sort_unstable();
+        let bytes = class.spec.zspage_bytes();
+        let release = |first: u64, n: u64| {
+            vm::release_range(class.dir.zspage_addr(first), n as usize * bytes, self.mlock);
+        };
+        let mut run: Option<(u64, u64)> = None; // (first id, count)
+        for &id in &st.dead {
+            run = match run {
+                Some((first, n))
+                    if first + n == id && vm::chunk_of(first).0 == vm::chunk_of(id).0 =>
+                {
+                    Some((first, n + 1))
+                }
+                Some((first, n)) => {
+                    release(first, n);
+                    Some((id, 1))
+                }
+                None => Some((id, 1)),
+            };
+        }
+        if let Some((first, n)) = run {
+            release(first, n);
+        }
+        self.uncharge(class.cost * st.dead.len() as u64);
+        let ClassState { dead, free_ids, .. } = st;
+        free_ids.append(dead);
     }
 
     /// Frees handles that `alloc_bulk` made before it failed.
@@ -534,6 +572,7 @@ impl ObjAllocator for SlabAllocator {
                     let (_, id, idx) = unpack(h);
                     self.free_obj(class, &mut st, id, idx);
                 }
+                self.release_dead(class, &mut st);
             },
         );
     }
