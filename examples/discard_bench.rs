@@ -1,11 +1,11 @@
 //! The discard and churn measurements of `zblk::bench_discard`, one JSON
 //! line each. Usage:
 //! `discard_bench FILE [--threads 1,2,4] [--copies N] [--request-pages N]
-//!  [--rounds N] [--algo lz4] [--churn]`.
+//!  [--rounds N] [--algo lz4] [--churn [--huge-threshold BYTES]]`.
 
 use std::path::PathBuf;
 use zblk::bench::load_input;
-use zblk::bench_discard::{churn_bench, discard_bench, DiscardOptions};
+use zblk::bench_discard::{churn_bench, discard_bench, ChurnOptions, DiscardOptions};
 
 fn num(v: Option<String>, what: &str) -> Result<usize, String> {
     v.and_then(|s| s.parse().ok())
@@ -18,6 +18,7 @@ fn main() -> Result<(), String> {
     let mut opts = DiscardOptions::default();
     let mut threads = vec![1, 2, 4];
     let mut churn = false;
+    let mut huge = None;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--threads" => {
@@ -33,12 +34,19 @@ fn main() -> Result<(), String> {
             "--rounds" => opts.rounds = num(args.next(), "--rounds")?,
             "--algo" => opts.algo = args.next().ok_or("--algo needs a name")?.parse()?,
             "--churn" => churn = true,
+            "--huge-threshold" => huge = Some(num(args.next(), "--huge-threshold")?),
             _ => return Err(format!("unknown argument {a}")),
         }
     }
     let data = load_input(&path)?;
     if churn {
-        let r = churn_bench(opts.algo, &data, opts.copies, 0x5eed).map_err(|e| e.to_string())?;
+        let copt = ChurnOptions {
+            algo: opts.algo,
+            copies: opts.copies,
+            huge_threshold: huge,
+            ..ChurnOptions::default()
+        };
+        let r = churn_bench(&copt, &data).map_err(|e| e.to_string())?;
         println!("{}", serde_json::to_string(&r).map_err(|e| e.to_string())?);
         return Ok(());
     }

@@ -82,7 +82,20 @@ pub struct DiscardReport {
 }
 
 fn store_for(data_len: usize, opts_algo: Algo, group: usize, deferred: bool) -> Result<Arc<Store>> {
+    store_with(data_len, opts_algo, group, deferred, None)
+}
+
+fn store_with(
+    data_len: usize,
+    opts_algo: Algo,
+    group: usize,
+    deferred: bool,
+    huge_threshold: Option<usize>,
+) -> Result<Arc<Store>> {
     let mut cfg = StoreConfig::new(data_len as u64);
+    if let Some(h) = huge_threshold {
+        cfg.huge_threshold = h;
+    }
     cfg.algo = opts_algo;
     cfg.group_pages = group;
     cfg.allocator = AllocatorKind::Slab;
@@ -247,18 +260,44 @@ pub struct ChurnReport {
     pub verify_errors: u64,
 }
 
+/// What the churn measurement runs.
+#[derive(Debug, Clone)]
+pub struct ChurnOptions {
+    /// Compression algorithm.
+    pub algo: Algo,
+    /// Times the input is stored back to back.
+    pub copies: usize,
+    /// Seed of the random choice of pages to churn.
+    pub seed: u64,
+    /// Compressed size at or above which a page is stored raw (None: the
+    /// store's default).
+    pub huge_threshold: Option<usize>,
+}
+
+impl Default for ChurnOptions {
+    fn default() -> Self {
+        ChurnOptions {
+            algo: Algo::Lz4,
+            copies: 1,
+            seed: 0x5eed,
+            huge_threshold: None,
+        }
+    }
+}
+
 /// Fills a store with `data` `copies` times, overwrites (with another page
 /// of the input) or discards a random half of the pages, lets the frees
 /// settle, and measures fragmentation before and after `compact()`. The
 /// store has deferred free and its own automatic compaction, which may
 /// already have run by the time `frag_before_compact` is read: that figure
 /// is what a user would see.
-pub fn churn_bench(algo: Algo, data: &[u8], copies: usize, seed: u64) -> Result<ChurnReport> {
-    check_input(data, 1, 1, copies)?;
-    let len = data.len() * copies;
+pub fn churn_bench(opts: &ChurnOptions, data: &[u8]) -> Result<ChurnReport> {
+    check_input(data, 1, 1, opts.copies)?;
+    let len = data.len() * opts.copies;
     let pages = len / PAGE_SIZE;
-    let s = store_for(len, algo, crate::store::DEFAULT_GROUP_PAGES, true)?;
-    fill(&s, data, copies)?;
+    let group = crate::store::DEFAULT_GROUP_PAGES;
+    let s = store_with(len, opts.algo, group, true, opts.huge_threshold)?;
+    fill(&s, data, opts.copies)?;
     let st = s.stats();
     let frag = |st: &crate::store::StoreStats| {
         st.mem_used_total as f64 / st.counters.compr_data_size.max(1) as f64
@@ -273,7 +312,7 @@ pub fn churn_bench(algo: Algo, data: &[u8], copies: usize, seed: u64) -> Result<
     let src_pages = data.len() / PAGE_SIZE;
     let mut expect: Vec<Option<usize>> = (0..pages).map(|p| Some(p % src_pages)).collect();
     let mut ctx = s.new_ctx();
-    let mut x = seed | 1;
+    let mut x = opts.seed | 1;
     let mut next = || {
         x ^= x << 13;
         x ^= x >> 7;
