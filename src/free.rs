@@ -160,6 +160,9 @@ impl Shared {
 
     fn free_chunk(&self, buf: &mut Vec<Handle>) {
         if !buf.is_empty() {
+            // Sorted, the slab frees the chunk without copying it and
+            // finds neighbouring objects together.
+            buf.sort_unstable();
             self.free_now(buf);
             self.queued.fetch_sub(buf.len() as u64, Ordering::Release);
             buf.clear();

@@ -543,22 +543,23 @@ impl ObjAllocator for SlabAllocator {
     }
 
     fn free_bulk(&self, handles: &[Handle]) {
+        // The class is the top byte: sorted handles come grouped by class
+        // (one lock per class) and, within a class, by zspage. The drain
+        // hands over sorted chunks; batches from queues are sorted here.
         let n = handles.len();
         let mut stack = [0u64; STACK_ENTRIES];
         let mut heap = Vec::new();
-        let sorted: &mut [Handle] = if n <= STACK_ENTRIES {
-            &mut stack[..n]
+        let sorted: &[Handle] = if handles.windows(2).all(|w| w[0] <= w[1]) {
+            handles
+        } else if n <= STACK_ENTRIES {
+            stack[..n].copy_from_slice(handles);
+            stack[..n].sort_unstable();
+            &stack[..n]
         } else {
-            heap.reserve_exact(n);
             heap.extend_from_slice(handles);
-            &mut heap
+            heap.sort_unstable();
+            &heap
         };
-        if n <= STACK_ENTRIES {
-            sorted.copy_from_slice(handles);
-        }
-        // The class is the top byte: sorting groups handles by class (one
-        // lock per class) and, within a class, by zspage.
-        sorted.sort_unstable();
         for_runs(
             sorted,
             |&h| unpack(h).0,
