@@ -362,8 +362,14 @@ mod tests {
         d.src2_size = AECS_COMP_SIZE as u32;
         let b = d.to_bytes();
         assert_eq!(IaxHwDesc::from_bytes(&b), d);
-        assert_eq!(b[7], IAX_OPCODE_COMPRESS, "opcode is the top byte of dword 1");
-        assert_eq!(u32::from_le_bytes([b[4], b[5], b[6], 0]), COMPRESS_DESC_FLAGS);
+        assert_eq!(
+            b[7], IAX_OPCODE_COMPRESS,
+            "opcode is the top byte of dword 1"
+        );
+        assert_eq!(
+            u32::from_le_bytes([b[4], b[5], b[6], 0]),
+            COMPRESS_DESC_FLAGS
+        );
         assert_eq!(d.opcode(), IAX_OPCODE_COMPRESS);
         assert_eq!(d.flags(), 0x01_010c);
         if cfg!(target_endian = "little") {

@@ -92,8 +92,14 @@ struct SlotBufs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum SlotState {
     Idle,
-    Compress { page: usize },
-    Verify { page: usize, len: usize, crc: u32 },
+    Compress {
+        page: usize,
+    },
+    Verify {
+        page: usize,
+        len: usize,
+        crc: u32,
+    },
     /// Timed out: owned by the device until its record is written.
     Stale,
 }
@@ -157,7 +163,11 @@ impl Slot {
         // SAFETY: the slot is idle; `page.len() <= PAGE_SIZE` (checked by
         // the callers) and the buffers do not overlap.
         unsafe {
-            std::ptr::copy_nonoverlapping(page.as_ptr(), self.bufs.src.get().cast::<u8>(), page.len())
+            std::ptr::copy_nonoverlapping(
+                page.as_ptr(),
+                self.bufs.src.get().cast::<u8>(),
+                page.len(),
+            )
         };
     }
 
@@ -204,10 +214,17 @@ impl IaaCodec {
     pub fn with_router(router: &Router, opts: IaaOptions) -> Self {
         let in_flight = opts.max_in_flight.clamp(1, IAA_MAX_BATCH);
         let queues = router.queues().to_vec();
-        let slots = if queues.is_empty() { Vec::new() } else { (0..in_flight).map(|_| Slot::new()).collect() };
+        let slots = if queues.is_empty() {
+            Vec::new()
+        } else {
+            (0..in_flight).map(|_| Slot::new()).collect()
+        };
         IaaCodec {
             queues,
-            opts: IaaOptions { max_in_flight: in_flight, ..opts },
+            opts: IaaOptions {
+                max_in_flight: in_flight,
+                ..opts
+            },
             sw: DeflateCodec::new(DEFLATE_DEFAULT_LEVEL, Algo::DeflateIaa),
             slots,
             next_wq: 0,
@@ -330,7 +347,10 @@ impl IaaCodec {
                 Outcome::Software
             }
             s => {
-                log::debug!("deflate-iaa: compress status {s:#x} error {:#x}", rec.error_code);
+                log::debug!(
+                    "deflate-iaa: compress status {s:#x} error {:#x}",
+                    rec.error_code
+                );
                 self.stats.device_errors += 1;
                 Outcome::Software
             }
@@ -339,7 +359,14 @@ impl IaaCodec {
 
     /// Handles slot `si` whose record is written (or whose deadline passed
     /// when `timed_out`), filling `results` and the page's area.
-    fn finish(&mut self, si: usize, timed_out: bool, pages: &[&[u8]], dst: &mut [u8], budget: usize) -> Result<(), CodecError> {
+    fn finish(
+        &mut self,
+        si: usize,
+        timed_out: bool,
+        pages: &[&[u8]],
+        dst: &mut [u8],
+        budget: usize,
+    ) -> Result<(), CodecError> {
         let state = self.slots[si].state;
         let page = match state {
             SlotState::Compress { page } | SlotState::Verify { page, .. } => page,
@@ -407,7 +434,12 @@ impl IaaCodec {
     }
 
     /// The device path for a group of whole pages.
-    fn hw_batch(&mut self, pages: &[&[u8]], dst: &mut [u8], budget: usize) -> Result<usize, CodecError> {
+    fn hw_batch(
+        &mut self,
+        pages: &[&[u8]],
+        dst: &mut [u8],
+        budget: usize,
+    ) -> Result<usize, CodecError> {
         self.reclaim_stale();
         let before = self.stats.hw_pages + self.stats.hw_overflow;
         let mut next = 0;
@@ -461,7 +493,8 @@ impl IaaCodec {
         }
         let rec = slot.record();
         self.queues[slot.wq].release();
-        let ok = rec.status & COMP_STATUS_MASK == IAX_COMP_SUCCESS && rec.output_size as usize == dst.len();
+        let ok = rec.status & COMP_STATUS_MASK == IAX_COMP_SUCCESS
+            && rec.output_size as usize == dst.len();
         if ok {
             dst.copy_from_slice(slot.output(dst.len()));
         }
@@ -483,7 +516,11 @@ impl Codec for IaaCodec {
     fn compress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<Option<usize>, CodecError> {
         // The device takes single pages into at most a page of output; a
         // larger destination would turn its overflow into a wrong "None".
-        if self.queues.is_empty() || src.len() != PAGE_SIZE || dst.len() > PAGE_SIZE || dst.is_empty() {
+        if self.queues.is_empty()
+            || src.len() != PAGE_SIZE
+            || dst.len() > PAGE_SIZE
+            || dst.is_empty()
+        {
             return self.software(src, dst);
         }
         let budget = dst.len();
@@ -558,7 +595,9 @@ impl Drop for IaaCodec {
                 std::thread::yield_now();
             }
             if slot.status() == IAX_COMP_NONE {
-                log::warn!("deflate-iaa: a descriptor never completed; leaking its 8 KB of buffers");
+                log::warn!(
+                    "deflate-iaa: a descriptor never completed; leaking its 8 KB of buffers"
+                );
                 std::mem::forget(slot.bufs);
             } else {
                 self.queues[slot.wq].release();

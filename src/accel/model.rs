@@ -108,7 +108,9 @@ impl Shared {
     /// Takes the first queued fault meant for `opcode` (or for any).
     fn take_fault(&self, opcode: u8) -> Option<Fault> {
         let mut q = self.faults.lock().unwrap_or_else(|e| e.into_inner());
-        let i = q.iter().position(|(op, _)| op.is_none_or(|o| o == opcode))?;
+        let i = q
+            .iter()
+            .position(|(op, _)| op.map_or(true, |o| o == opcode))?;
         q.remove(i).map(|(_, f)| f)
     }
 }
@@ -127,7 +129,11 @@ pub struct ModelWqConfig {
 impl ModelWqConfig {
     /// A work queue named `name` of `mode` with `size` entries.
     pub fn new(name: &str, mode: WqMode, size: u32) -> Self {
-        ModelWqConfig { name: name.to_string(), mode, size }
+        ModelWqConfig {
+            name: name.to_string(),
+            mode,
+            size,
+        }
     }
 }
 
@@ -200,7 +206,10 @@ impl Submitter for ModelPortal {
                 wq.occupancy.fetch_sub(1, Ordering::AcqRel);
             }
             Exec::Thread => {
-                wq.queue.lock().unwrap_or_else(|e| e.into_inner()).push_back(*desc);
+                wq.queue
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push_back(*desc);
                 wq.wake.notify_one();
             }
         }
@@ -224,7 +233,12 @@ impl ModelDevice {
     /// A device `iax{id}` with `wqs`, executing descriptors per `exec`.
     pub fn new(id: u32, wqs: &[ModelWqConfig], exec: Exec) -> io::Result<Self> {
         let shared = Arc::new(Shared::default());
-        let mut dev = ModelDevice { id, shared: shared.clone(), wqs: Vec::new(), threads: Vec::new() };
+        let mut dev = ModelDevice {
+            id,
+            shared: shared.clone(),
+            wqs: Vec::new(),
+            threads: Vec::new(),
+        };
         for cfg in wqs {
             let wq = Arc::new(ModelWq {
                 cfg: cfg.clone(),
@@ -237,7 +251,9 @@ impl ModelDevice {
             });
             if exec == Exec::Thread {
                 let w = wq.clone();
-                let t = std::thread::Builder::new().name(format!("iaa-model-{}", cfg.name)).spawn(move || w.run())?;
+                let t = std::thread::Builder::new()
+                    .name(format!("iaa-model-{}", cfg.name))
+                    .spawn(move || w.run())?;
                 dev.threads.push(t);
             }
             dev.wqs.push(wq);
@@ -275,13 +291,19 @@ impl ModelDevice {
 
     /// An opener that hands out this device's portals by WQ name.
     pub fn opener(&self) -> impl PortalOpener {
-        ModelOpener { wqs: self.wqs.clone() }
+        ModelOpener {
+            wqs: self.wqs.clone(),
+        }
     }
 
     /// Queues `fault` for the next descriptor with `opcode` (any opcode
     /// when `None`).
     pub fn inject(&self, opcode: Option<u8>, fault: Fault) {
-        self.shared.faults.lock().unwrap_or_else(|e| e.into_inner()).push_back((opcode, fault));
+        self.shared
+            .faults
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back((opcode, fault));
     }
 
     /// Makes the next `n` ENQCMD submissions answer "retry".
@@ -291,7 +313,9 @@ impl ModelDevice {
 
     /// Adds `latency` before every descriptor completes.
     pub fn set_latency(&self, latency: Duration) {
-        self.shared.latency_ns.store(latency.as_nanos() as u64, Ordering::Release);
+        self.shared
+            .latency_ns
+            .store(latency.as_nanos() as u64, Ordering::Release);
     }
 
     /// The counters so far.
@@ -334,8 +358,16 @@ impl PortalOpener for ModelOpener {
             .wqs
             .iter()
             .find(|w| w.cfg.name == info.name)
-            .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no model WQ {}", info.name)))?;
-        Ok(Box::new(ModelPortal { wq: wq.clone(), inline: Mutex::new(Engine::new()) }))
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("no model WQ {}", info.name),
+                )
+            })?;
+        Ok(Box::new(ModelPortal {
+            wq: wq.clone(),
+            inline: Mutex::new(Engine::new()),
+        }))
     }
 }
 
@@ -359,14 +391,17 @@ struct Result_ {
 
 impl Result_ {
     fn status(status: u8) -> Self {
-        Result_ { status, ..Default::default() }
+        Result_ {
+            status,
+            ..Default::default()
+        }
     }
 }
 
 impl Engine {
     fn new() -> Self {
         Engine {
-            comp: Compressor::new(CompressionLvl::fastest()),
+            comp: Compressor::new(CompressionLvl::new(1).unwrap_or_default()),
             decomp: Decompressor::new(),
             scratch: vec![0; 2 << 20],
         }
@@ -435,12 +470,14 @@ impl Engine {
             return Result_::status(IAX_COMP_INVALID_SIZE);
         }
         // SAFETY: as for the AECS: the descriptor names live buffers.
-        let src = unsafe { std::slice::from_raw_parts(d.src1_addr as *const u8, d.src1_size as usize) };
+        let src =
+            unsafe { std::slice::from_raw_parts(d.src1_addr as *const u8, d.src1_size as usize) };
         let cap = (d.max_dst_size as usize).min(self.scratch.len());
         let t = Instant::now();
         let out = self.comp.deflate_compress(src, &mut self.scratch[..cap]);
         let crc = libdeflater::crc32(src);
-        c.busy_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        c.busy_ns
+            .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let n = match (out, fault) {
             (_, Some(Fault::Overflow)) | (Err(_), _) => {
                 return Result_ {
@@ -457,7 +494,12 @@ impl Engine {
         }
         // SAFETY: dst names a live buffer of max_dst_size >= n bytes.
         unsafe { std::ptr::copy_nonoverlapping(self.scratch.as_ptr(), d.dst_addr as *mut u8, n) };
-        Result_ { status: IAX_COMP_SUCCESS, output_size: n as u32, crc, ..Default::default() }
+        Result_ {
+            status: IAX_COMP_SUCCESS,
+            output_size: n as u32,
+            crc,
+            ..Default::default()
+        }
     }
 
     /// A decompress (output optionally suppressed, for verification).
@@ -469,18 +511,32 @@ impl Engine {
             return Result_::status(IAX_COMP_INVALID_SIZE);
         }
         // SAFETY: the descriptor names a live source buffer.
-        let src = unsafe { std::slice::from_raw_parts(d.src1_addr as *const u8, d.src1_size as usize) };
+        let src =
+            unsafe { std::slice::from_raw_parts(d.src1_addr as *const u8, d.src1_size as usize) };
         let cap = (d.max_dst_size as usize).min(self.scratch.len());
         let t = Instant::now();
-        let out = self.decomp.deflate_decompress(src, &mut self.scratch[..cap]);
+        let out = self
+            .decomp
+            .deflate_decompress(src, &mut self.scratch[..cap]);
         let r = match out {
             Ok(n) => {
                 let crc = libdeflater::crc32(&self.scratch[..n]);
                 if d.op_flags & IAA_DECOMP_SUPPRESS_OUTPUT == 0 {
                     // SAFETY: dst names a live buffer of max_dst_size >= n.
-                    unsafe { std::ptr::copy_nonoverlapping(self.scratch.as_ptr(), d.dst_addr as *mut u8, n) };
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            self.scratch.as_ptr(),
+                            d.dst_addr as *mut u8,
+                            n,
+                        )
+                    };
                 }
-                Result_ { status: IAX_COMP_SUCCESS, output_size: n as u32, crc, ..Default::default() }
+                Result_ {
+                    status: IAX_COMP_SUCCESS,
+                    output_size: n as u32,
+                    crc,
+                    ..Default::default()
+                }
             }
             Err(DecompressionError::InsufficientSpace) => Result_::status(IAX_COMP_OUTBUF_OVERFLOW),
             Err(DecompressionError::BadData) => Result_ {
@@ -489,7 +545,8 @@ impl Engine {
                 ..Default::default()
             },
         };
-        c.busy_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        c.busy_ns
+            .fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
         r
     }
 }

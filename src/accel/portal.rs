@@ -75,7 +75,9 @@ impl Submitter for WritePortal {
         use std::io::Write;
         match (&self.file).write(desc) {
             Ok(DESC_SIZE) => Ok(Submit::Accepted),
-            Ok(n) => Err(io::Error::other(format!("short descriptor write: {n} bytes"))),
+            Ok(n) => Err(io::Error::other(format!(
+                "short descriptor write: {n} bytes"
+            ))),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(Submit::Retry),
             Err(e) => Err(e),
         }
@@ -144,7 +146,11 @@ mod x86 {
             if p == libc::MAP_FAILED {
                 return Err(io::Error::last_os_error());
             }
-            Ok(MappedPortal { _file: file, portal: p.cast(), mode })
+            Ok(MappedPortal {
+                _file: file,
+                portal: p.cast(),
+                mode,
+            })
         }
     }
 
@@ -171,7 +177,11 @@ mod x86 {
                     WqMode::Shared => enqcmd(self.portal, desc.as_ptr()),
                 }
             };
-            Ok(if retry { Submit::Retry } else { Submit::Accepted })
+            Ok(if retry {
+                Submit::Retry
+            } else {
+                Submit::Accepted
+            })
         }
 
         fn kind(&self) -> &'static str {

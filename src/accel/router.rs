@@ -101,7 +101,11 @@ impl Router {
         for info in std::mem::take(&mut found.queues) {
             match opener.open(&info) {
                 Ok(s) => queues.push(Arc::new(WorkQueue::new(info, s))),
-                Err(e) => found.skipped.push(format!("{}: open {}: {e}", info.name, info.cdev.display())),
+                Err(e) => {
+                    found
+                        .skipped
+                        .push(format!("{}: open {}: {e}", info.name, info.cdev.display()))
+                }
             }
         }
         let why_none = queues.is_empty().then(|| found.why_none());
@@ -136,8 +140,11 @@ impl Router {
                 "deflate-iaa: IAA hardware not used ({why}); compressing with software raw deflate"
             ),
             None => {
-                let names: Vec<String> =
-                    self.queues.iter().map(|q| format!("{}({})", q.info.name, q.kind())).collect();
+                let names: Vec<String> = self
+                    .queues
+                    .iter()
+                    .map(|q| format!("{}({})", q.info.name, q.kind()))
+                    .collect();
                 log::info!("deflate-iaa: using IAA work queues {}", names.join(", "));
             }
         }
@@ -155,5 +162,7 @@ impl Router {
 }
 
 fn env_path(var: &str, default: &str) -> PathBuf {
-    std::env::var_os(var).map(PathBuf::from).unwrap_or_else(|| PathBuf::from(default))
+    std::env::var_os(var)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(default))
 }

@@ -64,7 +64,9 @@ impl Discovery {
 
 /// Reads a sysfs attribute, trimmed; `None` when absent or unreadable.
 fn attr(dir: &Path, name: &str) -> Option<String> {
-    fs::read_to_string(dir.join(name)).ok().map(|s| s.trim().to_string())
+    fs::read_to_string(dir.join(name))
+        .ok()
+        .map(|s| s.trim().to_string())
 }
 
 /// Sorted entries of `dir` whose names start with `prefix`.
@@ -89,7 +91,8 @@ pub fn discover(sysfs_root: &Path, dev_root: &Path) -> Discovery {
     let mut d = Discovery::default();
     let devices = entries(sysfs_root, "iax");
     if devices.is_empty() {
-        d.skipped.push(format!("no iax device under {}", sysfs_root.display()));
+        d.skipped
+            .push(format!("no iax device under {}", sysfs_root.display()));
         return d;
     }
     for (dev, dev_dir) in devices {
@@ -166,11 +169,47 @@ mod tests {
     fn finds_only_enabled_user_queues() {
         let t = std::env::temp_dir().join(format!("zblk-sysfs-{}", std::process::id()));
         let _ = fs::remove_dir_all(&t);
-        let ok = [("state", "enabled"), ("type", "user"), ("mode", "shared"), ("size", "16")];
+        let ok = [
+            ("state", "enabled"),
+            ("type", "user"),
+            ("mode", "shared"),
+            ("size", "16"),
+        ];
         write_wq(&t, "iax1", "wq1.0", &ok);
-        write_wq(&t, "iax1", "wq1.1", &[("state", "enabled"), ("type", "kernel"), ("mode", "dedicated"), ("size", "8")]);
-        write_wq(&t, "iax1", "wq1.2", &[("state", "disabled"), ("type", "user"), ("mode", "dedicated"), ("size", "8")]);
-        write_wq(&t, "iax3", "wq3.0", &[("state", "enabled"), ("type", "user"), ("mode", "dedicated"), ("size", "32"), ("max_transfer_size", "2097152")]);
+        write_wq(
+            &t,
+            "iax1",
+            "wq1.1",
+            &[
+                ("state", "enabled"),
+                ("type", "kernel"),
+                ("mode", "dedicated"),
+                ("size", "8"),
+            ],
+        );
+        write_wq(
+            &t,
+            "iax1",
+            "wq1.2",
+            &[
+                ("state", "disabled"),
+                ("type", "user"),
+                ("mode", "dedicated"),
+                ("size", "8"),
+            ],
+        );
+        write_wq(
+            &t,
+            "iax3",
+            "wq3.0",
+            &[
+                ("state", "enabled"),
+                ("type", "user"),
+                ("mode", "dedicated"),
+                ("size", "32"),
+                ("max_transfer_size", "2097152"),
+            ],
+        );
         write_wq(&t, "dsa0", "wq0.0", &ok);
         fs::write(t.join("iax1").join("state"), "enabled\n").unwrap();
         let d = discover(&t, Path::new("/dev/iax"));
