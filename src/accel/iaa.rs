@@ -202,6 +202,7 @@ pub struct IaaCodec {
     next_wq: usize,
     results: Vec<Option<Option<usize>>>,
     stats: IaaStats,
+    warned_stale: bool,
 }
 
 impl IaaCodec {
@@ -230,6 +231,7 @@ impl IaaCodec {
             next_wq: 0,
             results: Vec::with_capacity(IAA_MAX_BATCH),
             stats: IaaStats::default(),
+            warned_stale: false,
         }
     }
 
@@ -433,6 +435,14 @@ impl IaaCodec {
         Ok(busy)
     }
 
+    /// Warns (once per codec) that every slot is stuck on the device.
+    fn all_stale_warning(&mut self) {
+        if !self.warned_stale {
+            self.warned_stale = true;
+            log::warn!("deflate-iaa: all descriptors in flight timed out and never completed; using software until they do");
+        }
+    }
+
     /// The device path for a group of whole pages.
     fn hw_batch(
         &mut self,
@@ -455,12 +465,22 @@ impl IaaCodec {
                 }
                 next += 1;
             }
-            let busy = self.poll(pages, dst, budget)?;
-            if !busy && next >= pages.len() {
+            if self.poll(pages, dst, budget)? {
+                std::hint::spin_loop();
+                continue;
+            }
+            if next >= pages.len() {
                 break;
             }
-            if busy {
-                std::hint::spin_loop();
+            if !self.slots.iter().any(|s| s.state == SlotState::Idle) {
+                // Every slot is held by a descriptor that never completed:
+                // the device is stuck for us, the rest goes to software.
+                self.all_stale_warning();
+                while next < pages.len() {
+                    let area = &mut dst[next * PAGE_SIZE..next * PAGE_SIZE + budget];
+                    self.results[next] = Some(self.software(pages[next], area)?);
+                    next += 1;
+                }
             }
         }
         Ok((self.stats.hw_pages + self.stats.hw_overflow - before) as usize)

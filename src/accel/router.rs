@@ -136,7 +136,7 @@ impl Router {
     /// Logs the routing decision (once per router).
     pub fn log_choice(&self) {
         match &self.why_none {
-            Some(why) => log::info!(
+            Some(why) => log::warn!(
                 "deflate-iaa: IAA hardware not used ({why}); compressing with software raw deflate"
             ),
             None => {
