@@ -133,9 +133,7 @@ impl FromStr for Algo {
                 None => Ok(default),
                 Some(l) => match l.parse::<i32>() {
                     Ok(v) if (lo..=hi).contains(&v) => Ok(v),
-                    _ => Err(format!(
-                        "invalid level '{l}' for {name}: expected {lo}..={hi}"
-                    )),
+                    _ => Err(format!("invalid level '{l}' for {name}: expected {lo}..={hi}")),
                 },
             }
         };
@@ -176,13 +174,7 @@ mod tests {
 
     #[test]
     fn every_codec_round_trips() {
-        for algo in [
-            Algo::Lz4,
-            Algo::Zstd(1),
-            Algo::Zstd(3),
-            Algo::Deflate(1),
-            Algo::DeflateIaa,
-        ] {
+        for algo in [Algo::Lz4, Algo::Zstd(1), Algo::Zstd(3), Algo::Deflate(1), Algo::DeflateIaa] {
             let mut c = algo.new_codec();
             for page in sample_pages() {
                 let mut dst = vec![0u8; page.len() * 2];
@@ -213,19 +205,10 @@ mod tests {
             let n = c.compress(page, &mut dst).unwrap().unwrap();
             let mut back = vec![0u8; 4096];
             // Truncated, bit-flipped, garbage and wrong-length outputs.
-            assert!(
-                c.decompress(&dst[..n / 2], &mut back).is_err(),
-                "{algo} truncated"
-            );
-            assert!(
-                c.decompress(&[0xff; 64], &mut back).is_err(),
-                "{algo} garbage"
-            );
+            assert!(c.decompress(&dst[..n / 2], &mut back).is_err(), "{algo} truncated");
+            assert!(c.decompress(&[0xff; 64], &mut back).is_err(), "{algo} garbage");
             let mut short = vec![0u8; 4095];
-            assert!(
-                c.decompress(&dst[..n], &mut short).is_err(),
-                "{algo} wrong length"
-            );
+            assert!(c.decompress(&dst[..n], &mut short).is_err(), "{algo} wrong length");
         }
     }
 
@@ -236,24 +219,10 @@ mod tests {
         assert_eq!("zstd:3".parse::<Algo>(), Ok(Algo::Zstd(3)));
         assert_eq!("deflate".parse::<Algo>(), Ok(Algo::Deflate(1)));
         assert_eq!("deflate-iaa".parse::<Algo>(), Ok(Algo::DeflateIaa));
-        for bad in [
-            "",
-            "lzo",
-            "zstd:0",
-            "zstd:23",
-            "zstd:x",
-            "lz4:1",
-            "deflate:13",
-        ] {
+        for bad in ["", "lzo", "zstd:0", "zstd:23", "zstd:x", "lz4:1", "deflate:13"] {
             assert!(bad.parse::<Algo>().is_err(), "{bad}");
         }
-        for a in [
-            Algo::Lz4,
-            Algo::Zstd(3),
-            Algo::Deflate(1),
-            Algo::Deflate(6),
-            Algo::DeflateIaa,
-        ] {
+        for a in [Algo::Lz4, Algo::Zstd(3), Algo::Deflate(1), Algo::Deflate(6), Algo::DeflateIaa] {
             assert_eq!(a.to_string().parse::<Algo>(), Ok(a));
         }
     }
