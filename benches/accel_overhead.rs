@@ -25,7 +25,7 @@ fn corpus(limit: usize) -> Vec<Vec<u8>> {
     let candidates = [
         std::env::var_os("ZBLK_CORPUS").map(PathBuf::from),
         Some(root.join("../shared/corpus/realmem-dev.bin.zst")),
-        Some(root.join("tests/fixtures/realmem-64p.bin.zst")),
+        Some(root.join("tests/fixtures/realmem-96.bin.zst")),
     ];
     for p in candidates.into_iter().flatten() {
         if let Ok(z) = std::fs::read(&p) {

@@ -52,9 +52,14 @@ pub enum Counter {
     AccelPages,
     /// Handles handed to deferred free (not necessarily freed yet).
     DeferredFrees,
+    /// Compressed bytes of packed objects held only by discarded or
+    /// overwritten pages (packed mode).
+    PackedDeadBytes,
+    /// Pages moved out of sparse packed groups by the compactor.
+    PackedPagesRewritten,
 }
 
-const NUM_COUNTERS: usize = Counter::DeferredFrees as usize + 1;
+const NUM_COUNTERS: usize = Counter::PackedPagesRewritten as usize + 1;
 
 /// The operations whose per-page latency is recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -249,6 +254,10 @@ pub struct Counters {
     pub accel_pages: u64,
     /// Handles handed to deferred free.
     pub deferred_frees: u64,
+    /// Compressed bytes of packed objects held only by dead pages.
+    pub packed_dead_bytes: u64,
+    /// Pages moved out of sparse packed groups by the compactor.
+    pub packed_pages_rewritten: u64,
 }
 
 /// Merges shards into counters and latency percentiles.
@@ -293,6 +302,8 @@ pub fn merge<'a>(shards: impl IntoIterator<Item = &'a StatsShard>) -> (Counters,
         sw_pages: g(Counter::SwPages),
         accel_pages: g(Counter::AccelPages),
         deferred_frees: g(Counter::DeferredFrees),
+        packed_dead_bytes: g(Counter::PackedDeadBytes),
+        packed_pages_rewritten: g(Counter::PackedPagesRewritten),
     };
     let lat = Latencies {
         write: Latency::from_buckets(&hist[Op::Write as usize]),
@@ -313,7 +324,11 @@ mod tests {
             let b = bucket_of(ns);
             assert!(b >= last || ns == 1 << 20, "ns {ns}");
             last = b;
-            assert!(bucket_upper(b) >= ns, "ns {ns} bucket {b} upper {}", bucket_upper(b));
+            assert!(
+                bucket_upper(b) >= ns,
+                "ns {ns} bucket {b} upper {}",
+                bucket_upper(b)
+            );
             assert!(bucket_upper(b) <= ns + ns / 4 + 1, "ns {ns} too coarse");
         }
         assert_eq!(bucket_of(u64::MAX), NUM_BUCKETS - 1);
@@ -327,7 +342,11 @@ mod tests {
         let (_, lat) = merge([&s]);
         assert_eq!(lat.write.count, 100);
         assert!((1.0..=1.13).contains(&lat.write.p50_us), "{:?}", lat.write);
-        assert!((100.0..=113.0).contains(&lat.write.p95_us), "{:?}", lat.write);
+        assert!(
+            (100.0..=113.0).contains(&lat.write.p95_us),
+            "{:?}",
+            lat.write
+        );
         assert_eq!(lat.read.count, 0);
         assert_eq!(lat.read.p99_us, 0.0);
     }

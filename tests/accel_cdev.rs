@@ -35,7 +35,7 @@ fn write_submission_times_out_into_software() {
     let mut codec = IaaCodec::new();
     assert!(codec.uses_hardware());
     let z = std::fs::read(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/realmem-64p.bin.zst"),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/realmem-96.bin.zst"),
     )
     .unwrap();
     let raw = zstd::decode_all(&z[..]).unwrap();

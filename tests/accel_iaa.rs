@@ -15,15 +15,15 @@ use zblk::PAGE_SIZE;
 
 const BUDGET: usize = 3072;
 
-/// 64 real pages (fixture cut from the shared corpus: 24 + 24 pages of two
-/// compressible runs, 16 of an incompressible one).
+/// 96 real pages (the engine's fixture: pages 0-31 and 64-95 compress,
+/// 32-63 do not fit a 3 KB budget; four are same-filled).
 fn fixture_pages() -> Vec<Vec<u8>> {
     let z = std::fs::read(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/realmem-64p.bin.zst"),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/realmem-96.bin.zst"),
     )
     .unwrap();
     let raw = zstd::decode_all(&z[..]).unwrap();
-    assert_eq!(raw.len(), 64 * PAGE_SIZE);
+    assert_eq!(raw.len(), 96 * PAGE_SIZE);
     raw.chunks(PAGE_SIZE).map(|c| c.to_vec()).collect()
 }
 
@@ -107,15 +107,15 @@ fn real_pages_round_trip_through_the_device() {
     let (results, accel) = compress_all(&mut codec, &pages);
     check(&mut codec, &pages, &results);
     let s = codec.stats();
-    assert_eq!(accel, 64, "{s:?}");
+    assert_eq!(accel, 96, "{s:?}");
     assert_eq!(s.sw_pages, 0);
-    assert_eq!(s.hw_overflow, 16, "the incompressible run overflows: {s:?}");
-    assert_eq!(s.hw_pages, 48);
+    assert_eq!(s.hw_overflow, 32, "the incompressible run overflows: {s:?}");
+    assert_eq!(s.hw_pages, 64);
     let m = rig.model.stats();
-    assert_eq!(m.compress, 64);
-    // 48 verify decompresses, then 48 decompresses by `check`.
-    assert_eq!(m.decompress, 96, "{m:?}");
-    assert_eq!(s.hw_decompress, 48);
+    assert_eq!(m.compress, 96);
+    // 64 verify decompresses, then 64 decompresses by `check`.
+    assert_eq!(m.decompress, 128, "{m:?}");
+    assert_eq!(s.hw_decompress, 64);
     assert_eq!(m.dropped + m.bad_completion, 0);
 }
 
@@ -336,7 +336,7 @@ fn no_device_means_software_with_a_reason() {
     let (results, accel) = compress_all(&mut codec, &pages);
     check(&mut codec, &pages, &results);
     assert_eq!(accel, 0);
-    assert_eq!(codec.stats().sw_pages, 64);
+    assert_eq!(codec.stats().sw_pages, 96);
     // The engine's entry point gives the routed codec too.
     assert_eq!(Algo::DeflateIaa.new_codec().algo(), Algo::DeflateIaa);
 }
