@@ -31,6 +31,7 @@ fn write_submission_times_out_into_software() {
     std::fs::write(&cdev, b"").unwrap();
     std::env::set_var("ZBLK_IAA_SYSFS_ROOT", sysfs.path());
     std::env::set_var("ZBLK_IAA_DEV_ROOT", dev.path());
+    std::env::set_var("ZBLK_IAA_TIMEOUT_US", "2000");
 
     let mut codec = IaaCodec::new();
     assert!(codec.uses_hardware());

@@ -15,6 +15,26 @@ use zblk::PAGE_SIZE;
 
 const BUDGET: usize = 3072;
 
+/// Default options with a timeout no scheduling delay on a loaded test
+/// machine reaches: only the timeout test relies on timeouts.
+fn opts() -> IaaOptions {
+    IaaOptions {
+        timeout: Duration::from_secs(20),
+        ..IaaOptions::default()
+    }
+}
+
+/// Waits (bounded) until `cond` holds; false if it never did.
+fn eventually(mut cond: impl FnMut() -> bool) -> bool {
+    for _ in 0..20_000 {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    false
+}
+
 /// 96 real pages (the engine's fixture: pages 0-31 and 64-95 compress,
 /// 32-63 do not fit a 3 KB budget; four are same-filled).
 fn fixture_pages() -> Vec<Vec<u8>> {
@@ -35,7 +55,7 @@ struct Rig {
     _dir: tempfile::TempDir,
 }
 
-fn rig(exec: Exec, wqs: &[ModelWqConfig]) -> Rig {
+fn setup(exec: Exec, wqs: &[ModelWqConfig]) -> Rig {
     let dir = tempfile::tempdir().unwrap();
     let model = ModelDevice::new(1, wqs, exec).unwrap();
     model.write_sysfs(dir.path()).unwrap();
@@ -100,8 +120,8 @@ fn check(codec: &mut IaaCodec, pages: &[Vec<u8>], results: &[Option<Vec<u8>>]) {
 
 #[test]
 fn real_pages_round_trip_through_the_device() {
-    let rig = rig(Exec::Inline, &shared(16));
-    let mut codec = IaaCodec::with_router(&rig.router, IaaOptions::default());
+    let rig = setup(Exec::Inline, &shared(16));
+    let mut codec = IaaCodec::with_router(&rig.router, opts());
     assert!(codec.uses_hardware());
     let pages = fixture_pages();
     let (results, accel) = compress_all(&mut codec, &pages);
@@ -125,7 +145,7 @@ fn asynchronous_queues_bound_in_flight_and_spread_work() {
         ModelWqConfig::new("wq1.0", WqMode::Dedicated, 2),
         ModelWqConfig::new("wq1.1", WqMode::Shared, 3),
     ];
-    let rig = rig(Exec::Thread, &wqs);
+    let rig = setup(Exec::Thread, &wqs);
     rig.model.set_latency(Duration::from_micros(30));
     let router = Arc::new(rig.router);
     let pages = Arc::new(fixture_pages());
@@ -134,7 +154,7 @@ fn asynchronous_queues_bound_in_flight_and_spread_work() {
         .map(|_| {
             let (router, pages) = (router.clone(), pages.clone());
             std::thread::spawn(move || {
-                let mut codec = IaaCodec::with_router(&router, IaaOptions::default());
+                let mut codec = IaaCodec::with_router(&router, opts());
                 let (results, accel) = compress_all(&mut codec, &pages);
                 check(&mut codec, &pages, &results);
                 (accel, codec.stats())
@@ -156,11 +176,52 @@ fn asynchronous_queues_bound_in_flight_and_spread_work() {
     );
 }
 
+#[test]
+fn a_group_keeps_eight_descriptors_in_flight() {
+    // A paused engine completes nothing: the codec must have all 8
+    // descriptors of the group queued (the kernel's IAA batch size).
+    let rig = setup(Exec::Thread, &shared(16));
+    rig.model.pause(true);
+    let pages = fixture_pages()[64..72].to_vec();
+    let router = &rig.router;
+    std::thread::scope(|sc| {
+        let h = sc.spawn(|| {
+            let mut codec = IaaCodec::with_router(router, opts());
+            let (results, accel) = compress_all(&mut codec, &pages);
+            check(&mut codec, &pages, &results);
+            accel
+        });
+        assert!(
+            eventually(|| rig.model.stats().accepted == 8),
+            "{:?}",
+            rig.model.stats()
+        );
+        assert_eq!(rig.model.stats().peak_occupancy, 8);
+        rig.model.pause(false);
+        assert_eq!(h.join().unwrap(), 8);
+    });
+
+    // A dedicated WQ of 2 entries never holds more than 2, and no posted
+    // descriptor is lost, while the group still all goes to the device.
+    let ded = setup(
+        Exec::Thread,
+        &[ModelWqConfig::new("wq1.0", WqMode::Dedicated, 2)],
+    );
+    ded.model.set_latency(Duration::from_micros(500));
+    let mut codec = IaaCodec::with_router(&ded.router, opts());
+    let pages = fixture_pages()[64..80].to_vec();
+    let (results, accel) = compress_all(&mut codec, &pages);
+    assert_eq!(accel, 16, "{:?} {:?}", codec.stats(), ded.model.stats());
+    let m = ded.model.stats();
+    assert_eq!((m.peak_occupancy, m.dropped), (2, 0), "{m:?}");
+    check(&mut codec, &pages, &results);
+}
+
 /// Runs one group of 8 real compressible pages with `fault` injected into
 /// the first compress descriptor; returns the codec stats after checking
 /// all data.
 fn one_fault(fault: Fault, opts: IaaOptions, exec: Exec) -> (zblk::accel::IaaStats, Rig) {
-    let rig = rig(exec, &shared(16));
+    let rig = setup(exec, &shared(16));
     rig.model.inject(Some(IAX_OPCODE_COMPRESS), fault);
     let mut codec = IaaCodec::with_router(&rig.router, opts);
     let pages: Vec<Vec<u8>> = fixture_pages()[24..32].to_vec();
@@ -175,14 +236,14 @@ fn one_fault(fault: Fault, opts: IaaOptions, exec: Exec) -> (zblk::accel::IaaSta
 
 #[test]
 fn page_fault_redoes_the_page_in_software() {
-    let (s, rig) = one_fault(Fault::PageFault, IaaOptions::default(), Exec::Inline);
+    let (s, rig) = one_fault(Fault::PageFault, opts(), Exec::Inline);
     assert_eq!((s.page_faults, s.sw_pages, s.hw_pages), (1, 1, 7), "{s:?}");
     assert_eq!(rig.model.stats().faults, 1);
 }
 
 #[test]
 fn corrupt_output_is_caught_by_verify() {
-    let (s, _rig) = one_fault(Fault::CorruptOutput, IaaOptions::default(), Exec::Inline);
+    let (s, _rig) = one_fault(Fault::CorruptOutput, opts(), Exec::Inline);
     assert_eq!(
         (s.verify_failures, s.sw_pages, s.hw_pages),
         (1, 1, 7),
@@ -194,7 +255,7 @@ fn corrupt_output_is_caught_by_verify() {
 fn watchdog_and_other_errors_redo_in_software() {
     let (s, _rig) = one_fault(
         Fault::Status(IAA_ERROR_WATCHDOG_EXPIRED),
-        IaaOptions::default(),
+        opts(),
         Exec::Inline,
     );
     assert_eq!(
@@ -206,30 +267,31 @@ fn watchdog_and_other_errors_redo_in_software() {
 
 #[test]
 fn timeout_redoes_in_software_and_quarantines_the_slot() {
-    // A dedicated WQ: timed-out descriptors keep their credits until their
-    // late completions arrive, then the same codec gets them all back.
-    let rig = rig(
+    // A dedicated WQ whose engine stalls: every descriptor times out, its
+    // page is redone in software, and its slot and credit stay held until
+    // the late completion arrives; then the same codec gets them back.
+    let rig = setup(
         Exec::Thread,
         &[ModelWqConfig::new("wq1.0", WqMode::Dedicated, 8)],
     );
-    rig.model.inject(
-        Some(IAX_OPCODE_COMPRESS),
-        Fault::Delay(Duration::from_millis(60)),
-    );
+    rig.model.pause(true);
     let opts = IaaOptions {
-        timeout: Duration::from_millis(20),
-        ..IaaOptions::default()
+        timeout: Duration::from_millis(5),
+        ..opts()
     };
     let mut codec = IaaCodec::with_router(&rig.router, opts);
     let pages = fixture_pages()[24..32].to_vec();
-    let (results, _) = compress_all(&mut codec, &pages);
-    check(&mut codec, &pages, &results);
+    let (results, accel) = compress_all(&mut codec, &pages);
+    assert_eq!(accel, 0);
     let s = codec.stats();
-    // The delayed descriptor holds the (single) engine, so the ones queued
-    // behind it may time out too; every timed-out page went to software.
-    assert!(s.timeouts >= 1, "{s:?}");
-    assert_eq!(s.sw_pages, s.timeouts, "{s:?}");
-    std::thread::sleep(Duration::from_millis(150));
+    assert_eq!((s.timeouts, s.sw_pages, s.hw_pages), (8, 8, 0), "{s:?}");
+    // While stuck, decompression goes to software too (no free slot).
+    check(&mut codec, &pages, &results);
+    assert_eq!(codec.stats().hw_decompress, 0);
+
+    rig.model.pause(false);
+    assert!(eventually(|| rig.model.stats().compress == 8));
+    codec.set_timeout(Duration::from_secs(20));
     let (results, accel) = compress_all(&mut codec, &pages);
     check(&mut codec, &pages, &results);
     assert_eq!(
@@ -238,15 +300,43 @@ fn timeout_redoes_in_software_and_quarantines_the_slot() {
         "stale slots and credits were not reclaimed: {:?}",
         codec.stats()
     );
-    assert_eq!(codec.stats().timeouts, s.timeouts);
+    assert_eq!(codec.stats().timeouts, 8);
     assert_eq!(rig.model.stats().dropped, 0);
 }
 
 #[test]
+fn late_completion_after_drop_lands_in_leaked_buffers() {
+    // The codec is dropped while its descriptors are stuck: it must leak
+    // their buffers rather than free memory the device will still write.
+    let rig = setup(Exec::Thread, &shared(16));
+    rig.model.inject(
+        Some(IAX_OPCODE_COMPRESS),
+        Fault::Delay(Duration::from_millis(30)),
+    );
+    rig.model.pause(true);
+    {
+        let mut codec = IaaCodec::with_router(
+            &rig.router,
+            IaaOptions {
+                timeout: Duration::from_millis(2),
+                ..opts()
+            },
+        );
+        let pages = fixture_pages()[24..32].to_vec();
+        let (results, _) = compress_all(&mut codec, &pages);
+        check(&mut codec, &pages, &results);
+        assert_eq!(codec.stats().timeouts, 8);
+    }
+    rig.model.pause(false);
+    assert!(eventually(|| rig.model.stats().compress == 8));
+    assert_eq!(rig.model.stats().faults, 1);
+}
+
+#[test]
 fn overflow_means_store_raw() {
-    let rig = rig(Exec::Inline, &shared(16));
+    let rig = setup(Exec::Inline, &shared(16));
     rig.model.inject(Some(IAX_OPCODE_COMPRESS), Fault::Overflow);
-    let mut codec = IaaCodec::with_router(&rig.router, IaaOptions::default());
+    let mut codec = IaaCodec::with_router(&rig.router, opts());
     let pages = fixture_pages()[24..32].to_vec();
     let refs: Vec<&[u8]> = pages.iter().map(|p| p.as_slice()).collect();
     let mut dst = vec![0u8; 8 * PAGE_SIZE];
@@ -262,9 +352,9 @@ fn overflow_means_store_raw() {
 
 #[test]
 fn queue_full_is_retried_then_falls_back() {
-    let rig = rig(Exec::Inline, &shared(16));
+    let rig = setup(Exec::Inline, &shared(16));
     rig.model.reject_next(5);
-    let mut codec = IaaCodec::with_router(&rig.router, IaaOptions::default());
+    let mut codec = IaaCodec::with_router(&rig.router, opts());
     let pages = fixture_pages()[24..32].to_vec();
     let (results, accel) = compress_all(&mut codec, &pages);
     check(&mut codec, &pages, &results);
@@ -280,7 +370,7 @@ fn queue_full_is_retried_then_falls_back() {
     // A queue that stays full: every page goes to software, none is lost.
     let opts = IaaOptions {
         enqcmd_retries: 3,
-        ..IaaOptions::default()
+        ..opts()
     };
     let mut codec = IaaCodec::with_router(&rig.router, opts);
     rig.model.reject_next(u32::MAX);
@@ -294,10 +384,10 @@ fn queue_full_is_retried_then_falls_back() {
 
 #[test]
 fn verify_off_submits_no_decompress() {
-    let rig = rig(Exec::Inline, &shared(16));
+    let rig = setup(Exec::Inline, &shared(16));
     let opts = IaaOptions {
         verify: false,
-        ..IaaOptions::default()
+        ..opts()
     };
     let mut codec = IaaCodec::with_router(&rig.router, opts);
     let pages = fixture_pages()[24..32].to_vec();
@@ -308,8 +398,8 @@ fn verify_off_submits_no_decompress() {
 
 #[test]
 fn decompress_falls_back_to_software() {
-    let rig = rig(Exec::Inline, &shared(16));
-    let mut codec = IaaCodec::with_router(&rig.router, IaaOptions::default());
+    let rig = setup(Exec::Inline, &shared(16));
+    let mut codec = IaaCodec::with_router(&rig.router, opts());
     let page = &fixture_pages()[30];
     let mut c = vec![0u8; BUDGET];
     let n = codec.compress(page, &mut c).unwrap().unwrap();
@@ -330,7 +420,7 @@ fn no_device_means_software_with_a_reason() {
     let model = ModelDevice::new(1, &[], Exec::Inline).unwrap();
     let router = Router::open(dir.path(), Path::new("/dev/iax"), &model.opener());
     assert!(router.why_none().unwrap().contains("no iax device"));
-    let mut codec = IaaCodec::with_router(&router, IaaOptions::default());
+    let mut codec = IaaCodec::with_router(&router, opts());
     assert!(!codec.uses_hardware());
     let pages = fixture_pages();
     let (results, accel) = compress_all(&mut codec, &pages);
@@ -343,11 +433,11 @@ fn no_device_means_software_with_a_reason() {
 
 #[test]
 fn independent_deflate_streams_decode_on_both_paths() {
-    let rig = rig(Exec::Inline, &shared(16));
-    let mut hw = IaaCodec::with_router(&rig.router, IaaOptions::default());
+    let rig = setup(Exec::Inline, &shared(16));
+    let mut hw = IaaCodec::with_router(&rig.router, opts());
     let dir = tempfile::tempdir().unwrap();
     let none = Router::open(dir.path(), Path::new("/dev/iax"), &rig.model.opener());
-    let mut sw = IaaCodec::with_router(&none, IaaOptions::default());
+    let mut sw = IaaCodec::with_router(&none, opts());
     for page in fixture_pages().iter().step_by(5) {
         // miniz_oxide raw deflate (window limited to the 4 KB page).
         let c = miniz_oxide::deflate::compress_to_vec(page, 6);

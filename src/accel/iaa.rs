@@ -55,6 +55,35 @@ impl Default for IaaOptions {
     }
 }
 
+/// Environment variable: `0` turns verification off (default on).
+pub const VERIFY_ENV: &str = "ZBLK_IAA_VERIFY";
+/// Environment variable: descriptor timeout in microseconds.
+pub const TIMEOUT_ENV: &str = "ZBLK_IAA_TIMEOUT_US";
+
+impl IaaOptions {
+    /// The defaults, with `$ZBLK_IAA_VERIFY` and `$ZBLK_IAA_TIMEOUT_US`
+    /// applied when set (an unparsable value is ignored with a warning).
+    pub fn from_env() -> Self {
+        let mut o = IaaOptions::default();
+        if let Ok(v) = std::env::var(VERIFY_ENV) {
+            match v.as_str() {
+                "0" | "false" | "off" => o.verify = false,
+                "1" | "true" | "on" => o.verify = true,
+                _ => log::warn!("deflate-iaa: ignoring {VERIFY_ENV}={v:?} (expected 0 or 1)"),
+            }
+        }
+        if let Ok(v) = std::env::var(TIMEOUT_ENV) {
+            match v.parse::<u64>() {
+                Ok(us) if us > 0 => o.timeout = Duration::from_micros(us),
+                _ => log::warn!(
+                    "deflate-iaa: ignoring {TIMEOUT_ENV}={v:?} (expected microseconds > 0)"
+                ),
+            }
+        }
+        o
+    }
+}
+
 /// Counters of one codec instance: where pages went and why.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct IaaStats {
@@ -100,8 +129,37 @@ enum SlotState {
         len: usize,
         crc: u32,
     },
+    /// Compressed, waiting for a queue entry to submit its verify.
+    VerifyWait {
+        page: usize,
+        len: usize,
+        crc: u32,
+    },
     /// Timed out: owned by the device until its record is written.
     Stale,
+}
+
+impl SlotState {
+    /// The device owns the slot's buffers and will write its record.
+    fn in_device(self) -> bool {
+        matches!(self, SlotState::Compress { .. } | SlotState::Verify { .. })
+    }
+
+    /// The slot holds a page of the current group.
+    fn busy(self) -> bool {
+        self.in_device() || matches!(self, SlotState::VerifyWait { .. })
+    }
+}
+
+/// What a submission attempt came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    /// A queue took the descriptor.
+    Submitted,
+    /// Every queue was full (no credit, or ENQCMD kept answering retry).
+    Full,
+    /// Submission failed with an error on every queue.
+    Failed,
 }
 
 struct Slot {
@@ -206,9 +264,10 @@ pub struct IaaCodec {
 }
 
 impl IaaCodec {
-    /// A codec on the process-wide router's queues (software when none).
+    /// A codec on the process-wide router's queues (software when none),
+    /// with [`IaaOptions::from_env`].
     pub fn new() -> Self {
-        Self::with_router(Router::global(), IaaOptions::default())
+        Self::with_router(Router::global(), IaaOptions::from_env())
     }
 
     /// A codec on `router`'s queues with `opts`.
@@ -240,6 +299,11 @@ impl IaaCodec {
         !self.queues.is_empty()
     }
 
+    /// Changes how long a descriptor may take from now on.
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.opts.timeout = timeout;
+    }
+
     /// This instance's counters.
     pub fn stats(&self) -> IaaStats {
         self.stats
@@ -261,38 +325,47 @@ impl IaaCodec {
         }
     }
 
-    /// Submits `desc` from slot `si` to some work queue, round-robin;
-    /// false when no queue took it.
-    fn submit(&mut self, si: usize, desc: &mut IaxHwDesc) -> bool {
+    /// Submits `desc` from slot `si` to some work queue, round-robin.
+    fn submit(&mut self, si: usize, desc: &mut IaxHwDesc) -> Sent {
         let slot = &mut self.slots[si];
         desc.completion_addr = slot.comp_addr();
+        let bytes = desc.to_bytes();
         let n = self.queues.len();
+        let mut full = false;
         for k in 0..n {
             let qi = (self.next_wq + k) % n;
             let q = &self.queues[qi];
             if !q.acquire() {
+                full = true;
                 continue;
             }
             slot.clear_record();
-            match q.submit(&desc.to_bytes(), self.opts.enqcmd_retries) {
+            match q.submit(&bytes, self.opts.enqcmd_retries) {
                 Ok(Submit::Accepted) => {
                     slot.wq = qi;
                     slot.deadline = Instant::now() + self.opts.timeout;
                     self.next_wq = qi + 1;
-                    return true;
+                    return Sent::Submitted;
                 }
-                Ok(Submit::Retry) => q.release(),
+                Ok(Submit::Retry) => {
+                    full = true;
+                    q.release();
+                }
                 Err(e) => {
                     log::warn!("deflate-iaa: submit to {} failed: {e}", q.info.name);
                     q.release();
                 }
             }
         }
-        false
+        if full {
+            Sent::Full
+        } else {
+            Sent::Failed
+        }
     }
 
-    /// Starts compressing `page` on slot `si`; false when not submitted.
-    fn start_compress(&mut self, si: usize, page_idx: usize, page: &[u8], budget: usize) -> bool {
+    /// Starts compressing `page` on slot `si`.
+    fn start_compress(&mut self, si: usize, page_idx: usize, page: &[u8], budget: usize) -> Sent {
         let slot = &mut self.slots[si];
         slot.load_src(page);
         let mut d = IaxHwDesc::new(IAX_OPCODE_COMPRESS, COMPRESS_DESC_FLAGS);
@@ -303,17 +376,16 @@ impl IaaCodec {
         d.op_flags = IAA_COMP_FLAGS;
         d.src2_addr = aecs() as *const AecsCompTable as u64;
         d.src2_size = AECS_COMP_SIZE as u32;
-        if self.submit(si, &mut d) {
+        let sent = self.submit(si, &mut d);
+        if sent == Sent::Submitted {
             self.slots[si].state = SlotState::Compress { page: page_idx };
-            true
-        } else {
-            false
         }
+        sent
     }
 
     /// Starts the verify decompress (output suppressed) of `len` bytes
     /// sitting in slot `si`'s output buffer, as iaa_crypto does.
-    fn start_verify(&mut self, si: usize, page: usize, len: usize, crc: u32) -> bool {
+    fn start_verify(&mut self, si: usize, page: usize, len: usize, crc: u32) -> Sent {
         let slot = &self.slots[si];
         let mut d = IaxHwDesc::new(IAX_OPCODE_DECOMPRESS, DECOMPRESS_DESC_FLAGS);
         d.src1_addr = slot.dst_addr();
@@ -321,12 +393,37 @@ impl IaaCodec {
         d.dst_addr = slot.src_addr();
         d.max_dst_size = PAGE_SIZE as u32;
         d.op_flags = IAA_DECOMP_FLAGS | IAA_DECOMP_SUPPRESS_OUTPUT;
-        if self.submit(si, &mut d) {
+        let sent = self.submit(si, &mut d);
+        if sent == Sent::Submitted {
             self.slots[si].state = SlotState::Verify { page, len, crc };
-            true
-        } else {
-            false
         }
+        sent
+    }
+
+    /// Tries again to submit the verify of a slot waiting for a queue
+    /// entry; past its deadline the page is redone in software.
+    fn retry_verify(
+        &mut self,
+        si: usize,
+        pages: &[&[u8]],
+        dst: &mut [u8],
+        budget: usize,
+    ) -> Result<(), CodecError> {
+        let SlotState::VerifyWait { page, len, crc } = self.slots[si].state else {
+            return Ok(());
+        };
+        let deadline = self.slots[si].deadline;
+        match self.start_verify(si, page, len, crc) {
+            Sent::Submitted => {}
+            Sent::Full if Instant::now() < deadline => self.slots[si].deadline = deadline,
+            Sent::Full | Sent::Failed => {
+                self.slots[si].state = SlotState::Idle;
+                self.stats.submit_failures += 1;
+                let area = &mut dst[page * PAGE_SIZE..page * PAGE_SIZE + budget];
+                self.results[page] = Some(self.software(pages[page], area)?);
+            }
+        }
+        Ok(())
     }
 
     /// Maps a finished compress record to what happens to its page.
@@ -372,7 +469,7 @@ impl IaaCodec {
         let state = self.slots[si].state;
         let page = match state {
             SlotState::Compress { page } | SlotState::Verify { page, .. } => page,
-            SlotState::Idle | SlotState::Stale => return Ok(()),
+            SlotState::Idle | SlotState::Stale | SlotState::VerifyWait { .. } => return Ok(()),
         };
         let area = &mut dst[page * PAGE_SIZE..page * PAGE_SIZE + budget];
         if timed_out {
@@ -405,12 +502,18 @@ impl IaaCodec {
                 self.results[page] = Some(Some(len));
             }
             Outcome::Done(None) => self.results[page] = Some(None),
-            Outcome::Verify { len, crc } => {
-                if !self.start_verify(si, page, len, crc) {
+            Outcome::Verify { len, crc } => match self.start_verify(si, page, len, crc) {
+                Sent::Submitted => {}
+                Sent::Full => {
+                    let slot = &mut self.slots[si];
+                    slot.state = SlotState::VerifyWait { page, len, crc };
+                    slot.deadline = Instant::now() + self.opts.timeout;
+                }
+                Sent::Failed => {
                     self.stats.submit_failures += 1;
                     self.results[page] = Some(self.software(pages[page], area)?);
                 }
-            }
+            },
             Outcome::Software => self.results[page] = Some(self.software(pages[page], area)?),
         }
         Ok(())
@@ -422,15 +525,16 @@ impl IaaCodec {
         let mut busy = false;
         for si in 0..self.slots.len() {
             let s = &self.slots[si];
-            if matches!(s.state, SlotState::Idle | SlotState::Stale) {
+            if matches!(s.state, SlotState::VerifyWait { .. }) {
+                self.retry_verify(si, pages, dst, budget)?;
+            } else if !s.state.in_device() {
                 continue;
-            }
-            if s.status() != IAX_COMP_NONE {
+            } else if s.status() != IAX_COMP_NONE {
                 self.finish(si, false, pages, dst, budget)?;
             } else if now >= s.deadline {
                 self.finish(si, true, pages, dst, budget)?;
             }
-            busy |= !matches!(self.slots[si].state, SlotState::Idle | SlotState::Stale);
+            busy |= self.slots[si].state.busy();
         }
         Ok(busy)
     }
@@ -458,10 +562,15 @@ impl IaaCodec {
                 let Some(si) = self.slots.iter().position(|s| s.state == SlotState::Idle) else {
                     break;
                 };
-                if !self.start_compress(si, next, pages[next], budget) {
-                    self.stats.submit_failures += 1;
-                    let area = &mut dst[next * PAGE_SIZE..next * PAGE_SIZE + budget];
-                    self.results[next] = Some(self.software(pages[next], area)?);
+                match self.start_compress(si, next, pages[next], budget) {
+                    Sent::Submitted => {}
+                    // Our own descriptors will free queue entries: wait.
+                    Sent::Full if self.slots.iter().any(|s| s.state.in_device()) => break,
+                    Sent::Full | Sent::Failed => {
+                        self.stats.submit_failures += 1;
+                        let area = &mut dst[next * PAGE_SIZE..next * PAGE_SIZE + budget];
+                        self.results[next] = Some(self.software(pages[next], area)?);
+                    }
                 }
                 next += 1;
             }
@@ -500,7 +609,7 @@ impl IaaCodec {
         d.dst_addr = self.slots[si].dst_addr();
         d.max_dst_size = PAGE_SIZE as u32;
         d.op_flags = IAA_DECOMP_FLAGS;
-        if !self.submit(si, &mut d) {
+        if self.submit(si, &mut d) != Sent::Submitted {
             return false;
         }
         let slot = &mut self.slots[si];
@@ -608,7 +717,7 @@ impl Drop for IaaCodec {
     fn drop(&mut self) {
         let deadline = Instant::now() + self.opts.timeout;
         for slot in self.slots.drain(..) {
-            if slot.state == SlotState::Idle {
+            if !(slot.state.in_device() || slot.state == SlotState::Stale) {
                 continue;
             }
             while slot.status() == IAX_COMP_NONE && Instant::now() < deadline {

@@ -81,6 +81,8 @@ pub struct ModelStats {
     pub faults: u64,
     /// Nanoseconds spent inside libdeflate and CRC (the "device time").
     pub busy_ns: u64,
+    /// Most descriptors ever queued or executing at once in one WQ.
+    pub peak_occupancy: u64,
 }
 
 #[derive(Default)]
@@ -93,6 +95,7 @@ struct Counters {
     bad_completion: AtomicU64,
     faults: AtomicU64,
     busy_ns: AtomicU64,
+    peak_occupancy: AtomicU64,
 }
 
 /// State shared by the device's work queues.
@@ -100,6 +103,7 @@ struct Counters {
 struct Shared {
     faults: Mutex<VecDeque<(Option<u8>, Fault)>>,
     reject_next: AtomicU32,
+    paused: AtomicBool,
     latency_ns: AtomicU64,
     counters: Counters,
 }
@@ -166,6 +170,10 @@ impl ModelWq {
                 }
             };
             let Some(desc) = next else { return };
+            // A paused engine holds its descriptors, like a stalled device.
+            while self.shared.paused.load(Ordering::Acquire) && !self.stop.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_micros(100));
+            }
             engine.execute(&self.shared, &desc);
             self.occupancy.fetch_sub(1, Ordering::AcqRel);
         }
@@ -197,7 +205,9 @@ impl Submitter for ModelPortal {
             c.dropped.fetch_add(1, Ordering::Relaxed);
             return Ok(Submit::Accepted);
         }
-        wq.occupancy.fetch_add(1, Ordering::AcqRel);
+        let now = wq.occupancy.fetch_add(1, Ordering::AcqRel) + 1;
+        c.peak_occupancy
+            .fetch_max(u64::from(now), Ordering::Relaxed);
         c.accepted.fetch_add(1, Ordering::Relaxed);
         match wq.exec {
             Exec::Inline => {
@@ -311,6 +321,12 @@ impl ModelDevice {
         self.shared.reject_next.store(n, Ordering::Release);
     }
 
+    /// Stops (`true`) or restarts the engines of `Thread` work queues:
+    /// while paused, descriptors are accepted and held, none completes.
+    pub fn pause(&self, paused: bool) {
+        self.shared.paused.store(paused, Ordering::Release);
+    }
+
     /// Adds `latency` before every descriptor completes.
     pub fn set_latency(&self, latency: Duration) {
         self.shared
@@ -331,6 +347,7 @@ impl ModelDevice {
             bad_completion: g(&c.bad_completion),
             faults: g(&c.faults),
             busy_ns: g(&c.busy_ns),
+            peak_occupancy: g(&c.peak_occupancy),
         }
     }
 }
