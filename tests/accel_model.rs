@@ -130,7 +130,8 @@ fn malformed_descriptors_are_refused_like_the_device() {
     let aecs = Box::new(AecsCompTable::fixed());
     let src = text_page();
     let mut dst = vec![0u8; PAGE_SIZE];
-    let cases: [(&str, fn(&mut IaxHwDesc), u8); 5] = [
+    type Case = (&'static str, fn(&mut IaxHwDesc), u8);
+    let cases: [Case; 5] = [
         (
             "no AECS flag",
             |d| d.flags_opcode &= !IDXD_OP_FLAG_RD_SRC2_AECS,
