@@ -652,15 +652,15 @@ impl Codec for IaaCodec {
         {
             return self.software(src, dst);
         }
+        // A group of one: page 0's area is `dst[..budget]`, all of `dst`.
         let budget = dst.len();
-        let mut page = [0u8; PAGE_SIZE];
-        let mut out = Vec::with_capacity(1);
-        self.compress_batch(&[src], &mut page, budget, &mut out)?;
-        let r = out.pop().flatten();
-        if let Some(n) = r {
-            dst[..n].copy_from_slice(&page[..n]);
+        self.results.clear();
+        self.results.resize(1, None);
+        self.hw_batch(&[src], dst, budget)?;
+        match self.results[0] {
+            Some(r) => Ok(r),
+            None => self.software(src, dst),
         }
-        Ok(r)
     }
 
     fn decompress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<(), CodecError> {
