@@ -309,7 +309,7 @@ impl IaaCodec {
         self.stats
     }
 
-    /// Compresses page `i` in software into its area.
+    /// Compresses `page` in software into `area`, counting it.
     fn software(&mut self, page: &[u8], area: &mut [u8]) -> Result<Option<usize>, CodecError> {
         self.stats.sw_pages += 1;
         self.sw.compress(page, area)
