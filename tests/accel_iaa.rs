@@ -403,7 +403,11 @@ fn decompress_falls_back_to_software() {
     let page = &fixture_pages()[30];
     let mut c = vec![0u8; BUDGET];
     let n = codec.compress(page, &mut c).unwrap().unwrap();
-    assert_eq!(codec.stats().hw_pages, 1, "single-page compress goes to the device");
+    assert_eq!(
+        codec.stats().hw_pages,
+        1,
+        "single-page compress goes to the device"
+    );
     rig.model
         .inject(Some(IAX_OPCODE_DECOMPRESS), Fault::PageFault);
     let mut out = vec![0u8; PAGE_SIZE];
