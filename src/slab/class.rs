@@ -8,6 +8,12 @@
 //! neighbouring classes that would pack the same number of objects into the
 //! same number of pages are merged into the larger one, since the larger
 //! slot holds the smaller objects at no extra cost.
+//!
+//! Beyond zsmalloc: objects larger than a page (a packed compression group
+//! and its header, up to [`MAX_OBJ`]) get large classes spaced
+//! geometrically, each `1/LARGE_STEP_DIV` larger than the one before (at
+//! most 3 % rounding), in zspages of up to `LARGE_ZSPAGE_FACTOR` times the
+//! object's page span.
 
 use crate::page::PAGE_SIZE;
 
@@ -15,12 +21,20 @@ use crate::page::PAGE_SIZE;
 pub const MIN_OBJ: usize = 32;
 /// Step between neighbouring size classes.
 pub const CLASS_DELTA: usize = 16;
-/// Largest object: a raw (huge) page.
-pub const MAX_OBJ: usize = PAGE_SIZE;
-/// Longest zspage, in pages (zsmalloc's default chain size).
+/// Largest small object: a raw (huge) page.
+pub const SMALL_MAX: usize = PAGE_SIZE;
+/// Largest object: a packed group of the largest size (64 pages) that did
+/// not compress at all, with room for its header.
+pub const MAX_OBJ: usize = 65 * PAGE_SIZE;
+/// Longest zspage of a small class, in pages (zsmalloc's default chain).
 pub const MAX_ZSPAGE_PAGES: usize = 8;
-/// Size classes before merging: `MIN_OBJ`, `MIN_OBJ + 16`, ..., `MAX_OBJ`.
-pub const RAW_CLASSES: usize = (MAX_OBJ - MIN_OBJ) / CLASS_DELTA + 1;
+/// Small size classes before merging: `MIN_OBJ`, `MIN_OBJ + 16`, ...,
+/// `SMALL_MAX`.
+pub const RAW_CLASSES: usize = (SMALL_MAX - MIN_OBJ) / CLASS_DELTA + 1;
+/// Each large class is this fraction (1/32) larger than the one before.
+pub const LARGE_STEP_DIV: usize = 32;
+/// A large class's zspage spans at most this many times its object's pages.
+pub const LARGE_ZSPAGE_FACTOR: usize = 4;
 
 /// One (merged) size class.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,28 +71,37 @@ pub const SHORTER_ZSPAGE_SLACK_PERCENT: usize = 2;
 /// `orig_data_size / mem_used_total` from 2.68 to 2.76 and costs nothing
 /// measurable at 250 MB (2.845 vs 2.846).
 pub fn best_pages(size: usize) -> usize {
+    if size > SMALL_MAX {
+        let span = size.div_ceil(PAGE_SIZE);
+        return best_pages_in(size, span, span * LARGE_ZSPAGE_FACTOR);
+    }
+    best_pages_in(size, 1, MAX_ZSPAGE_PAGES)
+}
+
+/// [`best_pages`] over zspage lengths `lo..=hi` (`size <= lo` pages).
+fn best_pages_in(size: usize, lo: usize, hi: usize) -> usize {
     // Waste shares as fractions w/b, compared exactly in integers.
     let share = |pages: usize| {
         let bytes = pages * PAGE_SIZE;
         (bytes % size, bytes)
     };
-    let (bw, bb) = (1..=MAX_ZSPAGE_PAGES)
+    let (bw, bb) = (lo..=hi)
         .map(share)
         .min_by(|&(w0, b0), &(w1, b1)| (w0 * b1).cmp(&(w1 * b0)))
         .unwrap_or((0, PAGE_SIZE));
     // w/b <= bw/bb + s/100  <=>  100*w*bb <= (100*bw + s*bb) * b
-    (1..=MAX_ZSPAGE_PAGES)
+    (lo..=hi)
         .find(|&p| {
             let (w, b) = share(p);
             100 * w * bb <= (100 * bw + SHORTER_ZSPAGE_SLACK_PERCENT * bb) * b
         })
-        .unwrap_or(1)
+        .unwrap_or(lo)
 }
 
 /// The raw (unmerged) class index of an object of `size` bytes, or None if
 /// it is larger than a page.
 pub fn raw_index(size: usize) -> Option<usize> {
-    if size > MAX_OBJ {
+    if size > SMALL_MAX {
         return None;
     }
     Some(size.saturating_sub(MIN_OBJ).div_ceil(CLASS_DELTA))
@@ -91,6 +114,21 @@ pub struct ClassTable {
     pub specs: Vec<ClassSpec>,
     /// For each raw index, the class (index into `specs`) that serves it.
     pub map: Vec<u8>,
+    /// Index in `specs` of the first large class.
+    pub first_large: usize,
+}
+
+/// The slot sizes of the large classes, ascending, the last `>= MAX_OBJ`.
+pub fn large_sizes() -> Vec<usize> {
+    let mut sizes = Vec::new();
+    let mut s = SMALL_MAX;
+    while s < MAX_OBJ {
+        s = (s + s / LARGE_STEP_DIV)
+            .next_multiple_of(CLASS_DELTA)
+            .min(MAX_OBJ);
+        sizes.push(s);
+    }
+    sizes
 }
 
 impl ClassTable {
@@ -122,11 +160,30 @@ impl ClassTable {
         for (k, &top) in map_rev.iter().enumerate() {
             map[RAW_CLASSES - 1 - k] = (n - 1 - top) as u8;
         }
-        ClassTable { specs: rev, map }
+        let first_large = rev.len();
+        let mut specs = rev;
+        for size in large_sizes() {
+            let pages = best_pages(size);
+            specs.push(ClassSpec {
+                size: size as u32,
+                pages: pages as u32,
+                objs: (pages * PAGE_SIZE / size) as u32,
+            });
+        }
+        ClassTable {
+            specs,
+            map,
+            first_large,
+        }
     }
 
-    /// The class serving objects of `size` bytes (None above a page).
+    /// The class serving objects of `size` bytes (None above `MAX_OBJ`).
     pub fn class_of(&self, size: usize) -> Option<usize> {
+        if size > SMALL_MAX {
+            let large = &self.specs[self.first_large..];
+            let k = large.partition_point(|s| (s.size as usize) < size);
+            return (k < large.len()).then_some(self.first_large + k);
+        }
         raw_index(size)
             .and_then(|r| self.map.get(r))
             .map(|&c| c as usize)
@@ -146,8 +203,17 @@ mod tests {
     #[test]
     fn every_size_maps_to_a_class_that_fits_it() {
         let t = ClassTable::new();
-        assert!(t.specs.len() <= 255);
-        for size in 0..=MAX_OBJ {
+        // Handles keep class + 1 in their top byte.
+        assert!(t.specs.len() <= 255, "{} classes", t.specs.len());
+        for size in SMALL_MAX + 1..=MAX_OBJ {
+            let c = t.class_of(size).unwrap();
+            let spec = t.specs[c];
+            assert!(spec.size as usize >= size);
+            assert!(spec.size as usize <= size + size / LARGE_STEP_DIV + 2 * CLASS_DELTA);
+            assert!(c == t.first_large || (t.specs[c - 1].size as usize) < size);
+        }
+        assert_eq!(t.class_of(MAX_OBJ + 1), None);
+        for size in 0..=SMALL_MAX {
             let c = t.class_of(size).unwrap();
             let spec = t.specs[c];
             assert!(
@@ -162,7 +228,6 @@ mod tests {
             assert_eq!(spec.pages as usize, pages);
             assert_eq!(spec.objs as usize, pages * PAGE_SIZE / raw_size);
         }
-        assert_eq!(t.class_of(MAX_OBJ + 1), None);
     }
 
     #[test]
@@ -170,15 +235,28 @@ mod tests {
         let t = ClassTable::new();
         for w in t.specs.windows(2) {
             assert!(w[0].size < w[1].size);
+        }
+        // Merging left no two small classes with the same shape.
+        for w in t.specs[..t.first_large].windows(2) {
             assert!((w[0].pages, w[0].objs) != (w[1].pages, w[1].objs));
         }
-        for s in &t.specs {
+        for s in &t.specs[..t.first_large] {
             assert!((1..=MAX_ZSPAGE_PAGES as u32).contains(&s.pages));
             assert!(s.objs >= 1 && s.objs <= 1024);
             assert!(s.waste() < s.size as usize);
         }
-        let last = t.specs.last().unwrap();
-        assert_eq!((last.size, last.pages, last.objs), (4096, 1, 1));
+        for s in &t.specs[t.first_large..] {
+            let span = (s.size as usize).div_ceil(PAGE_SIZE) as u32;
+            assert!((span..=span * LARGE_ZSPAGE_FACTOR as u32).contains(&s.pages));
+            // span pages < size + 1 page <= 2 * size: fewer than 2 * factor.
+            assert!(s.objs >= 1 && s.objs < 2 * LARGE_ZSPAGE_FACTOR as u32);
+        }
+        let last_small = t.specs[t.first_large - 1];
+        assert_eq!(
+            (last_small.size, last_small.pages, last_small.objs),
+            (4096, 1, 1)
+        );
+        assert_eq!(t.specs.last().unwrap().size as usize, MAX_OBJ);
         assert_eq!(t.specs[0].size as usize, MIN_OBJ);
     }
 

@@ -1,7 +1,9 @@
 //! The size-class slab allocator: zblk's zsmalloc.
 //!
 //! Objects of similar size share a size class ([`class`]); each class packs
-//! its objects back to back into zspages of 1 to 8 pages, so objects may
+//! its objects back to back into zspages of 1 to 8 pages (longer for the
+//! classes of objects larger than a page, which packed compression groups
+//! need), so objects may
 //! straddle page boundaries, and each zspage is one contiguous virtual range
 //! carved from per-class mmap'd chunks ([`vm`]), so an object is always one
 //! slice. A handle names (class, zspage, object index) and never changes

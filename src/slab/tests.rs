@@ -55,7 +55,9 @@ fn every_class_stores_full_objects_including_straddling_ones() {
     let a = SlabAllocator::default();
     let mut lengths_seen = [false; class::MAX_ZSPAGE_PAGES + 1];
     for (c, spec) in a.class_specs().to_vec().into_iter().enumerate() {
-        lengths_seen[spec.pages as usize] = true;
+        if c < a.table.first_large {
+            lengths_seen[spec.pages as usize] = true;
+        }
         let size = spec.size as usize;
         let n = 2 * spec.objs as usize + 1;
         let sizes = vec![spec.size; n];
@@ -85,8 +87,8 @@ fn every_class_stores_full_objects_including_straddling_ones() {
         assert_eq!(a.mem_used_total(), 0, "class {spec:?}");
     }
     for (pages, seen) in lengths_seen.iter().enumerate().skip(1) {
-        // The table uses every length from 1 to 8 pages, so every zspage
-        // length was exercised above.
+        // The small classes use every length from 1 to 8 pages, so every
+        // zspage length was exercised above.
         assert!(seen, "no class uses {pages}-page zspages");
     }
 }
@@ -94,7 +96,10 @@ fn every_class_stores_full_objects_including_straddling_ones() {
 #[test]
 fn every_object_size_round_trips() {
     let a = SlabAllocator::default();
-    let sizes: Vec<u32> = (1..=PAGE_SIZE as u32).collect();
+    let mut sizes: Vec<u32> = (1..=PAGE_SIZE as u32).collect();
+    // And objects larger than a page (packed groups), up to the largest.
+    sizes.extend((1..=65u32).map(|p| p * PAGE_SIZE as u32 - 7 * p));
+    sizes.push(class::MAX_OBJ as u32);
     let owners: Vec<u64> = (0..sizes.len() as u64).collect();
     let mut hs = Vec::new();
     a.alloc_bulk(&sizes, &owners, &mut hs).unwrap();
@@ -143,7 +148,7 @@ fn freed_objects_and_zspages_are_reused() {
 #[test]
 fn limit_refuses_whole_bulk_and_keeps_nothing() {
     let a = SlabAllocator::default();
-    let cost4k = a.classes.last().unwrap().cost;
+    let cost4k = a.classes[a.class_of(4096).unwrap()].cost;
     a.set_mem_limit(3 * cost4k);
     assert_eq!(a.mem_limit(), 3 * cost4k);
     let mut hs = vec![42];
@@ -172,7 +177,9 @@ fn limit_refuses_whole_bulk_and_keeps_nothing() {
 fn bad_sizes_and_double_frees_are_errors_not_panics() {
     let a = SlabAllocator::default();
     let mut hs = Vec::new();
-    assert!(a.alloc_bulk(&[4097], &[0], &mut hs).is_err());
+    assert!(a
+        .alloc_bulk(&[class::MAX_OBJ as u32 + 1], &[0], &mut hs)
+        .is_err());
     assert!(a.alloc_bulk(&[10, 10], &[0], &mut hs).is_err());
     assert!(hs.is_empty());
     a.alloc_bulk(&[10, 10], &[0, 1], &mut hs).unwrap();
