@@ -56,8 +56,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => 1600u32..3072,
         1 => Just(4096u32),
         1 => 1u32..=4096,
-        // Larger than a page: packed compression groups.
-        1 => 4097u32..=65 * 4096,
+        // Larger than a page: packed groups of up to 8 pages.
+        1 => 4097u32..=9 * 4096,
     ];
     prop_oneof![
         6 => prop::collection::vec(size, 1..=16).prop_map(Op::Alloc),
