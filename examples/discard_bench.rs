@@ -1,7 +1,7 @@
 //! The discard and churn measurements of `zblk::bench_discard`, one JSON
 //! line each. Usage:
 //! `discard_bench FILE [--threads 1,2,4] [--copies N] [--request-pages N]
-//!  [--rounds N] [--algo lz4] [--churn [--huge-threshold BYTES]]`.
+//!  [--rounds N] [--algo lz4] [--churn [--huge-threshold BYTES] [--mode per-page|packed]]`.
 
 use std::path::PathBuf;
 use zblk::bench::load_input;
@@ -19,6 +19,7 @@ fn main() -> Result<(), String> {
     let mut threads = vec![1, 2, 4];
     let mut churn = false;
     let mut huge = None;
+    let mut mode = zblk::store::Mode::PerPage;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--threads" => {
@@ -34,6 +35,7 @@ fn main() -> Result<(), String> {
             "--rounds" => opts.rounds = num(args.next(), "--rounds")?,
             "--algo" => opts.algo = args.next().ok_or("--algo needs a name")?.parse()?,
             "--churn" => churn = true,
+            "--mode" => mode = args.next().ok_or("--mode needs a name")?.parse()?,
             "--huge-threshold" => huge = Some(num(args.next(), "--huge-threshold")?),
             _ => return Err(format!("unknown argument {a}")),
         }
@@ -44,6 +46,7 @@ fn main() -> Result<(), String> {
             algo: opts.algo,
             copies: opts.copies,
             huge_threshold: huge,
+            mode,
             ..ChurnOptions::default()
         };
         let r = churn_bench(&copt, &data).map_err(|e| e.to_string())?;

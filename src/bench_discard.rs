@@ -14,7 +14,7 @@
 use crate::codec::Algo;
 use crate::error::{Error, Result};
 use crate::page::{PAGE_SIZE, PAGE_SIZE_U64};
-use crate::store::{AllocatorKind, Store, StoreConfig};
+use crate::store::{AllocatorKind, Mode, Store, StoreConfig};
 use serde::Serialize;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -82,7 +82,7 @@ pub struct DiscardReport {
 }
 
 fn store_for(data_len: usize, opts_algo: Algo, group: usize, deferred: bool) -> Result<Arc<Store>> {
-    store_with(data_len, opts_algo, group, deferred, None)
+    store_with(data_len, opts_algo, group, deferred, None, Mode::PerPage)
 }
 
 fn store_with(
@@ -91,8 +91,10 @@ fn store_with(
     group: usize,
     deferred: bool,
     huge_threshold: Option<usize>,
+    mode: Mode,
 ) -> Result<Arc<Store>> {
     let mut cfg = StoreConfig::new(data_len as u64);
+    cfg.mode = mode;
     if let Some(h) = huge_threshold {
         cfg.huge_threshold = h;
     }
@@ -272,6 +274,8 @@ pub struct ChurnOptions {
     /// Compressed size at or above which a page is stored raw (None: the
     /// store's default).
     pub huge_threshold: Option<usize>,
+    /// How groups are stored (per page or packed).
+    pub mode: Mode,
 }
 
 impl Default for ChurnOptions {
@@ -281,6 +285,7 @@ impl Default for ChurnOptions {
             copies: 1,
             seed: 0x5eed,
             huge_threshold: None,
+            mode: Mode::PerPage,
         }
     }
 }
@@ -296,7 +301,7 @@ pub fn churn_bench(opts: &ChurnOptions, data: &[u8]) -> Result<ChurnReport> {
     let len = data.len() * opts.copies;
     let pages = len / PAGE_SIZE;
     let group = crate::store::DEFAULT_GROUP_PAGES;
-    let s = store_with(len, opts.algo, group, true, opts.huge_threshold)?;
+    let s = store_with(len, opts.algo, group, true, opts.huge_threshold, opts.mode)?;
     fill(&s, data, opts.copies)?;
     let st = s.stats();
     let frag = |st: &crate::store::StoreStats| {
