@@ -339,8 +339,23 @@ impl Drop for Freer {
     }
 }
 
+/// Makes the calling thread `SCHED_BATCH`: it keeps its fair share of the
+/// CPU but never preempts the thread that woke it, so handing a batch to
+/// the drain does not cost the discarding thread its CPU.
+fn no_wakeup_preemption() {
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) } != 0 {
+        log::debug!(
+            "free drain stays SCHED_OTHER: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
 /// The drain thread: frees queued batches, sleeps when there are none.
 fn drain_loop(sh: &Shared) {
+    no_wakeup_preemption();
     let mut buf = Vec::with_capacity(DRAIN_CHUNK + FREE_BATCH);
     let mut last_hook = Instant::now();
     loop {
