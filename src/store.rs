@@ -601,6 +601,18 @@ impl Relocate for Store {
         if holders.is_empty() {
             return false;
         }
+        if guards[holders[0]].entry().kind == Kind::Packed {
+            // A group is installed slot by slot: until every live page
+            // references the object, moving it would leave the pages still
+            // to be installed pointing at the freed copy. Live bits are only
+            // cleared by holders under their lock, so equal counts mean the
+            // install is complete.
+            // SAFETY: the holders reference `old` and we hold their locks.
+            let live = unsafe { packed::live_count(&*self.alloc, old) };
+            if live as usize != holders.len() {
+                return false;
+            }
+        }
         let Some(new) = mv() else {
             return false;
         };

@@ -9,7 +9,7 @@ use std::time::Duration;
 use zblk::alloc::{AllocError, Handle, ObjAllocator};
 use zblk::slab::SlabAllocator;
 use zblk::store::AllocatorKind;
-use zblk::{Error, Store, StoreConfig, PAGE_SIZE};
+use zblk::{Algo, Error, Mode, Store, StoreConfig, PAGE_SIZE};
 
 const PAGES: u64 = 1024;
 
@@ -70,7 +70,15 @@ fn check_page(p: u64, buf: &[u8]) {
 }
 
 fn store(deferred: bool) -> Arc<Store> {
+    store_in(deferred, Mode::PerPage)
+}
+
+fn store_in(deferred: bool, mode: Mode) -> Arc<Store> {
     let mut cfg = StoreConfig::new(PAGES * PAGE_SIZE as u64);
+    cfg.mode = mode;
+    if mode == Mode::Packed {
+        cfg.algo = Algo::Zstd(1);
+    }
     cfg.allocator = AllocatorKind::Slab;
     cfg.deferred_free = deferred;
     // A small bound so the synchronous fallback runs too.
@@ -84,8 +92,8 @@ fn range(x: &mut u64) -> (u64, u64) {
     (first, n.min(PAGES - first))
 }
 
-fn stress(deferred: bool) {
-    let s = store(deferred);
+fn stress(deferred: bool, mode: Mode) {
+    let s = store_in(deferred, mode);
     let stop = Arc::new(AtomicBool::new(false));
     let mut workers = Vec::new();
     for t in 0..2u64 {
@@ -186,12 +194,19 @@ fn stress(deferred: bool) {
 
 #[test]
 fn stress_deferred_free() {
-    stress(true);
+    stress(true, Mode::PerPage);
+}
+
+/// Packed groups (several slots per object) moved by compaction while
+/// groups are being installed, discarded and rewritten.
+#[test]
+fn stress_packed_deferred_free() {
+    stress(true, Mode::Packed);
 }
 
 #[test]
 fn stress_immediate_free() {
-    stress(false);
+    stress(false, Mode::PerPage);
 }
 
 #[test]
