@@ -183,6 +183,8 @@ fn serve(cfg: &DaemonConfig, ready: &ReadyOnce) -> Result<(), String> {
         .build()
         .map_err(|e| format!("cannot create the ublk device: {}", ublk_error(&e)))?;
     let id = ctrl.dev_info().dev_id;
+    // The driver may round the buffer size; requests follow its value.
+    let io_buf_bytes = ctrl.dev_info().max_io_buf_bytes;
     if let Some(tmp) = &cfg.log_file {
         if let Err(e) = std::fs::rename(tmp, paths::log_path(id)) {
             log::warn!(
@@ -218,7 +220,7 @@ fn serve(cfg: &DaemonConfig, ready: &ReadyOnce) -> Result<(), String> {
     let size = cfg.size;
     let tgt_init = move |dev: &mut UblkDev| {
         dev.set_default_params(size);
-        dev.tgt.params = params::device_params(size, io_buf_bytes);
+        dev.tgt.params = params::device_params(size, dev.dev_info.max_io_buf_bytes);
         Ok(())
     };
     let qs = shared.clone();
@@ -386,13 +388,7 @@ fn serve_queue(shared: &Shared, qs: &QueueShared, mut ctx: QueueCtx, qid: u16, d
     q.wait_and_handle_io(|q, tag, io| {
         if io.is_tgt_io() {
             if UblkIOCtx::user_data_to_op(io.user_data()) == TICK_OP {
-                // Only this thread may touch its context: free the batch
-                // here and publish what the control loop asked for.
-                let gen = shared.tick_gen.load(Ordering::SeqCst);
-                ctx.flush_frees();
-                qs.pending
-                    .store(ctx.pending_frees() as u64, Ordering::SeqCst);
-                qs.done.store(gen, Ordering::SeqCst);
+                on_tick(shared, qs, &mut ctx);
                 if io.result() >= 0 && !q.is_stopping() {
                     submit_tick_read(q, kick_fd, &mut tick_buf);
                 }
@@ -417,6 +413,17 @@ fn serve_queue(shared: &Shared, qs: &QueueShared, mut ctx: QueueCtx, qid: u16, d
     ctx.flush_frees();
     qs.pending.store(0, Ordering::SeqCst);
     log::info!("queue {qid}: done");
+}
+
+/// A queue's answer to a kick: only the queue's own thread may touch its
+/// context, so it frees its batch here and publishes the generation the
+/// control loop asked for.
+fn on_tick(shared: &Shared, qs: &QueueShared, ctx: &mut QueueCtx) {
+    let gen = shared.tick_gen.load(Ordering::SeqCst);
+    ctx.flush_frees();
+    qs.pending
+        .store(ctx.pending_frees() as u64, Ordering::SeqCst);
+    qs.done.store(gen, Ordering::SeqCst);
 }
 
 /// Queues a read of the kick eventfd on this thread's ring.
@@ -588,5 +595,168 @@ fn wait_queues_exit(shared: &Shared) {
         }
         shared.kick_all();
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{BufRead, BufReader, Write};
+    use std::sync::atomic::AtomicBool;
+    use zblk::PAGE_SIZE;
+
+    fn cfg(queues: u16) -> DaemonConfig {
+        DaemonConfig {
+            id: 0,
+            size: 256 * PAGE_SIZE as u64,
+            algo: Algo::Lz4,
+            group_pages: 8,
+            mem_limit: 0,
+            queues,
+            depth: 4,
+            io_buf_bytes: 1 << 20,
+            log_file: None,
+        }
+    }
+
+    fn info() -> DeviceInfo {
+        DeviceInfo {
+            id: 0,
+            name: "ublkb4094".into(),
+            path: "/dev/ublkb4094".into(),
+            size: 256 * PAGE_SIZE as u64,
+            algorithm: "lz4".into(),
+            group_pages: 8,
+            mem_limit: 0,
+            queues: 2,
+            depth: 4,
+            io_buf_bytes: 1 << 20,
+            pid: std::process::id(),
+        }
+    }
+
+    /// Stands in for a queue thread: does some I/O with its context, then
+    /// answers kicks on its eventfd as the real queue does, until a kick
+    /// finds `stop` set.
+    fn fake_queue(
+        shared: Arc<Shared>,
+        qid: usize,
+        stop: Arc<AtomicBool>,
+    ) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            let mut ctx = shared.ctxs.lock().unwrap()[qid].take().unwrap();
+            let page: Vec<u8> = (0..PAGE_SIZE)
+                .map(|i| (i % 251) as u8 ^ qid as u8)
+                .collect();
+            let base = (qid * 100 * PAGE_SIZE) as u64;
+            for i in 0..10u64 {
+                ctx.write(base + i * PAGE_SIZE as u64, &page).unwrap();
+            }
+            // Ten handles detached: fewer than a free batch, so they wait.
+            ctx.discard(base, 10 * PAGE_SIZE as u64).unwrap();
+            assert_eq!(ctx.pending_frees(), 10);
+            let qs = &shared.queues[qid];
+            loop {
+                let mut b = [0u8; 8];
+                // SAFETY: blocking read of 8 bytes from our eventfd.
+                let n = unsafe { libc::read(qs.kick.as_raw_fd(), b.as_mut_ptr().cast(), 8) };
+                assert_eq!(n, 8);
+                on_tick(&shared, qs, &mut ctx);
+                if stop.load(Ordering::SeqCst) {
+                    shared.alive.fetch_sub(1, Ordering::SeqCst);
+                    return;
+                }
+            }
+        })
+    }
+
+    fn ask(shared: &Shared, req: Request) -> (Response, bool) {
+        answer(shared, &info(), Path::new("/dev/ublkb4094"), req)
+    }
+
+    #[test]
+    fn stats_wait_for_every_queue_to_free_its_batch() {
+        let shared = Arc::new(new_shared(&cfg(2)).unwrap());
+        let stop = Arc::new(AtomicBool::new(false));
+        let qs: Vec<_> = (0..2)
+            .map(|q| fake_queue(shared.clone(), q, stop.clone()))
+            .collect();
+        // Wait until both fake queues have done their I/O.
+        while shared.store.stats().counters.notify_free < 20 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let held = shared.store.stats().mem_used_total;
+        assert!(held > 0, "batched objects still held");
+        let (r, stop_now) = ask(&shared, Request::Stats);
+        assert!(r.ok && !stop_now, "{r:?}");
+        let s = &r.data["stats"];
+        assert_eq!(s["deferred_free_pending"], 0);
+        let after = s["mem_used_total"].as_u64().unwrap();
+        assert!(
+            after < held,
+            "batches freed before the snapshot: {after} < {held}"
+        );
+        assert_eq!(s["stored_pages"], 0);
+        assert_eq!(s["queues"].as_array().unwrap().len(), 2);
+        assert_eq!(s["queues"][1]["pages_written"], 10);
+        assert_eq!(r.data["device"]["name"], "ublkb4094");
+
+        stop.store(true, Ordering::SeqCst);
+        wait_queues_exit(&shared);
+        for q in qs {
+            q.join().unwrap();
+        }
+        assert_eq!(shared.alive.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn compact_mem_limit_info_and_shutdown() {
+        let shared = new_shared(&cfg(1)).unwrap();
+        shared.alive.store(0, Ordering::SeqCst); // no queue threads here
+        let (r, _) = ask(&shared, Request::SetMemLimit { bytes: 1 << 20 });
+        assert!(r.ok);
+        assert_eq!(shared.store.stats().mem_limit, 1 << 20);
+        let (r, _) = ask(&shared, Request::Compact);
+        assert!(r.ok && r.data["pages_compacted"].is_u64(), "{r:?}");
+        let (r, _) = ask(&shared, Request::Info);
+        assert_eq!(
+            serde_json::from_value::<DeviceInfo>(r.data).unwrap(),
+            info()
+        );
+        // Not swap (the node does not even exist): shutdown is accepted.
+        let (r, stop) = ask(&shared, Request::Shutdown { force: false });
+        assert!(r.ok && stop);
+    }
+
+    #[test]
+    fn a_client_gets_one_reply_line() {
+        let shared = new_shared(&cfg(1)).unwrap();
+        shared.alive.store(0, Ordering::SeqCst);
+        let (mut a, b) = UnixStream::pair().unwrap();
+        a.write_all(b"{\"cmd\":\"stats\"}\n").unwrap();
+        assert!(!serve_client(
+            &shared,
+            &info(),
+            Path::new("/dev/ublkb4094"),
+            b
+        ));
+        let mut line = String::new();
+        BufReader::new(&a).read_line(&mut line).unwrap();
+        let r: Response = serde_json::from_str(&line).unwrap();
+        assert!(r.ok);
+        assert_eq!(r.data["stats"]["disksize"], 256 * PAGE_SIZE as u64);
+
+        let (mut a, b) = UnixStream::pair().unwrap();
+        a.write_all(b"not json\n").unwrap();
+        assert!(!serve_client(
+            &shared,
+            &info(),
+            Path::new("/dev/ublkb4094"),
+            b
+        ));
+        let mut line = String::new();
+        BufReader::new(&a).read_line(&mut line).unwrap();
+        let r: Response = serde_json::from_str(&line).unwrap();
+        assert!(!r.ok && r.error.unwrap().contains("bad request"));
     }
 }
