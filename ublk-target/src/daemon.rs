@@ -17,7 +17,7 @@ use crate::{params, paths, safety, swap};
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
 use libublk::io::{UblkDev, UblkIOCtx, UblkQueue};
 use libublk::{BufDesc, BufDescList, UblkFlags, UblkIORes};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -73,6 +73,8 @@ struct QueueShared {
     done: AtomicU64,
     /// Handles batched in the queue's context at that moment.
     pending: AtomicU64,
+    /// Where the queue's ring reads the eventfd counter to (never read).
+    kick_buf: AtomicU64,
 }
 
 /// State shared by all threads of one daemon.
@@ -290,6 +292,7 @@ fn new_shared(cfg: &DaemonConfig) -> Result<Shared, String> {
             kick: unsafe { OwnedFd::from_raw_fd(fd) },
             done: AtomicU64::new(0),
             pending: AtomicU64::new(0),
+            kick_buf: AtomicU64::new(0),
         });
         // Created in queue order so that stats list queue i as context i.
         ctxs.push(Some(store.new_ctx()));
@@ -381,16 +384,14 @@ fn serve_queue(shared: &Shared, qs: &QueueShared, mut ctx: QueueCtx, qid: u16, d
             return;
         }
     };
-    let mut tick_buf = [0u8; 8];
-    let kick_fd = qs.kick.as_raw_fd();
-    submit_tick_read(&q, kick_fd, &mut tick_buf);
+    submit_tick_read(&q, qs);
     let mut rl = RateLimit::default();
     q.wait_and_handle_io(|q, tag, io| {
         if io.is_tgt_io() {
             if UblkIOCtx::user_data_to_op(io.user_data()) == TICK_OP {
                 on_tick(shared, qs, &mut ctx);
                 if io.result() >= 0 && !q.is_stopping() {
-                    submit_tick_read(q, kick_fd, &mut tick_buf);
+                    submit_tick_read(q, qs);
                 }
             }
             return;
@@ -427,8 +428,13 @@ fn on_tick(shared: &Shared, qs: &QueueShared, ctx: &mut QueueCtx) {
 }
 
 /// Queues a read of the kick eventfd on this thread's ring.
-fn submit_tick_read(q: &UblkQueue, fd: RawFd, buf: &mut [u8; 8]) {
-    let sqe = io_uring::opcode::Read::new(io_uring::types::Fd(fd), buf.as_mut_ptr(), 8)
+fn submit_tick_read(q: &UblkQueue, qs: &QueueShared) {
+    // The kernel writes the counter into `kick_buf`, which lives in the
+    // shared state: a read still pending when the queue thread ends never
+    // lands on a dead stack frame.
+    let buf = qs.kick_buf.as_ptr().cast::<u8>();
+    let fd = io_uring::types::Fd(qs.kick.as_raw_fd());
+    let sqe = io_uring::opcode::Read::new(fd, buf, 8)
         .build()
         .user_data(UblkIOCtx::build_user_data(0, TICK_OP, 0, true));
     if let Err(e) = q.ublk_submit_sqe_sync(sqe) {

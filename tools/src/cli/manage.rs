@@ -13,7 +13,7 @@ const DEL_WAIT: Duration = Duration::from_secs(30);
 pub fn del(a: DelArgs) -> CliResult {
     let ids = match a.id {
         Some(id) => vec![id],
-        None => paths::device_ids(),
+        None => super::device_ids()?,
     };
     let mut first_err = None;
     for id in ids {

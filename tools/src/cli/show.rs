@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 use std::path::Path;
 use std::time::Duration;
 use zblk_ublk::control::{self, DeviceInfo, Request};
-use zblk_ublk::{paths, swap};
+use zblk_ublk::swap;
 
 /// How long a stats request may take (the daemon waits for its queues).
 const STATS_TIMEOUT: Duration = Duration::from_secs(10);
@@ -128,7 +128,7 @@ fn list_row(e: &Value) -> Vec<String> {
 /// `zblk list`.
 pub fn list(a: ListArgs) -> CliResult {
     let mut entries = Vec::new();
-    for id in paths::device_ids() {
+    for id in super::device_ids()? {
         match fetch(id) {
             Ok(reply) => entries.push(list_entry(&reply)),
             // A socket with no daemon behind it: say so and go on.
@@ -247,7 +247,7 @@ pub fn stat(a: StatArgs) -> CliResult {
     loop {
         let ids = match a.id {
             Some(id) => vec![id],
-            None => paths::device_ids(),
+            None => super::device_ids()?,
         };
         let mut replies = Vec::new();
         for id in ids {
