@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use zblk::store::Mode;
 use zblk::{Algo, QueueCtx, Store, StoreConfig};
 
 /// How a device is created.
@@ -36,6 +37,8 @@ pub struct DaemonConfig {
     pub algo: Algo,
     /// Pages per compression group.
     pub group_pages: usize,
+    /// Per-page or packed group objects.
+    pub mode: Mode,
     /// Memory limit in bytes (0: none).
     pub mem_limit: u64,
     /// Number of queues (one thread each).
@@ -204,6 +207,7 @@ fn serve(cfg: &DaemonConfig, ready: &ReadyOnce) -> Result<(), String> {
         size: cfg.size,
         algorithm: cfg.algo.to_string(),
         group_pages: cfg.group_pages,
+        mode: cfg.mode.to_string(),
         mem_limit: cfg.mem_limit,
         queues: cfg.queues,
         depth: cfg.depth,
@@ -274,6 +278,7 @@ fn new_shared(cfg: &DaemonConfig) -> Result<Shared, String> {
         size: cfg.size,
         algo: cfg.algo,
         group_pages: cfg.group_pages,
+        mode: cfg.mode,
         mem_limit: cfg.mem_limit,
         ..StoreConfig::new(cfg.size)
     })
@@ -617,6 +622,7 @@ mod tests {
             size: 256 * PAGE_SIZE as u64,
             algo: Algo::Lz4,
             group_pages: 8,
+            mode: Mode::PerPage,
             mem_limit: 0,
             queues,
             depth: 4,
@@ -633,6 +639,7 @@ mod tests {
             size: 256 * PAGE_SIZE as u64,
             algorithm: "lz4".into(),
             group_pages: 8,
+            mode: "per-page".into(),
             mem_limit: 0,
             queues: 2,
             depth: 4,

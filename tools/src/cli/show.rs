@@ -294,6 +294,7 @@ mod tests {
             size: 1 << 20,
             algorithm: "lz4".into(),
             group_pages: 8,
+            mode: "per-page".into(),
             mem_limit: 0,
             queues: 2,
             depth: 128,
