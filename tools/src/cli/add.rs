@@ -208,10 +208,8 @@ pub fn daemon(a: DaemonArgs) -> CliResult {
         drop(out);
         release_stdout();
     });
-    zblk_ublk::daemon::run(config(&a.dev, a.log_file), ready).map_err(|e| {
-        log::error!("{e}");
-        CliError(e)
-    })
+    // The error reaches the log through main's one-line report on stderr.
+    zblk_ublk::daemon::run(config(&a.dev, a.log_file), ready).map_err(CliError)
 }
 
 /// Points stdout at /dev/null, so that `add` (reading the other end) sees
