@@ -46,8 +46,7 @@ fn del_one(id: u32, force: bool) -> CliResult {
                 bdev.display()
             )));
         }
-        sys::run_tool("swapoff", &[&bdev.to_string_lossy()])
-            .map_err(|e| CliError(format!("{e}; device {id} kept")))?;
+        swap::swap_off(&bdev).map_err(|e| CliError(format!("{e}; device {id} kept")))?;
     } else if !force && sys::is_busy(&bdev) {
         return Err(CliError(format!(
             "device {} is busy (mounted or held open; unmount it, or use --force)",
