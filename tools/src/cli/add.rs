@@ -87,14 +87,11 @@ fn foreground(a: AddArgs) -> CliResult {
     zblk_ublk::daemon::run(config(&a.dev, None), ready).map_err(CliError)
 }
 
-/// `mkswap` then `swapon --discard`, like zram-generator.
+/// `mkswap` then swapon with discard and priority, like zram-generator
+/// (by system call: busybox's swapon has neither `--discard` nor `-p`).
 fn make_swap(bdev: &Path, priority: i32) -> CliResult {
-    let dev = bdev.to_string_lossy();
-    sys::run_tool("mkswap", &[&dev])?;
-    sys::run_tool(
-        "swapon",
-        &["--discard", "--priority", &priority.to_string(), &dev],
-    )
+    sys::run_tool("mkswap", &[&bdev.to_string_lossy()])?;
+    zblk_ublk::swap::swap_on(bdev, priority).map_err(CliError)
 }
 
 /// The argument list that makes `zblk daemon` build the same device.
