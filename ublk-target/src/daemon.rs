@@ -256,6 +256,28 @@ fn serve(cfg: &DaemonConfig, ready: &ReadyOnce) -> Result<(), String> {
     }
 }
 
+/// Deletes device `id` whose daemon is gone (it left its socket behind:
+/// killed, or crashed). Only for ids that have a zblk socket, so that a
+/// device served by another ublk program is never touched.
+pub fn delete_orphan(id: u32) -> Result<(), String> {
+    let sock = paths::socket_path(id);
+    if !sock.exists() {
+        return Err(format!("device {id} has no zblk socket: not deleting it"));
+    }
+    let Ok(sid) = i32::try_from(id) else {
+        return Err(format!("device id {id} is out of range"));
+    };
+    if paths::cdev_path(id).exists() {
+        let ctrl =
+            UblkCtrl::new_simple(sid).map_err(|e| format!("device {id}: {}", ublk_error(&e)))?;
+        // Stopping may fail when the driver already stopped it.
+        let _ = ctrl.kill_dev();
+        ctrl.del_dev()
+            .map_err(|e| format!("cannot delete device {id}: {}", ublk_error(&e)))?;
+    }
+    std::fs::remove_file(&sock).map_err(|e| format!("cannot remove {}: {e}", sock.display()))
+}
+
 /// A libublk error in words.
 fn ublk_error(e: &libublk::UblkError) -> String {
     match e {
@@ -739,6 +761,12 @@ mod tests {
         // Not swap (the node does not even exist): shutdown is accepted.
         let (r, stop) = ask(&shared, Request::Shutdown { force: false });
         assert!(r.ok && stop);
+    }
+
+    #[test]
+    fn orphans_need_a_zblk_socket() {
+        let e = delete_orphan(1_000_000).unwrap_err();
+        assert!(e.contains("has no zblk socket"), "{e}");
     }
 
     #[test]

@@ -53,7 +53,15 @@ fn del_one(id: u32, force: bool) -> CliResult {
             bdev.display()
         )));
     }
-    control::request(id, &Request::Shutdown { force }, Duration::from_secs(10))?;
+    match control::request(id, &Request::Shutdown { force }, Duration::from_secs(10)) {
+        Ok(_) => {}
+        // A socket with nobody behind it: the daemon was killed. Delete
+        // the device it left.
+        Err(control::ClientError::NoDevice(_)) => {
+            return zblk_ublk::daemon::delete_orphan(id).map_err(CliError);
+        }
+        Err(e) => return Err(e.into()),
+    }
     if !sys::wait_for(DEL_WAIT, || !sock.exists()) {
         return Err(CliError(format!(
             "device {id} did not go away within {DEL_WAIT:?}"

@@ -129,9 +129,12 @@ fn list_row(e: &Value) -> Vec<String> {
 pub fn list(a: ListArgs) -> CliResult {
     let mut entries = Vec::new();
     for id in super::device_ids()? {
-        match fetch(id) {
+        match control::request(id, &Request::Stats, STATS_TIMEOUT) {
             Ok(reply) => entries.push(list_entry(&reply)),
             // A socket with no daemon behind it: say so and go on.
+            Err(control::ClientError::NoDevice(_)) => {
+                eprintln!("zblk: device {id}: its daemon is gone (zblk del -n {id} removes it)")
+            }
             Err(e) => eprintln!("zblk: device {id}: {e}"),
         }
     }
