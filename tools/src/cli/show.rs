@@ -158,6 +158,19 @@ const BYTE_FIELDS: [&str; 7] = [
     "slot_table_bytes",
 ];
 
+/// Counters that are levels, not events: a page written through one queue
+/// may be freed through another, so per queue they are net flows (clamped
+/// at 0), meaningful only summed. The per-queue table leaves them out; the
+/// JSON keeps them.
+const GAUGES: [&str; 6] = [
+    "orig_data_size",
+    "compr_data_size",
+    "same_pages",
+    "huge_pages",
+    "stored_pages",
+    "packed_dead_bytes",
+];
+
 /// The text form of one device's statistics: every scalar field, derived
 /// ratios, latency percentiles and the per-queue breakdown.
 pub fn stat_text(reply: &Value) -> String {
@@ -230,7 +243,12 @@ pub fn stat_text(reply: &Value) -> String {
     let keys: Vec<String> = queues
         .first()
         .and_then(Value::as_object)
-        .map(|o| o.keys().cloned().collect())
+        .map(|o| {
+            o.keys()
+                .filter(|k| !GAUGES.contains(&k.as_str()))
+                .cloned()
+                .collect()
+        })
         .unwrap_or_default();
     let rows: Vec<Vec<String>> = keys
         .iter()
@@ -343,7 +361,10 @@ mod tests {
         // Per queue: queue 0 wrote 2 pages, queue 1 wrote 1 and read 2.
         assert_eq!(row("pages_written"), ["pages_written", "2", "1"]);
         assert_eq!(row("pages_read"), ["pages_read", "0", "2"]);
-        assert_eq!(row("same_pages"), ["same_pages", "0", "1"]);
+        assert_eq!(row("num_reads"), ["num_reads", "0", "1"]);
+        // Gauges appear once, for the device, not per queue.
+        assert_eq!(row("same_pages"), ["same_pages", "1"]);
+        assert_eq!(row("stored_pages"), ["stored_pages", "3"]);
     }
 
     #[test]
