@@ -8,13 +8,14 @@
 //! every slot's old content in place.
 
 use crate::alloc::Handle;
+use crate::codec::CodecError;
 use crate::ctx::CtxState;
 use crate::error::{Error, Result};
 use crate::packed::{self, PackHeader, PACK_HEADER};
 use crate::page::{same_filled, PAGE_SIZE};
 use crate::slot::{Entry, Kind};
 use crate::stats::Counter;
-use crate::store::{account, Mode, Store};
+use crate::store::{account, Mode, Store, MAX_GROUP_PAGES};
 
 /// The planned content of each page of a group, and reused buffers.
 #[derive(Debug, Default)]
@@ -23,6 +24,7 @@ pub struct GroupPlan {
     sizes: Vec<u32>,
     owners: Vec<u64>,
     handles: Vec<Handle>,
+    results: Vec<Option<usize>>,
 }
 
 impl GroupPlan {
@@ -33,6 +35,7 @@ impl GroupPlan {
             sizes: Vec::with_capacity(g),
             owners: Vec::with_capacity(g),
             handles: Vec::with_capacity(g),
+            results: Vec::with_capacity(g),
         }
     }
 
@@ -41,6 +44,7 @@ impl GroupPlan {
         self.sizes.clear();
         self.owners.clear();
         self.handles.clear();
+        self.results.clear();
     }
 }
 
@@ -60,27 +64,41 @@ pub(crate) fn write_group(store: &Store, st: &mut CtxState, first: u64, data: &[
     Ok(())
 }
 
-/// Classifies each page and compresses those that are not same-filled into
-/// the page's own area of the scratch buffer.
+/// Classifies each page, then compresses those that are not same-filled
+/// in one batch call to the queue's codec (an accelerator keeps them all in
+/// flight at once), each into its own page-sized area of the scratch buffer.
 fn compress_group(store: &Store, st: &mut CtxState, first: u64, data: &[u8]) -> Result<()> {
     let budget = store.config().huge_threshold - 1;
+    let mut pages: [&[u8]; MAX_GROUP_PAGES] = [&[]; MAX_GROUP_PAGES];
+    let mut k = 0;
     for (i, page) in data.chunks_exact(PAGE_SIZE).enumerate() {
-        let entry = if let Some(word) = same_filled(page) {
-            Entry::new(Kind::Same, 0, word)
+        if let Some(word) = same_filled(page) {
+            st.plan.entries.push(Entry::new(Kind::Same, 0, word));
         } else {
-            let area = &mut st.scratch[i * PAGE_SIZE..i * PAGE_SIZE + budget];
-            match st.codec.compress(page, area)? {
-                Some(n) => Entry::new(Kind::Compressed, n as u32, 0),
-                None => Entry::new(Kind::Huge, PAGE_SIZE as u32, 0),
-            }
-        };
-        if entry.kind != Kind::Same {
-            st.plan.sizes.push(entry.len);
+            pages[k] = page;
+            k += 1;
+            st.plan.entries.push(Entry::EMPTY);
             st.plan.owners.push(first + i as u64);
         }
-        st.plan.entries.push(entry);
     }
-    st.shard.add(Counter::SwPages, st.plan.sizes.len() as i64);
+    let accel =
+        st.codec
+            .compress_batch(&pages[..k], &mut st.scratch, budget, &mut st.plan.results)?;
+    let mut results = st.plan.results.iter();
+    for e in st.plan.entries.iter_mut().filter(|e| e.kind == Kind::Empty) {
+        *e = match results.next() {
+            Some(Some(n)) => Entry::new(Kind::Compressed, *n as u32, 0),
+            Some(None) => Entry::new(Kind::Huge, PAGE_SIZE as u32, 0),
+            None => {
+                return Err(Error::Codec(CodecError::Internal(
+                    "codec returned too few results".into(),
+                )))
+            }
+        };
+        st.plan.sizes.push(e.len);
+    }
+    st.shard.add(Counter::SwPages, (k - accel) as i64);
+    st.shard.add(Counter::AccelPages, accel as i64);
     Ok(())
 }
 
@@ -96,15 +114,19 @@ fn allocate_group(store: &Store, st: &mut CtxState) -> Result<()> {
 }
 
 /// Copies compressed (or raw) bytes into the new objects and records each
-/// handle in its entry.
+/// handle in its entry. The j-th page that is not same-filled was
+/// compressed into the j-th area of the scratch buffer.
 fn copy_objects(store: &Store, st: &mut CtxState, data: &[u8]) {
     let mut handles = st.plan.handles.iter();
+    let mut j = 0;
     for (i, e) in st.plan.entries.iter_mut().enumerate() {
+        let area = j * PAGE_SIZE;
         let src = match e.kind {
-            Kind::Compressed => &st.scratch[i * PAGE_SIZE..i * PAGE_SIZE + e.len as usize],
+            Kind::Compressed => &st.scratch[area..area + e.len as usize],
             Kind::Huge => &data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE],
             Kind::Empty | Kind::Same | Kind::Packed => continue,
         };
+        j += 1;
         let Some(&h) = handles.next() else {
             unreachable!("alloc_bulk returned one handle per size")
         };

@@ -8,6 +8,7 @@
 
 #![warn(missing_docs)]
 
+pub mod accel;
 pub mod alloc;
 pub mod bench;
 pub mod codec;
