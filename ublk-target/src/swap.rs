@@ -1,0 +1,120 @@
+//! Whether a device is active swap, from `/proc/swaps`.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+/// The device paths listed in a `/proc/swaps` text (header skipped; the
+/// kernel escapes spaces in paths as `\040`).
+pub fn parse_swaps(text: &str) -> Vec<String> {
+    text.lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next())
+        .map(|p| p.replace("\\040", " "))
+        .collect()
+}
+
+/// Whether `dev` (e.g. `/dev/ublkb0`) is in `/proc/swaps`, by path or by
+/// device number (so that a symlink used with swapon still counts).
+pub fn is_active_swap(dev: &Path) -> bool {
+    let Ok(text) = std::fs::read_to_string("/proc/swaps") else {
+        return false;
+    };
+    let rdev = std::fs::metadata(dev).ok().map(|m| m.rdev());
+    parse_swaps(&text).iter().any(|p| {
+        Path::new(p) == dev
+            || (rdev.is_some() && std::fs::metadata(p).ok().map(|m| m.rdev()) == rdev)
+    })
+}
+
+/// `SWAP_FLAG_PREFER` (include/uapi/linux/swap.h): the priority is given.
+const SWAP_FLAG_PREFER: libc::c_int = 0x8000;
+/// `SWAP_FLAG_PRIO_MASK`.
+const SWAP_FLAG_PRIO_MASK: libc::c_int = 0x7fff;
+/// `SWAP_FLAG_DISCARD`: discard at swapon and as slots are freed (what
+/// `swapon --discard` asks for; the only way a ublk device learns that a
+/// swap slot is free).
+const SWAP_FLAG_DISCARD: libc::c_int = 0x10000;
+
+/// The swapon(2) flags for discard and `priority` (-1: the kernel's
+/// default, decreasing priority).
+pub fn swapon_flags(priority: i32) -> libc::c_int {
+    let mut flags = SWAP_FLAG_DISCARD;
+    if priority >= 0 {
+        flags |= SWAP_FLAG_PREFER | (priority & SWAP_FLAG_PRIO_MASK);
+    }
+    flags
+}
+
+fn c_path(dev: &Path) -> Result<std::ffi::CString, String> {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(dev.as_os_str().as_bytes())
+        .map_err(|_| format!("{} contains a NUL byte", dev.display()))
+}
+
+/// Enables swap on `dev` with discard, by the system call (the guest's
+/// busybox swapon knows neither `--discard` nor a priority).
+pub fn swap_on(dev: &Path, priority: i32) -> Result<(), String> {
+    let path = c_path(dev)?;
+    // SAFETY: a valid NUL-terminated path and integer flags.
+    if unsafe { libc::swapon(path.as_ptr(), swapon_flags(priority)) } != 0 {
+        return Err(format!(
+            "swapon {}: {}",
+            dev.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
+
+/// Disables swap on `dev` (the kernel first swaps every page back in).
+pub fn swap_off(dev: &Path) -> Result<(), String> {
+    let path = c_path(dev)?;
+    // SAFETY: a valid NUL-terminated path.
+    if unsafe { libc::swapoff(path.as_ptr()) } != 0 {
+        return Err(format!(
+            "swapoff {}: {}",
+            dev.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn swapon_flags_match_util_linux() {
+        // swapon --discard -p 100
+        assert_eq!(swapon_flags(100), 0x10000 | 0x8000 | 100);
+        assert_eq!(swapon_flags(0), 0x10000 | 0x8000);
+        assert_eq!(swapon_flags(32767), 0x10000 | 0x8000 | 0x7fff);
+        // No priority: discard only.
+        assert_eq!(swapon_flags(-1), 0x10000);
+    }
+
+    #[test]
+    fn swapoff_of_a_missing_device_is_an_error() {
+        let e = swap_off(Path::new("/dev/ublkb4095")).unwrap_err();
+        assert!(e.starts_with("swapoff /dev/ublkb4095: "), "{e}");
+    }
+
+    #[test]
+    fn parses_proc_swaps() {
+        let t = "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n\
+                 /dev/ublkb0                             partition\t8388604\t\t0\t\t100\n\
+                 /swap\\040file                           file\t\t1024\t\t0\t\t-2\n";
+        assert_eq!(
+            parse_swaps(t),
+            vec!["/dev/ublkb0".to_string(), "/swap file".to_string()]
+        );
+        assert!(parse_swaps("Filename Type Size Used Priority\n").is_empty());
+        assert!(parse_swaps("").is_empty());
+    }
+
+    #[test]
+    fn a_device_that_does_not_exist_is_not_swap() {
+        assert!(!is_active_swap(Path::new("/dev/ublkb4095")));
+    }
+}
