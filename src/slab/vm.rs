@@ -138,15 +138,29 @@ pub fn lock_range(addr: usize, len: usize) -> bool {
 
 /// Gives a dead zspage's pages back to the OS. The range stays mapped and
 /// reads as zeros until reused.
+///
+/// `MADV_DONTNEED` refuses locked pages, whether this slab locked them
+/// (`locked`) or the whole process did (`mlockall(MCL_FUTURE)`, as the
+/// daemon does for swap): such a range is unlocked first; the slab locks a
+/// zspage again when it reuses the range if it was configured to lock.
 pub fn release_range(addr: usize, len: usize, locked: bool) {
-    // SAFETY: as above; no live object remains in the range (the caller
-    // holds the class lock and the zspage has no objects).
+    // SAFETY: the range lies inside a chunk this allocator mapped and no
+    // live object remains in it (the caller holds the class lock and the
+    // zspages are empty).
     unsafe {
+        let p = addr as *mut libc::c_void;
         if locked {
-            // MADV_DONTNEED refuses locked pages.
-            libc::munlock(addr as *const libc::c_void, len);
+            libc::munlock(p, len);
         }
-        libc::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTNEED);
+        if libc::madvise(p, len, libc::MADV_DONTNEED) != 0 && !locked {
+            libc::munlock(p, len);
+            if libc::madvise(p, len, libc::MADV_DONTNEED) != 0 {
+                log::warn!(
+                    "slab: cannot give {len} bytes back to the OS: {}",
+                    std::io::Error::last_os_error()
+                );
+            }
+        }
     }
 }
 
@@ -190,5 +204,13 @@ mod tests {
         release_range(a, 3 * 4096, false);
         let s = unsafe { std::slice::from_raw_parts(a as *const u8, 3 * 4096) };
         assert!(s.iter().all(|&b| b == 0), "released pages read as zeros");
+        // Pages locked behind the slab's back (mlockall in the daemon) are
+        // given back too, if this process may lock a page at all.
+        let b = d.zspage_addr(8);
+        if lock_range(b, 4096) {
+            release_range(b, 3 * 4096, false);
+            let s = unsafe { std::slice::from_raw_parts(b as *const u8, 3 * 4096) };
+            assert!(s.iter().all(|&b| b == 0), "locked pages released");
+        }
     }
 }
