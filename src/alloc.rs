@@ -56,20 +56,33 @@ pub trait ObjAllocator: Send + Sync {
     #[allow(clippy::mut_from_ref)]
     unsafe fn object(&self, h: Handle, len: usize) -> &mut [u8];
 
+    /// The allocator's memory accounting (bytes held, peak, limit).
+    fn mem(&self) -> &MemAccount;
+
     /// Bytes of memory the allocator holds, metadata and waste included.
-    fn mem_used_total(&self) -> u64;
+    fn mem_used_total(&self) -> u64 {
+        self.mem().used()
+    }
 
     /// Peak of `mem_used_total` since creation or the last reset.
-    fn mem_used_max(&self) -> u64;
+    fn mem_used_max(&self) -> u64 {
+        self.mem().max()
+    }
 
     /// Forgets the peak: `mem_used_max` restarts from the current use.
-    fn reset_mem_used_max(&self);
+    fn reset_mem_used_max(&self) {
+        self.mem().reset_max();
+    }
 
     /// The memory limit in bytes (0: none).
-    fn mem_limit(&self) -> u64;
+    fn mem_limit(&self) -> u64 {
+        self.mem().limit()
+    }
 
     /// Sets the memory limit in bytes (0: none). Objects already stored stay.
-    fn set_mem_limit(&self, bytes: u64);
+    fn set_mem_limit(&self, bytes: u64) {
+        self.mem().set_limit(bytes);
+    }
 
     /// Moves objects to free memory, returning the number of 4 KB pages
     /// given back. The default allocator cannot move anything.
@@ -84,13 +97,65 @@ pub trait ObjAllocator: Send + Sync {
     }
 }
 
+/// Memory accounting every allocator keeps: bytes held, their peak, and
+/// the limit past which allocations are refused.
+#[derive(Debug, Default)]
+pub struct MemAccount {
+    used: AtomicU64,
+    max: AtomicU64,
+    limit: AtomicU64,
+}
+
+impl MemAccount {
+    /// Charges `bytes`, or refuses (charging nothing) when that would pass
+    /// the limit.
+    pub fn try_charge(&self, bytes: u64) -> Result<(), AllocError> {
+        let limit = self.limit.load(Relaxed);
+        let prev = self.used.fetch_add(bytes, Relaxed);
+        if limit != 0 && prev + bytes > limit {
+            self.used.fetch_sub(bytes, Relaxed);
+            return Err(AllocError { limit });
+        }
+        self.max.fetch_max(prev + bytes, Relaxed);
+        Ok(())
+    }
+
+    /// Gives back `bytes` charged earlier.
+    pub fn uncharge(&self, bytes: u64) {
+        self.used.fetch_sub(bytes, Relaxed);
+    }
+
+    /// Bytes held.
+    pub fn used(&self) -> u64 {
+        self.used.load(Relaxed)
+    }
+
+    /// Peak of bytes held.
+    pub fn max(&self) -> u64 {
+        self.max.load(Relaxed)
+    }
+
+    /// Restarts the peak from the current use.
+    pub fn reset_max(&self) {
+        self.max.store(self.used(), Relaxed);
+    }
+
+    /// The limit in bytes (0: none).
+    pub fn limit(&self) -> u64 {
+        self.limit.load(Relaxed)
+    }
+
+    /// Sets the limit in bytes (0: none).
+    pub fn set_limit(&self, bytes: u64) {
+        self.limit.store(bytes, Relaxed);
+    }
+}
+
 /// One heap allocation per object: simple, correct, and the baseline the
 /// slab's memory efficiency is measured against.
 #[derive(Debug, Default)]
 pub struct HeapAllocator {
-    used: AtomicU64,
-    max: AtomicU64,
-    limit: AtomicU64,
+    mem: MemAccount,
 }
 
 /// Bytes in front of each heap object recording its length, so that a free
@@ -117,13 +182,7 @@ impl ObjAllocator for HeapAllocator {
         out: &mut Vec<Handle>,
     ) -> Result<(), AllocError> {
         let total: u64 = sizes.iter().map(|&s| Self::charge(s)).sum();
-        let limit = self.limit.load(Relaxed);
-        let prev = self.used.fetch_add(total, Relaxed);
-        if limit != 0 && prev + total > limit {
-            self.used.fetch_sub(total, Relaxed);
-            return Err(AllocError { limit });
-        }
-        self.max.fetch_max(prev + total, Relaxed);
+        self.mem.try_charge(total)?;
         for &size in sizes {
             let mut v = vec![0u8; size as usize + HEAP_HEADER].into_boxed_slice();
             v[..HEAP_HEADER].copy_from_slice(&(size as u64).to_ne_bytes());
@@ -148,31 +207,15 @@ impl ObjAllocator for HeapAllocator {
                 freed += Self::charge(size as u32);
             }
         }
-        self.used.fetch_sub(freed, Relaxed);
+        self.mem.uncharge(freed);
     }
 
     unsafe fn object(&self, h: Handle, len: usize) -> &mut [u8] {
         std::slice::from_raw_parts_mut((h as *mut u8).add(HEAP_HEADER), len)
     }
 
-    fn mem_used_total(&self) -> u64 {
-        self.used.load(Relaxed)
-    }
-
-    fn mem_used_max(&self) -> u64 {
-        self.max.load(Relaxed)
-    }
-
-    fn reset_mem_used_max(&self) {
-        self.max.store(self.used.load(Relaxed), Relaxed);
-    }
-
-    fn mem_limit(&self) -> u64 {
-        self.limit.load(Relaxed)
-    }
-
-    fn set_mem_limit(&self, bytes: u64) {
-        self.limit.store(bytes, Relaxed);
+    fn mem(&self) -> &MemAccount {
+        &self.mem
     }
 }
 

@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use zblk::alloc::{AllocError, Handle, ObjAllocator};
+use zblk::alloc::{AllocError, Handle, MemAccount, ObjAllocator};
 use zblk::slab::SlabAllocator;
 use zblk::store::AllocatorKind;
 use zblk::{Algo, Error, Mode, Store, StoreConfig, PAGE_SIZE};
@@ -279,20 +279,8 @@ impl ObjAllocator for Lent {
     unsafe fn object(&self, h: Handle, len: usize) -> &mut [u8] {
         self.0.object(h, len)
     }
-    fn mem_used_total(&self) -> u64 {
-        self.0.mem_used_total()
-    }
-    fn mem_used_max(&self) -> u64 {
-        self.0.mem_used_max()
-    }
-    fn reset_mem_used_max(&self) {
-        self.0.reset_mem_used_max()
-    }
-    fn mem_limit(&self) -> u64 {
-        self.0.mem_limit()
-    }
-    fn set_mem_limit(&self, bytes: u64) {
-        self.0.set_mem_limit(bytes)
+    fn mem(&self) -> &MemAccount {
+        self.0.mem()
     }
 }
 

@@ -24,9 +24,9 @@ pub mod class;
 pub mod compact;
 pub mod vm;
 
-use crate::alloc::{AllocError, Handle, ObjAllocator, Relocate};
+use crate::alloc::{AllocError, Handle, MemAccount, ObjAllocator, Relocate};
 use class::{ClassSpec, ClassTable};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard};
 use vm::ChunkDir;
 
@@ -198,9 +198,7 @@ struct SizeClass {
 pub struct SlabAllocator {
     table: ClassTable,
     classes: Box<[SizeClass]>,
-    used: AtomicU64,
-    max: AtomicU64,
-    limit: AtomicU64,
+    mem: MemAccount,
     mlock: bool,
     mlock_warned: AtomicBool,
 }
@@ -209,7 +207,7 @@ impl std::fmt::Debug for SlabAllocator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SlabAllocator")
             .field("classes", &self.classes.len())
-            .field("mem_used_total", &self.used.load(Relaxed))
+            .field("mem_used_total", &self.mem.used())
             .field("mlock", &self.mlock)
             .finish()
     }
@@ -242,9 +240,7 @@ impl SlabAllocator {
         SlabAllocator {
             table,
             classes,
-            used: AtomicU64::new(0),
-            max: AtomicU64::new(0),
-            limit: AtomicU64::new(0),
+            mem: MemAccount::default(),
             mlock: cfg.mlock,
             mlock_warned: AtomicBool::new(false),
         }
@@ -285,18 +281,11 @@ impl SlabAllocator {
     }
 
     fn charge(&self, bytes: u64) -> Result<(), AllocError> {
-        let limit = self.limit.load(Relaxed);
-        let prev = self.used.fetch_add(bytes, Relaxed);
-        if limit != 0 && prev + bytes > limit {
-            self.used.fetch_sub(bytes, Relaxed);
-            return Err(AllocError { limit });
-        }
-        self.max.fetch_max(prev + bytes, Relaxed);
-        Ok(())
+        self.mem.try_charge(bytes)
     }
 
     fn uncharge(&self, bytes: u64) {
-        self.used.fetch_sub(bytes, Relaxed);
+        self.mem.uncharge(bytes);
     }
 
     /// Creates an empty zspage in `class` and links it into group 0.
@@ -591,24 +580,8 @@ impl ObjAllocator for SlabAllocator {
         std::slice::from_raw_parts_mut(addr as *mut u8, len)
     }
 
-    fn mem_used_total(&self) -> u64 {
-        self.used.load(Relaxed)
-    }
-
-    fn mem_used_max(&self) -> u64 {
-        self.max.load(Relaxed)
-    }
-
-    fn reset_mem_used_max(&self) {
-        self.max.store(self.used.load(Relaxed), Relaxed);
-    }
-
-    fn mem_limit(&self) -> u64 {
-        self.limit.load(Relaxed)
-    }
-
-    fn set_mem_limit(&self, bytes: u64) {
-        self.limit.store(bytes, Relaxed);
+    fn mem(&self) -> &MemAccount {
+        &self.mem
     }
 
     fn compact(&self, relocate: &dyn Relocate) -> u64 {
