@@ -216,3 +216,133 @@ fetch_kernel() {
     echo "${ZBLK_VM_KERNEL:-${pkg#linux-image-}}" >"$KDIR/ready"
     log "kernel: $kver cached in $KDIR (modules: $(tr '\n' ' ' <"$KDIR/modules/order"))"
 }
+
+# ---- guest binaries --------------------------------------------------------
+
+# Static builds of zblk and the workload programs (no libraries in the guest).
+build_bins() {
+    BINDIR=$REPO/target/$TARGET/release
+    if [ "${ZBLK_VM_NOBUILD:-0}" != 1 ]; then
+        command -v cargo >/dev/null || die "cargo not found (install Rust: https://rustup.rs)"
+        log "building static zblk, usemem, munmap_bench"
+        (cd "$REPO" && RUSTFLAGS='-C target-feature=+crt-static' \
+            cargo build --release --target "$TARGET" -p zblk-tools \
+            --bin zblk --bin usemem --bin munmap_bench) >&2 || die "cargo build failed"
+    fi
+    local b
+    for b in zblk usemem munmap_bench; do
+        [ -x "$BINDIR/$b" ] || die "missing $BINDIR/$b"
+    done
+}
+
+# Copies program $1 and the libraries ldd lists into root $2 (same paths).
+carry_program() {
+    local prog=$1 root=$2 dest=${3:-} lib
+    [ -n "$dest" ] || dest=/usr/local/bin/$(basename "$prog")
+    mkdir -p "$root$(dirname "$dest")"
+    cp -L "$prog" "$root$dest"
+    for lib in $(ldd "$prog" 2>/dev/null | grep -o '/[^ ]*' || true); do
+        [ -e "$root$lib" ] && continue
+        mkdir -p "$root$(dirname "$lib")"
+        cp -L "$lib" "$root$lib"
+    done
+}
+
+# ---- initramfs -------------------------------------------------------------
+
+pack_initramfs() {
+    local root=$WORK/root busybox b
+    rm -rf "$root"
+    mkdir -p "$root"/{bin,sbin,dev,proc,sys,run,tmp,usr/bin,usr/sbin,usr/local/bin,lib/zblk-vm/modules}
+    busybox=$(dpkg -L busybox-static 2>/dev/null | grep -E '/bin/busybox$' | head -1 || true)
+    [ -n "$busybox" ] || busybox=$(command -v busybox)
+    file -L "$busybox" 2>/dev/null | grep -q dynamically && die "$busybox is not static (install busybox-static)"
+    cp -L "$busybox" "$root/bin/busybox"
+    # /init is a script: its interpreter must exist before busybox --install runs.
+    ln -s busybox "$root/bin/sh"
+    [ -e "$root/dev/console" ] || mknod "$root/dev/console" c 5 1 2>/dev/null || true
+    cp "$HERE/guest/init" "$root/init"
+    chmod +x "$root/init"
+    cp "$HERE/guest/lib.sh" "$root/lib/zblk-vm/lib.sh"
+    cp -r "$HERE/guest/scenarios" "$root/lib/zblk-vm/scenarios"
+    [ -n "$EXTRA" ] && cp "$EXTRA" "$root/lib/zblk-vm/extra.sh"
+    cp "$KDIR"/modules/*.ko "$KDIR/modules/order" "$root/lib/zblk-vm/modules/"
+    for b in zblk usemem munmap_bench; do cp "$BINDIR/$b" "$root/usr/local/bin/"; done
+    # util-linux's swap and discard tools: busybox's lack --priority and -z.
+    for b in swapon swapoff mkswap blkdiscard; do
+        local p; p=$(command -v "$b" || true)
+        if [ -n "$p" ]; then carry_program "$p" "$root" "/usr/sbin/$b"; else log "note: no $b on this host; the guest uses busybox's"; fi
+    done
+    for b in "${CARRY[@]+"${CARRY[@]}"}"; do carry_program "$b" "$root"; done
+    (cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) >"$WORK/initrd.img"
+    log "initramfs: $(du -h "$WORK/initrd.img" | cut -f1)"
+}
+
+# ---- boot and results --------------------------------------------------------
+
+boot() {
+    local scen params
+    scen=$(echo $SCENARIOS | tr ' ' ',')
+    params="console=ttyS0 panic=-1 loglevel=4 zblk.scenarios=$scen ${ZBLK_VM_ARGS:-}"
+    log "booting: $MEM, $CPUS cpus, scenarios: $SCENARIOS${EXTRA:+ + extra}"
+    set +e
+    timeout -k 10 "$TIMEOUT" qemu-system-x86_64 -accel tcg -cpu max -m "$MEM" -smp "$CPUS" \
+        -nographic -no-reboot -kernel "$KDIR/vmlinuz" -initrd "$WORK/initrd.img" \
+        -append "$params" </dev/null 2>&1 | tee "$WORK/console.log" | sed -u 's/\r$//'
+    QEMU_RC=${PIPESTATUS[0]}
+    set -e
+}
+
+summarize() {
+    local log=$WORK/console.log s line failed=0 results
+    results=$(tr -d '\r' <"$log" | grep -E '^(PASS|FAIL) ' || true)
+    echo
+    echo "==================== zblk VM test summary ===================="
+    for s in $SCENARIOS ${EXTRA:+extra}; do
+        line=$(echo "$results" | grep -E "^(PASS|FAIL) $s( |\$)" | head -1 || true)
+        if [ -z "$line" ]; then
+            echo "FAIL $s (no result: the guest hung, crashed or timed out)"
+            failed=1
+        else
+            echo "$line"
+            case "$line" in FAIL*) failed=1;; esac
+        fi
+    done
+    # Result lines the extra script printed under its own names.
+    if [ -n "$EXTRA" ]; then
+        echo "$results" | grep -vE "^(PASS|FAIL) ($(echo $SCENARIOS extra | tr ' ' '|'))( |\$)" || true
+        echo "$results" | grep -vE "^(PASS|FAIL) ($(echo $SCENARIOS | tr ' ' '|'))( |\$)" | grep -q '^FAIL' && failed=1
+    fi
+    if ! tr -d '\r' <"$log" | grep -q '^zblk-vm: all done'; then
+        echo "FAIL guest did not finish (qemu exit $QEMU_RC; timeout ${TIMEOUT}s)"
+        failed=1
+    fi
+    echo "=============================================================="
+    [ "$KEEP" = 1 ] && echo "work folder kept: $WORK (console.log, initrd.img, root/)"
+    return $failed
+}
+
+main() {
+    parse_args "$@"
+    ensure_packages
+    mkdir -p "$CACHE"
+    fetch_kernel
+    build_bins
+    rm -rf "$WORK"
+    mkdir -p "$WORK"
+    pack_initramfs
+    boot
+    local rc=0
+    summarize || rc=1
+    if [ "$KEEP" != 1 ]; then
+        # Keep the console log next to the work folder for CI artifacts.
+        cp "$WORK/console.log" "$CACHE/last-console.log" 2>/dev/null || true
+        rm -rf "$WORK"
+    fi
+    exit $rc
+}
+
+# Sourcing the file (for its functions) runs nothing.
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+    main "$@"
+fi
