@@ -38,8 +38,12 @@ pub trait ObjAllocator: Send + Sync {
     /// Allocates one object per entry of `sizes`, owned by the matching
     /// entry of `owners` (slot indices), appending handles to `out`. All or
     /// nothing: on error no object is allocated and `out` is unchanged.
-    fn alloc_bulk(&self, sizes: &[u32], owners: &[u64], out: &mut Vec<Handle>)
-        -> Result<(), AllocError>;
+    fn alloc_bulk(
+        &self,
+        sizes: &[u32],
+        owners: &[u64],
+        out: &mut Vec<Handle>,
+    ) -> Result<(), AllocError>;
 
     /// Frees every handle in `handles`.
     fn free_bulk(&self, handles: &[Handle]);

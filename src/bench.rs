@@ -6,7 +6,14 @@
 //! the work so that tests and criterion benches can call it too.
 
 use crate::codec::Algo;
+use crate::error::{Error, Result};
+use crate::page::PAGE_SIZE;
+use crate::store::{Store, StoreConfig, StoreStats};
+use crate::QueueCtx;
 use serde::Serialize;
+use std::path::Path;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -17,6 +24,8 @@ pub struct BenchOptions {
     pub group_pages: usize,
     /// Threads, each with its own context, splitting the pages.
     pub threads: usize,
+    /// Pages per write and read request.
+    pub request_pages: usize,
 }
 
 /// What `zblk bench --json` prints: exactly these keys.
@@ -48,4 +57,236 @@ pub struct BenchReport {
     pub group_pages: usize,
     /// Threads.
     pub threads: usize,
+}
+
+impl Default for BenchOptions {
+    fn default() -> Self {
+        BenchOptions {
+            algo: Algo::Lz4,
+            group_pages: crate::store::DEFAULT_GROUP_PAGES,
+            threads: 1,
+            request_pages: DEFAULT_REQUEST_PAGES,
+        }
+    }
+}
+
+/// Pages per write/read request in the bench: 64 KB, a typical swap-out of
+/// a 16-page large folio.
+pub const DEFAULT_REQUEST_PAGES: usize = 16;
+
+/// Reads a bench input: a file of pages, decompressed on the fly when its
+/// name ends in `.zst`. A trailing partial page is zero-padded.
+pub fn load_input(path: &Path) -> std::result::Result<Vec<u8>, String> {
+    let shown = path.display();
+    let raw = std::fs::read(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
+    let mut data = if path.extension().is_some_and(|e| e == "zst") {
+        zstd::stream::decode_all(&raw[..])
+            .map_err(|e| format!("cannot decompress {shown} as zstd: {e}"))?
+    } else {
+        raw
+    };
+    if data.is_empty() {
+        return Err(format!("{shown} is empty: nothing to store"));
+    }
+    let rem = data.len() % PAGE_SIZE;
+    if rem != 0 {
+        data.resize(data.len() + PAGE_SIZE - rem, 0);
+    }
+    Ok(data)
+}
+
+/// Runs the bench over `data` (a whole number of pages).
+pub fn run(opts: &BenchOptions, data: &[u8]) -> Result<BenchReport> {
+    if data.is_empty() || data.len() % PAGE_SIZE != 0 {
+        return Err(Error::InvalidConfig(
+            "bench input must be a non-zero whole number of 4096-byte pages".into(),
+        ));
+    }
+    if opts.threads == 0 || opts.request_pages == 0 {
+        return Err(Error::InvalidConfig(
+            "threads and request pages must be at least 1".into(),
+        ));
+    }
+    let mut cfg = StoreConfig::new(data.len() as u64);
+    cfg.algo = opts.algo;
+    cfg.group_pages = opts.group_pages;
+    let store = Store::new(cfg)?;
+    let write_s = run_phase(&store, data, opts, Phase::Write)?.0;
+    let (read_s, verify_errors) = run_phase(&store, data, opts, Phase::Read)?;
+    Ok(report(
+        opts,
+        &store.stats(),
+        data.len(),
+        write_s,
+        read_s,
+        verify_errors,
+    ))
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Phase {
+    Write,
+    Read,
+}
+
+/// Runs one phase on `opts.threads` threads, each over its own contiguous
+/// share of the pages with its own context; returns the wall time of the
+/// slowest thread and the pages that did not verify.
+fn run_phase(
+    store: &Arc<Store>,
+    data: &[u8],
+    opts: &BenchOptions,
+    phase: Phase,
+) -> Result<(f64, u64)> {
+    let pages = data.len() / PAGE_SIZE;
+    let per_thread = pages.div_ceil(opts.threads) * PAGE_SIZE;
+    let barrier = Barrier::new(opts.threads);
+    let results: Vec<Result<(f64, u64)>> = std::thread::scope(|s| {
+        let handles: Vec<_> = data
+            .chunks(per_thread)
+            .enumerate()
+            .map(|(t, share)| {
+                let store = store.clone();
+                let barrier = &barrier;
+                let offset = (t * per_thread) as u64;
+                s.spawn(move || {
+                    let mut ctx = store.new_ctx();
+                    barrier.wait();
+                    let r = run_share(&mut ctx, offset, share, opts.request_pages, phase);
+                    ctx.flush_frees();
+                    r
+                })
+            })
+            .collect();
+        // Shares fewer than threads (tiny inputs): release the barrier.
+        for _ in handles.len()..opts.threads {
+            barrier.wait();
+        }
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Error::InvalidConfig("bench thread panicked".into())))
+            })
+            .collect()
+    });
+    let mut slowest = 0.0f64;
+    let mut bad = 0;
+    for r in results {
+        let (secs, b) = r?;
+        slowest = slowest.max(secs);
+        bad += b;
+    }
+    Ok((slowest, bad))
+}
+
+/// Writes, or reads and compares, one thread's share request by request.
+/// Only the store calls are timed: a read request lands in one reused
+/// buffer (as in a ublk queue's I/O buffer) and is compared untimed.
+fn run_share(
+    ctx: &mut QueueCtx,
+    offset: u64,
+    share: &[u8],
+    req_pages: usize,
+    phase: Phase,
+) -> Result<(f64, u64)> {
+    let req_bytes = req_pages * PAGE_SIZE;
+    let mut buf = vec![0u8; req_bytes];
+    let mut busy = Duration::ZERO;
+    let mut bad = 0u64;
+    for (i, req) in share.chunks(req_bytes).enumerate() {
+        let off = offset + (i * req_bytes) as u64;
+        let out = &mut buf[..req.len()];
+        let t0 = Instant::now();
+        match phase {
+            Phase::Write => ctx.write(off, req)?,
+            Phase::Read => ctx.read(off, out)?,
+        }
+        busy += t0.elapsed();
+        if phase == Phase::Read {
+            bad += req
+                .chunks_exact(PAGE_SIZE)
+                .zip(out.chunks_exact(PAGE_SIZE))
+                .filter(|(a, b)| a != b)
+                .count() as u64;
+        }
+    }
+    Ok((busy.as_secs_f64(), bad))
+}
+
+fn report(
+    opts: &BenchOptions,
+    st: &StoreStats,
+    bytes: usize,
+    write_s: f64,
+    read_s: f64,
+    verify_errors: u64,
+) -> BenchReport {
+    let mb = bytes as f64 / 1e6;
+    let ratio = |den: u64| {
+        if den == 0 {
+            0.0
+        } else {
+            st.counters.orig_data_size as f64 / den as f64
+        }
+    };
+    BenchReport {
+        pages: (bytes / PAGE_SIZE) as u64,
+        verify_errors,
+        ratio_data: ratio(st.counters.compr_data_size),
+        ratio_mem: ratio(st.mem_used_total),
+        write_mb_s: mb / write_s.max(1e-9),
+        read_mb_s: mb / read_s.max(1e-9),
+        write_p50_us: st.latency.write.p50_us,
+        write_p99_us: st.latency.write.p99_us,
+        read_p50_us: st.latency.read.p50_us,
+        read_p99_us: st.latency.read.p99_us,
+        algo: opts.algo.to_string(),
+        group_pages: opts.group_pages,
+        threads: opts.threads,
+    }
+}
+
+/// The bare codec on the same pages, one thread, no store: the ceiling the
+/// store path is measured against. Pages are compressed one at a time into a
+/// reused buffer and decompressed back; same-filled pages are skipped, as the
+/// store skips them.
+pub fn codec_ceiling(algo: Algo, data: &[u8]) -> Result<CodecCeiling> {
+    let mut codec = algo.new_codec();
+    let budget = crate::store::DEFAULT_HUGE_THRESHOLD - 1;
+    let mut objs: Vec<Option<Vec<u8>>> = Vec::with_capacity(data.len() / PAGE_SIZE);
+    let mut area = vec![0u8; PAGE_SIZE];
+    let t0 = Instant::now();
+    for page in data.chunks_exact(PAGE_SIZE) {
+        if crate::page::same_filled(page).is_some() {
+            objs.push(None);
+            continue;
+        }
+        let n = codec.compress(page, &mut area[..budget])?;
+        objs.push(n.map(|n| area[..n].to_vec()));
+    }
+    let compress_s = t0.elapsed().as_secs_f64();
+    let mut out = vec![0u8; PAGE_SIZE];
+    let t0 = Instant::now();
+    for (obj, page) in objs.iter().zip(data.chunks_exact(PAGE_SIZE)) {
+        match obj {
+            Some(o) => codec.decompress(o, &mut out)?,
+            None => out.copy_from_slice(page),
+        }
+    }
+    let decompress_s = t0.elapsed().as_secs_f64();
+    let mb = data.len() as f64 / 1e6;
+    Ok(CodecCeiling {
+        compress_mb_s: mb / compress_s.max(1e-9),
+        decompress_mb_s: mb / decompress_s.max(1e-9),
+    })
+}
+
+/// Throughput of the bare codec, MB/s of uncompressed data.
+#[derive(Debug, Clone, Serialize)]
+pub struct CodecCeiling {
+    /// Compression throughput.
+    pub compress_mb_s: f64,
+    /// Decompression throughput.
+    pub decompress_mb_s: f64,
 }

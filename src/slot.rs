@@ -105,7 +105,10 @@ impl Slot {
                     .compare_exchange_weak(m, m | LOCK, Ordering::Acquire, Ordering::Relaxed)
                     .is_ok()
             {
-                return SlotGuard { slot: self, meta: m };
+                return SlotGuard {
+                    slot: self,
+                    meta: m,
+                };
             }
             spins += 1;
             if spins < 64 {
@@ -155,9 +158,21 @@ mod tests {
         let s = Slot::default();
         for e in [
             Entry::EMPTY,
-            Entry { kind: Kind::Same, len: 0, val: u64::MAX },
-            Entry { kind: Kind::Huge, len: 4096, val: 77 },
-            Entry { kind: Kind::Compressed, len: (1 << 20) - 1, val: 1 << 62 },
+            Entry {
+                kind: Kind::Same,
+                len: 0,
+                val: u64::MAX,
+            },
+            Entry {
+                kind: Kind::Huge,
+                len: 4096,
+                val: 77,
+            },
+            Entry {
+                kind: Kind::Compressed,
+                len: (1 << 20) - 1,
+                val: 1 << 62,
+            },
         ] {
             let mut g = s.lock();
             g.replace(e);
@@ -177,7 +192,10 @@ mod tests {
                         let mut g = s.lock();
                         let e = g.entry();
                         // A non-atomic increment: lost updates would show.
-                        g.replace(Entry { val: e.val + 1, ..e });
+                        g.replace(Entry {
+                            val: e.val + 1,
+                            ..e
+                        });
                     }
                 })
             })

@@ -313,7 +313,11 @@ mod tests {
             let b = bucket_of(ns);
             assert!(b >= last || ns == 1 << 20, "ns {ns}");
             last = b;
-            assert!(bucket_upper(b) >= ns, "ns {ns} bucket {b} upper {}", bucket_upper(b));
+            assert!(
+                bucket_upper(b) >= ns,
+                "ns {ns} bucket {b} upper {}",
+                bucket_upper(b)
+            );
             assert!(bucket_upper(b) <= ns + ns / 4 + 1, "ns {ns} too coarse");
         }
         assert_eq!(bucket_of(u64::MAX), NUM_BUCKETS - 1);
@@ -327,7 +331,11 @@ mod tests {
         let (_, lat) = merge([&s]);
         assert_eq!(lat.write.count, 100);
         assert!((1.0..=1.13).contains(&lat.write.p50_us), "{:?}", lat.write);
-        assert!((100.0..=113.0).contains(&lat.write.p95_us), "{:?}", lat.write);
+        assert!(
+            (100.0..=113.0).contains(&lat.write.p95_us),
+            "{:?}",
+            lat.write
+        );
         assert_eq!(lat.read.count, 0);
         assert_eq!(lat.read.p99_us, 0.0);
     }

@@ -63,7 +63,10 @@ impl StoreConfig {
             )));
         }
         if usize::try_from(self.size / PAGE_SIZE_U64).is_err() {
-            return Err(Error::InvalidConfig(format!("size {} is too large", self.size)));
+            return Err(Error::InvalidConfig(format!(
+                "size {} is too large",
+                self.size
+            )));
         }
         if !(1..=MAX_GROUP_PAGES).contains(&self.group_pages) {
             return Err(Error::InvalidConfig(format!(
@@ -180,7 +183,11 @@ impl Store {
 
     /// Merges every queue's statistics into one snapshot.
     pub fn stats(&self) -> StoreStats {
-        let shards = self.shards.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let shards = self
+            .shards
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
         let (counters, latency) = stats::merge(shards.iter().map(|s| &**s));
         let queues = shards.iter().map(|s| stats::merge([&**s]).0).collect();
         StoreStats {
@@ -376,4 +383,12 @@ fn new_slot_table(pages: usize) -> Result<Box<[Slot]>> {
         }
         Ok(Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, pages)))
     }
+}
+
+/// The handle and length of the object behind `page`, if it has one: for
+/// tests that need to reach a stored object (to corrupt it, say).
+#[doc(hidden)]
+pub fn debug_handle(store: &Store, page: u64) -> Option<(Handle, u32)> {
+    let e = store.slots.get(page as usize)?.lock().entry();
+    e.handle().map(|h| (h, e.len))
 }

@@ -44,11 +44,15 @@ impl Codec for DeflateCodec {
         let want = dst.len();
         match self.decompressor.deflate_decompress(src, dst) {
             Ok(n) if n == want => Ok(()),
-            Ok(n) => Err(CodecError::Corrupt(format!("deflate decoded {n} bytes, expected {want}"))),
-            Err(DecompressionError::BadData) => Err(CodecError::Corrupt("deflate: bad data".into())),
-            Err(DecompressionError::InsufficientSpace) => {
-                Err(CodecError::Corrupt("deflate: decodes to more than a page".into()))
+            Ok(n) => Err(CodecError::Corrupt(format!(
+                "deflate decoded {n} bytes, expected {want}"
+            ))),
+            Err(DecompressionError::BadData) => {
+                Err(CodecError::Corrupt("deflate: bad data".into()))
             }
+            Err(DecompressionError::InsufficientSpace) => Err(CodecError::Corrupt(
+                "deflate: decodes to more than a page".into(),
+            )),
         }
     }
 }

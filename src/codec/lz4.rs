@@ -2,15 +2,20 @@
 
 use super::{Algo, Codec, CodecError};
 
-/// LZ4 block codec. lz4_flex keeps its hash table on the stack, so the
-/// instance holds no state; it exists to fit the per-thread codec model.
+/// LZ4 block codec. lz4_flex keeps its hash table on the stack; the
+/// instance holds a worst-case output buffer, because lz4_flex refuses to
+/// start compressing into anything smaller than the worst case.
 #[derive(Debug, Default)]
-pub struct Lz4Codec;
+pub struct Lz4Codec {
+    out: Vec<u8>,
+}
 
 impl Lz4Codec {
     /// Creates an LZ4 codec.
     pub fn new() -> Self {
-        Lz4Codec
+        Lz4Codec {
+            out: vec![0; lz4_flex::block::get_maximum_output_size(crate::PAGE_SIZE)],
+        }
     }
 }
 
@@ -20,11 +25,19 @@ impl Codec for Lz4Codec {
     }
 
     fn compress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<Option<usize>, CodecError> {
-        // An output buffer smaller than the worst case makes lz4_flex stop
-        // with an error once it runs out: that is our "does not fit".
-        match lz4_flex::block::compress_into(src, dst) {
-            Ok(n) => Ok(Some(n)),
-            Err(_) => Ok(None),
+        let bound = lz4_flex::block::get_maximum_output_size(src.len());
+        if dst.len() >= bound {
+            return compress_fitting(src, dst);
+        }
+        if self.out.len() < bound {
+            self.out.resize(bound, 0);
+        }
+        match compress_fitting(src, &mut self.out)? {
+            Some(n) if n <= dst.len() => {
+                dst[..n].copy_from_slice(&self.out[..n]);
+                Ok(Some(n))
+            }
+            _ => Ok(None),
         }
     }
 
@@ -38,4 +51,11 @@ impl Codec for Lz4Codec {
             Err(e) => Err(CodecError::Corrupt(format!("lz4: {e}"))),
         }
     }
+}
+
+/// Compresses into a buffer of at least the worst-case size.
+fn compress_fitting(src: &[u8], dst: &mut [u8]) -> Result<Option<usize>, CodecError> {
+    lz4_flex::block::compress_into(src, dst)
+        .map(Some)
+        .map_err(|e| CodecError::Internal(format!("lz4: {e}")))
 }

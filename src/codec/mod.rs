@@ -133,7 +133,9 @@ impl FromStr for Algo {
                 None => Ok(default),
                 Some(l) => match l.parse::<i32>() {
                     Ok(v) if (lo..=hi).contains(&v) => Ok(v),
-                    _ => Err(format!("invalid level '{l}' for {name}: expected {lo}..={hi}")),
+                    _ => Err(format!(
+                        "invalid level '{l}' for {name}: expected {lo}..={hi}"
+                    )),
                 },
             }
         };
@@ -174,7 +176,13 @@ mod tests {
 
     #[test]
     fn every_codec_round_trips() {
-        for algo in [Algo::Lz4, Algo::Zstd(1), Algo::Zstd(3), Algo::Deflate(1), Algo::DeflateIaa] {
+        for algo in [
+            Algo::Lz4,
+            Algo::Zstd(1),
+            Algo::Zstd(3),
+            Algo::Deflate(1),
+            Algo::DeflateIaa,
+        ] {
             let mut c = algo.new_codec();
             for page in sample_pages() {
                 let mut dst = vec![0u8; page.len() * 2];
@@ -197,6 +205,23 @@ mod tests {
     }
 
     #[test]
+    fn compressible_page_fits_the_huge_budget() {
+        for algo in [Algo::Lz4, Algo::Zstd(1), Algo::Deflate(1), Algo::DeflateIaa] {
+            let mut c = algo.new_codec();
+            let page = &sample_pages()[1];
+            let mut dst = vec![0u8; 3071];
+            let n = c
+                .compress(page, &mut dst)
+                .unwrap()
+                .expect("text compresses");
+            assert!(n < 1024, "{algo}: {n}");
+            let mut back = vec![0u8; 4096];
+            c.decompress(&dst[..n], &mut back).unwrap();
+            assert_eq!(&back, page);
+        }
+    }
+
+    #[test]
     fn corrupt_input_is_an_error_not_a_panic() {
         for algo in [Algo::Lz4, Algo::Zstd(1), Algo::Deflate(1)] {
             let mut c = algo.new_codec();
@@ -205,10 +230,19 @@ mod tests {
             let n = c.compress(page, &mut dst).unwrap().unwrap();
             let mut back = vec![0u8; 4096];
             // Truncated, bit-flipped, garbage and wrong-length outputs.
-            assert!(c.decompress(&dst[..n / 2], &mut back).is_err(), "{algo} truncated");
-            assert!(c.decompress(&[0xff; 64], &mut back).is_err(), "{algo} garbage");
+            assert!(
+                c.decompress(&dst[..n / 2], &mut back).is_err(),
+                "{algo} truncated"
+            );
+            assert!(
+                c.decompress(&[0xff; 64], &mut back).is_err(),
+                "{algo} garbage"
+            );
             let mut short = vec![0u8; 4095];
-            assert!(c.decompress(&dst[..n], &mut short).is_err(), "{algo} wrong length");
+            assert!(
+                c.decompress(&dst[..n], &mut short).is_err(),
+                "{algo} wrong length"
+            );
         }
     }
 
@@ -219,10 +253,24 @@ mod tests {
         assert_eq!("zstd:3".parse::<Algo>(), Ok(Algo::Zstd(3)));
         assert_eq!("deflate".parse::<Algo>(), Ok(Algo::Deflate(1)));
         assert_eq!("deflate-iaa".parse::<Algo>(), Ok(Algo::DeflateIaa));
-        for bad in ["", "lzo", "zstd:0", "zstd:23", "zstd:x", "lz4:1", "deflate:13"] {
+        for bad in [
+            "",
+            "lzo",
+            "zstd:0",
+            "zstd:23",
+            "zstd:x",
+            "lz4:1",
+            "deflate:13",
+        ] {
             assert!(bad.parse::<Algo>().is_err(), "{bad}");
         }
-        for a in [Algo::Lz4, Algo::Zstd(3), Algo::Deflate(1), Algo::Deflate(6), Algo::DeflateIaa] {
+        for a in [
+            Algo::Lz4,
+            Algo::Zstd(3),
+            Algo::Deflate(1),
+            Algo::Deflate(6),
+            Algo::DeflateIaa,
+        ] {
             assert_eq!(a.to_string().parse::<Algo>(), Ok(a));
         }
     }

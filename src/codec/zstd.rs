@@ -20,9 +20,13 @@ impl ZstdCodec {
         let _ = cctx.set_parameter(zstd_safe::CParameter::ContentSizeFlag(false));
         let _ = cctx.set_parameter(zstd_safe::CParameter::ChecksumFlag(false));
         let _ = cctx.set_parameter(zstd_safe::CParameter::DictIdFlag(false));
-        let _ = cctx.set_parameter(zstd_safe::CParameter::Format(zstd_safe::FrameFormat::Magicless));
+        let _ = cctx.set_parameter(zstd_safe::CParameter::Format(
+            zstd_safe::FrameFormat::Magicless,
+        ));
         let mut dctx = zstd_safe::DCtx::create();
-        let _ = dctx.set_parameter(zstd_safe::DParameter::Format(zstd_safe::FrameFormat::Magicless));
+        let _ = dctx.set_parameter(zstd_safe::DParameter::Format(
+            zstd_safe::FrameFormat::Magicless,
+        ));
         ZstdCodec { level, cctx, dctx }
     }
 }
@@ -48,7 +52,9 @@ impl Codec for ZstdCodec {
         let want = dst.len();
         match self.dctx.decompress(dst, src) {
             Ok(n) if n == want => Ok(()),
-            Ok(n) => Err(CodecError::Corrupt(format!("zstd decoded {n} bytes, expected {want}"))),
+            Ok(n) => Err(CodecError::Corrupt(format!(
+                "zstd decoded {n} bytes, expected {want}"
+            ))),
             Err(code) => Err(CodecError::Corrupt(format!(
                 "zstd: {}",
                 zstd_safe::get_error_name(code)

@@ -1,0 +1,66 @@
+//! Page generators shared by the engine's integration tests.
+#![allow(dead_code)]
+
+use zblk::PAGE_SIZE;
+
+/// The fixture of real memory pages shipped with the tests.
+pub fn real_pages() -> Vec<u8> {
+    let raw = include_bytes!("../fixtures/realmem-96.bin.zst");
+    zstd::stream::decode_all(&raw[..]).expect("fixture decompresses")
+}
+
+/// A small deterministic generator (xorshift64*), so tests need no crate.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545F4914F6CDD1D)
+    }
+
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// Kinds of page content the store treats differently.
+#[derive(Debug, Clone, Copy)]
+pub enum Content {
+    Zeros,
+    SameWord(u64),
+    Text(u64),
+    Real(usize),
+    Random(u64),
+}
+
+/// Builds one page of the given content.
+pub fn page(c: Content, real: &[u8]) -> Vec<u8> {
+    match c {
+        Content::Zeros => vec![0; PAGE_SIZE],
+        Content::SameWord(w) => w
+            .to_ne_bytes()
+            .iter()
+            .copied()
+            .cycle()
+            .take(PAGE_SIZE)
+            .collect(),
+        Content::Text(seed) => format!("page {seed} of compressible text, repeated; ")
+            .bytes()
+            .cycle()
+            .take(PAGE_SIZE)
+            .collect(),
+        Content::Real(i) => {
+            let n = real.len() / PAGE_SIZE;
+            let i = i % n;
+            real[i * PAGE_SIZE..(i + 1) * PAGE_SIZE].to_vec()
+        }
+        Content::Random(seed) => {
+            let mut r = Rng(seed | 1);
+            (0..PAGE_SIZE / 8)
+                .flat_map(|_| r.next().to_ne_bytes())
+                .collect()
+        }
+    }
+}

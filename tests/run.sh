@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Runs every test zblk has, on a fresh Debian machine, as root:
+#   format and lints, the engine's unit, model and stress tests, the daemon's
+#   and CLI's tests, then the real device as swap in qemu (tests/vm/run.sh).
+# Usage: tests/run.sh [--no-vm]   (ZBLK_SKIP_VM=1 also skips the VM stage)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+skip_vm=${ZBLK_SKIP_VM:-0}
+[ "${1:-}" = "--no-vm" ] && skip_vm=1
+
+bash tools/scripts/deps.sh build
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
+echo "== cargo test (workspace)"
+cargo test --workspace
+
+if [ "$skip_vm" = 1 ]; then
+    echo "== VM tests skipped (--no-vm / ZBLK_SKIP_VM=1)"
+    exit 0
+fi
+echo "== VM tests (qemu, real ublk device)"
+bash tests/vm/run.sh

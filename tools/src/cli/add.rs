@@ -1,0 +1,297 @@
+//! `zblk add` and the hidden `zblk daemon` it starts.
+
+use super::args::{AddArgs, DaemonArgs, DeviceArgs};
+use super::{show, sys, CliError, CliResult};
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+use zblk_ublk::control::{self, DeviceInfo, Request};
+use zblk_ublk::{paths, DaemonConfig};
+
+/// How long `add` waits for the daemon to bring the device up.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// `zblk add`: checks, starts the daemon (or becomes it), waits for the
+/// device, optionally makes it swap, prints it.
+pub fn add(a: AddArgs) -> CliResult {
+    sys::check_driver()?;
+    sys::check_root("zblk add")?;
+    if let Some(id) = a.dev.id {
+        if control::request(id, &Request::Info, Duration::from_secs(2)).is_ok() {
+            return Err(CliError(format!(
+                "device {id} is busy: a zblk daemon already serves it"
+            )));
+        }
+    }
+    if a.foreground {
+        return foreground(a);
+    }
+    let info = spawn_daemon(&a.dev)?;
+    let bdev = PathBuf::from(&info.path);
+    if !sys::wait_for(Duration::from_secs(10), || bdev.exists()) {
+        return Err(CliError(format!(
+            "device {} started but {} did not appear",
+            info.id,
+            bdev.display()
+        )));
+    }
+    if a.swap {
+        if let Err(e) = make_swap(&bdev, a.priority) {
+            let _ = control::request(
+                info.id,
+                &Request::Shutdown { force: true },
+                Duration::from_secs(10),
+            );
+            return Err(CliError(format!("{e}; device {} removed", info.id)));
+        }
+    }
+    show::print_device(&info, a.json)
+}
+
+/// The daemon configuration for these arguments.
+fn config(d: &DeviceArgs, log_file: Option<PathBuf>) -> DaemonConfig {
+    DaemonConfig {
+        id: d.id.map_or(-1, |i| i as i32),
+        size: d.size,
+        algo: d.algo,
+        group_pages: usize::from(d.group_pages),
+        mem_limit: d.mem_limit,
+        queues: d.queues.unwrap_or_else(default_queues),
+        depth: d.depth,
+        io_buf_bytes: d.io_buf.unwrap_or(0),
+        log_file,
+    }
+}
+
+/// One queue per CPU.
+fn default_queues() -> u16 {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(4096) as u16)
+}
+
+/// Serves the device in this process until SIGTERM/SIGINT or `zblk del`.
+fn foreground(a: AddArgs) -> CliResult {
+    let (json, swap, prio) = (a.json, a.swap, a.priority);
+    let ready = Box::new(move |r: Result<&DeviceInfo, &str>| {
+        let Ok(info) = r else { return };
+        if let Err(e) = show::print_device(info, json) {
+            log::error!("{e}");
+        }
+        if swap {
+            if let Err(e) = make_swap(Path::new(&info.path), prio) {
+                log::error!("{e}");
+            }
+        }
+    });
+    zblk_ublk::daemon::run(config(&a.dev, None), ready).map_err(CliError)
+}
+
+/// `mkswap` then `swapon --discard`, like zram-generator.
+fn make_swap(bdev: &Path, priority: i32) -> CliResult {
+    let dev = bdev.to_string_lossy();
+    sys::run_tool("mkswap", &[&dev])?;
+    sys::run_tool(
+        "swapon",
+        &["--discard", "--priority", &priority.to_string(), &dev],
+    )
+}
+
+/// The argument list that makes `zblk daemon` build the same device.
+fn daemon_argv(d: &DeviceArgs) -> Vec<String> {
+    let mut v = vec![
+        "daemon".to_string(),
+        format!("--size={}", d.size),
+        format!("--algo={}", d.algo),
+        format!("--group-pages={}", d.group_pages),
+        format!("--mem-limit={}", d.mem_limit),
+        format!("--queues={}", d.queues.unwrap_or_else(default_queues)),
+        format!("--depth={}", d.depth),
+    ];
+    if let Some(id) = d.id {
+        v.push(format!("--id={id}"));
+    }
+    if let Some(b) = d.io_buf {
+        v.push(format!("--io-buf={b}"));
+    }
+    v
+}
+
+/// Starts `zblk daemon` in its own session, logging to /run/zblk, and
+/// waits for its readiness line.
+fn spawn_daemon(d: &DeviceArgs) -> Result<DeviceInfo, CliError> {
+    use std::os::unix::process::CommandExt;
+    paths::ensure_run_dir()
+        .map_err(|e| CliError(format!("cannot create {}: {e}", paths::RUN_DIR)))?;
+    let log_path = match d.id {
+        Some(id) => paths::log_path(id),
+        None => PathBuf::from(format!("{}/add-{}.log", paths::RUN_DIR, std::process::id())),
+    };
+    let log = std::fs::File::create(&log_path)
+        .map_err(|e| CliError(format!("cannot create {}: {e}", log_path.display())))?;
+    let exe =
+        std::env::current_exe().map_err(|e| CliError(format!("cannot find my own binary: {e}")))?;
+    let mut cmd = Command::new(exe);
+    cmd.args(daemon_argv(d));
+    if d.id.is_none() {
+        cmd.arg("--log-file").arg(&log_path);
+    }
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(log);
+    // SAFETY: setsid is async-signal-safe; it detaches the daemon from the
+    // terminal so that the shell's signals do not reach it.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| CliError(format!("cannot start the daemon: {e}")))?;
+    let Some(out) = child.stdout.take() else {
+        return Err(CliError("cannot read the daemon's output".into()));
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(out).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = match rx.recv_timeout(READY_TIMEOUT) {
+        Ok(l) => l,
+        Err(_) => {
+            let _ = child.kill();
+            return Err(CliError(format!(
+                "the daemon did not bring the device up within {READY_TIMEOUT:?}; see {}",
+                log_path.display()
+            )));
+        }
+    };
+    if line.trim().is_empty() {
+        let status = child.wait().map(|s| s.to_string()).unwrap_or_default();
+        return Err(CliError(format!(
+            "the daemon exited ({status}) before the device was ready; see {}",
+            log_path.display()
+        )));
+    }
+    parse_ready(&line)
+}
+
+/// Reads the daemon's readiness line.
+fn parse_ready(line: &str) -> Result<DeviceInfo, CliError> {
+    let v: serde_json::Value = serde_json::from_str(line)
+        .map_err(|e| CliError(format!("bad readiness line from the daemon: {e}")))?;
+    if v["ok"] != serde_json::Value::Bool(true) {
+        let why = v["error"].as_str().unwrap_or("unknown error");
+        return Err(CliError(why.to_string()));
+    }
+    serde_json::from_value(v["device"].clone())
+        .map_err(|e| CliError(format!("bad device description from the daemon: {e}")))
+}
+
+/// The readiness line for a start result.
+fn ready_line(r: Result<&DeviceInfo, &str>) -> String {
+    match r {
+        Ok(info) => serde_json::json!({ "ok": true, "device": info }).to_string(),
+        Err(e) => serde_json::json!({ "ok": false, "error": e }).to_string(),
+    }
+}
+
+/// `zblk daemon`: serves the device; says on stdout (one JSON line) when it
+/// is ready or why it could not start, then lets go of stdout.
+pub fn daemon(a: DaemonArgs) -> CliResult {
+    let ready = Box::new(|r: Result<&DeviceInfo, &str>| {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{}", ready_line(r));
+        let _ = out.flush();
+        drop(out);
+        release_stdout();
+    });
+    zblk_ublk::daemon::run(config(&a.dev, a.log_file), ready).map_err(|e| {
+        log::error!("{e}");
+        CliError(e)
+    })
+}
+
+/// Points stdout at /dev/null, so that `add` (reading the other end) sees
+/// the end of the readiness line and returns.
+fn release_stdout() {
+    // SAFETY: open/dup2/close on descriptors we own; failures leave
+    // stdout as it was.
+    unsafe {
+        let fd = libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+        if fd >= 0 {
+            libc::dup2(fd, 1);
+            libc::close(fd);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::args::{Cli, Cmd};
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn daemon_argv_rebuilds_the_same_device() {
+        let Cmd::Add(a) = Cli::try_parse_from([
+            "zblk",
+            "add",
+            "-s",
+            "2G",
+            "-a",
+            "zstd:5",
+            "-g",
+            "4",
+            "--mem-limit",
+            "1G",
+            "-q",
+            "3",
+            "-d",
+            "32",
+            "-n",
+            "9",
+            "--io-buf",
+            "256K",
+        ])
+        .unwrap()
+        .cmd
+        else {
+            panic!()
+        };
+        let argv = daemon_argv(&a.dev);
+        let Cmd::Daemon(d) = Cli::try_parse_from(std::iter::once("zblk".to_string()).chain(argv))
+            .unwrap()
+            .cmd
+        else {
+            panic!()
+        };
+        let (x, y) = (config(&a.dev, None), config(&d.dev, None));
+        assert_eq!(format!("{x:?}"), format!("{y:?}"));
+        assert_eq!(
+            (y.id, y.queues, y.depth, y.io_buf_bytes),
+            (9, 3, 32, 256 << 10)
+        );
+    }
+
+    #[test]
+    fn readiness_lines_round_trip() {
+        let info = DeviceInfo {
+            id: 3,
+            name: "ublkb3".into(),
+            path: "/dev/ublkb3".into(),
+            size: 1 << 30,
+            algorithm: "lz4".into(),
+            group_pages: 8,
+            mem_limit: 0,
+            queues: 2,
+            depth: 128,
+            io_buf_bytes: 1 << 21,
+            pid: 42,
+        };
+        assert_eq!(parse_ready(&ready_line(Ok(&info))).unwrap(), info);
+        let e = parse_ready(&ready_line(Err("cannot create the ublk device: EEXIST"))).unwrap_err();
+        assert_eq!(e.0, "cannot create the ublk device: EEXIST");
+        assert!(parse_ready("garbage").is_err());
+    }
+}

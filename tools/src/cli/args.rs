@@ -1,0 +1,343 @@
+//! Every argument of every subcommand, in one place.
+
+use super::size::{parse_disk_size, parse_size};
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+use zblk::Algo;
+
+/// zblk: compressed RAM block devices (like zram) served through ublk.
+#[derive(Debug, Parser)]
+#[command(
+    name = "zblk",
+    version,
+    about = "zblk: compressed RAM block devices (like zram) served through ublk",
+    propagate_version = true
+)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub cmd: Cmd,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Cmd {
+    /// Create a device (/dev/ublkbN) and start its daemon.
+    Add(AddArgs),
+    /// One line per device (zramctl's columns).
+    List(ListArgs),
+    /// Every statistic of one or all devices.
+    Stat(StatArgs),
+    /// Stop and delete devices.
+    Del(DelArgs),
+    /// Compact a device's memory now.
+    Compact(IdArgs),
+    /// Change a device's settings at run time.
+    Set(SetArgs),
+    /// Run the engine over a file of pages (no device, no root).
+    Bench(BenchArgs),
+    /// Serve a device (what `add` starts in the background).
+    #[command(hide = true)]
+    Daemon(DaemonArgs),
+}
+
+fn parse_algo(s: &str) -> Result<Algo, String> {
+    s.parse()
+}
+
+/// How a device is made: shared by `add` and the daemon.
+#[derive(Debug, Clone, Args)]
+pub struct DeviceArgs {
+    /// Device size, a multiple of 4 KB (suffixes K, M, G, T).
+    #[arg(short, long, value_parser = parse_disk_size)]
+    pub size: u64,
+    /// Compression: lz4, zstd[:LEVEL], deflate[:LEVEL] or deflate-iaa.
+    #[arg(short, long, default_value = "lz4", value_parser = parse_algo)]
+    pub algo: Algo,
+    /// Pages per compression group (1 disables grouping).
+    #[arg(short, long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub group_pages: u16,
+    /// Memory limit for stored data (0: none; suffixes K, M, G, T).
+    #[arg(long, default_value = "0", value_parser = parse_size)]
+    pub mem_limit: u64,
+    /// Number of queues, one thread each [default: one per CPU].
+    #[arg(short, long, value_parser = clap::value_parser!(u16).range(1..=4096))]
+    pub queues: Option<u16>,
+    /// Queue depth (requests in flight per queue).
+    #[arg(short, long, default_value_t = 128, value_parser = clap::value_parser!(u16).range(1..=4096))]
+    pub depth: u16,
+    /// Device id N of /dev/ublkbN [default: the first free one].
+    #[arg(short = 'n', long, value_parser = clap::value_parser!(u32).range(0..=1_048_575))]
+    pub id: Option<u32>,
+    /// Largest request, in bytes (every tag mlocks a buffer this big)
+    /// [default: 2M when queues x depth x 2M stays under 1/16 of RAM].
+    #[arg(long, value_parser = parse_io_buf)]
+    pub io_buf: Option<u32>,
+}
+
+fn parse_io_buf(s: &str) -> Result<u32, String> {
+    let n = parse_size(s)?;
+    if !(4096..=zblk_ublk::params::MAX_IO_BUF_BYTES as u64).contains(&n) || n % 4096 != 0 {
+        return Err(format!(
+            "I/O buffer {s} must be a multiple of 4 KB between 4K and 32M"
+        ));
+    }
+    Ok(n as u32)
+}
+
+/// `zblk add`.
+#[derive(Debug, Args)]
+pub struct AddArgs {
+    /// The device.
+    #[command(flatten)]
+    pub dev: DeviceArgs,
+    /// Make it swap at once: mkswap, then swapon with discard.
+    #[arg(long)]
+    pub swap: bool,
+    /// Swap priority (with --swap).
+    #[arg(short, long, requires = "swap", default_value_t = 100,
+          allow_negative_numbers = true, value_parser = clap::value_parser!(i32).range(-1..=32767))]
+    pub priority: i32,
+    /// Serve the device in this process, logging to stderr, until SIGTERM.
+    #[arg(short, long)]
+    pub foreground: bool,
+    /// Print the device as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `zblk list`.
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `zblk stat`.
+#[derive(Debug, Args)]
+pub struct StatArgs {
+    /// Device id [default: every device].
+    #[arg(short = 'n', long)]
+    pub id: Option<u32>,
+    /// Print JSON (one document per device and round).
+    #[arg(long)]
+    pub json: bool,
+    /// Print again every SECS seconds, until interrupted.
+    #[arg(short, long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub watch: Option<u64>,
+}
+
+/// `zblk del`.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["id", "all"])))]
+pub struct DelArgs {
+    /// Device id.
+    #[arg(short = 'n', long)]
+    pub id: Option<u32>,
+    /// Every zblk device.
+    #[arg(short, long)]
+    pub all: bool,
+    /// swapoff first if the device is active swap.
+    #[arg(short, long)]
+    pub force: bool,
+}
+
+/// A device id (`zblk compact`).
+#[derive(Debug, Args)]
+pub struct IdArgs {
+    /// Device id.
+    #[arg(short = 'n', long)]
+    pub id: u32,
+}
+
+/// `zblk set`.
+#[derive(Debug, Args)]
+pub struct SetArgs {
+    /// Device id.
+    #[arg(short = 'n', long)]
+    pub id: u32,
+    /// New memory limit (0: none; suffixes K, M, G, T).
+    #[arg(long, value_parser = parse_size)]
+    pub mem_limit: u64,
+}
+
+/// `zblk bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// File of 4 KB pages (.zst files are decompressed first).
+    #[arg(short, long)]
+    pub input: PathBuf,
+    /// Compression: lz4, zstd[:LEVEL], deflate[:LEVEL] or deflate-iaa.
+    #[arg(short, long, default_value = "lz4", value_parser = parse_algo)]
+    pub algo: Algo,
+    /// Pages per compression group.
+    #[arg(short, long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub group_pages: u16,
+    /// Threads, each with its own engine context.
+    #[arg(short, long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub threads: u16,
+    /// Pages per write and read request.
+    #[arg(short, long, default_value_t = zblk::bench::DEFAULT_REQUEST_PAGES as u16,
+          value_parser = clap::value_parser!(u16).range(1..=512))]
+    pub request_pages: u16,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The hidden `zblk daemon`: serves a device, reports readiness as one
+/// JSON line on stdout.
+#[derive(Debug, Args)]
+pub struct DaemonArgs {
+    /// The device.
+    #[command(flatten)]
+    pub dev: DeviceArgs,
+    /// Log file to rename to /run/zblk/<id>.log once the id is known.
+    #[arg(long)]
+    pub log_file: Option<PathBuf>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::error::ErrorKind;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("zblk").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn add_defaults() {
+        let Cmd::Add(a) = parse(&["add", "--size", "1G"]).unwrap().cmd else {
+            panic!("not add")
+        };
+        assert_eq!(a.dev.size, 1 << 30);
+        assert_eq!(a.dev.algo, Algo::Lz4);
+        assert_eq!(a.dev.group_pages, 8);
+        assert_eq!(a.dev.mem_limit, 0);
+        assert_eq!(a.dev.queues, None);
+        assert_eq!(a.dev.depth, 128);
+        assert_eq!(a.dev.id, None);
+        assert_eq!(a.priority, 100);
+        assert!(!a.swap && !a.foreground && !a.json);
+    }
+
+    #[test]
+    fn add_with_everything() {
+        let args = [
+            "add",
+            "-s",
+            "8G",
+            "--algo",
+            "zstd:3",
+            "--group-pages",
+            "16",
+            "--mem-limit",
+            "2G",
+            "--queues",
+            "4",
+            "--depth",
+            "64",
+            "--id",
+            "7",
+            "--swap",
+            "--priority",
+            "-1",
+            "--foreground",
+            "--json",
+            "--io-buf",
+            "512K",
+        ];
+        let Cmd::Add(a) = parse(&args).unwrap().cmd else {
+            panic!("not add")
+        };
+        assert_eq!(a.dev.size, 8 << 30);
+        assert_eq!(a.dev.algo, Algo::Zstd(3));
+        assert_eq!(a.dev.group_pages, 16);
+        assert_eq!(a.dev.mem_limit, 2 << 30);
+        assert_eq!(
+            (a.dev.queues, a.dev.depth, a.dev.id),
+            (Some(4), 64, Some(7))
+        );
+        assert_eq!(a.dev.io_buf, Some(512 << 10));
+        assert!(a.swap && a.foreground && a.json);
+        assert_eq!(a.priority, -1);
+    }
+
+    #[test]
+    fn add_refusals_say_why() {
+        let cases: &[(&[&str], &str)] = &[
+            (&["add"], "--size"),
+            (&["add", "--size", "0"], "size must not be zero"),
+            (&["add", "--size", "1000"], "not a multiple of 4 KB"),
+            (&["add", "--size", "1X"], "invalid size '1X'"),
+            (
+                &["add", "--size", "1G", "--algo", "lzo"],
+                "unknown algorithm 'lzo'",
+            ),
+            (
+                &["add", "--size", "1G", "--algo", "zstd:99"],
+                "invalid level",
+            ),
+            (&["add", "--size", "1G", "--group-pages", "65"], "65"),
+            (&["add", "--size", "1G", "--queues", "0"], "0"),
+            (&["add", "--size", "1G", "--depth", "5000"], "5000"),
+            (&["add", "--size", "1G", "--priority", "5"], "--swap"),
+            (
+                &["add", "--size", "1G", "--io-buf", "3000"],
+                "multiple of 4 KB",
+            ),
+        ];
+        for (args, want) in cases {
+            let e = parse(args).unwrap_err();
+            assert!(e.to_string().contains(want), "{args:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn del_needs_an_id_or_all() {
+        assert_eq!(
+            parse(&["del"]).unwrap_err().kind(),
+            ErrorKind::MissingRequiredArgument
+        );
+        assert_eq!(
+            parse(&["del", "-n", "1", "--all"]).unwrap_err().kind(),
+            ErrorKind::ArgumentConflict
+        );
+        let Cmd::Del(d) = parse(&["del", "-a", "--force"]).unwrap().cmd else {
+            panic!()
+        };
+        assert!(d.all && d.force && d.id.is_none());
+    }
+
+    #[test]
+    fn other_subcommands_parse() {
+        assert!(matches!(
+            parse(&["list", "--json"]).unwrap().cmd,
+            Cmd::List(ListArgs { json: true })
+        ));
+        let Cmd::Stat(s) = parse(&["stat", "-n", "3", "--watch", "2"]).unwrap().cmd else {
+            panic!()
+        };
+        assert_eq!((s.id, s.watch, s.json), (Some(3), Some(2), false));
+        assert!(parse(&["stat", "--watch", "0"]).is_err());
+        assert!(matches!(
+            parse(&["compact", "-n", "2"]).unwrap().cmd,
+            Cmd::Compact(IdArgs { id: 2 })
+        ));
+        let Cmd::Set(s) = parse(&["set", "-n", "1", "--mem-limit", "1G"]).unwrap().cmd else {
+            panic!()
+        };
+        assert_eq!(s.mem_limit, 1 << 30);
+        assert!(parse(&["set", "-n", "1"]).is_err());
+        let Cmd::Bench(b) = parse(&["bench", "--input", "x.zst", "--threads", "2"])
+            .unwrap()
+            .cmd
+        else {
+            panic!()
+        };
+        assert_eq!((b.threads, b.group_pages, b.request_pages), (2, 8, 16));
+        assert!(parse(&["bench"]).is_err());
+    }
+}

@@ -1,0 +1,84 @@
+//! `zblk del`, `zblk compact`, `zblk set`.
+
+use super::args::{DelArgs, IdArgs, SetArgs};
+use super::{sys, CliError, CliResult};
+use std::time::Duration;
+use zblk_ublk::control::{self, Request};
+use zblk_ublk::{paths, swap};
+
+/// How long `del` waits for a daemon to delete its device and exit.
+const DEL_WAIT: Duration = Duration::from_secs(30);
+
+/// `zblk del -n ID | --all [--force]`.
+pub fn del(a: DelArgs) -> CliResult {
+    let ids = match a.id {
+        Some(id) => vec![id],
+        None => paths::device_ids(),
+    };
+    let mut first_err = None;
+    for id in ids {
+        if let Err(e) = del_one(id, a.force) {
+            if a.all {
+                // Go on with the others; report every failure.
+                eprintln!("zblk: {e}");
+                first_err.get_or_insert(e);
+            } else {
+                return Err(e);
+            }
+        }
+    }
+    match first_err {
+        Some(_) => Err(CliError("some devices were not deleted".into())),
+        None => Ok(()),
+    }
+}
+
+fn del_one(id: u32, force: bool) -> CliResult {
+    let bdev = paths::bdev_path(id);
+    let sock = paths::socket_path(id);
+    if !sock.exists() {
+        return Err(control::ClientError::NoDevice(id).into());
+    }
+    if swap::is_active_swap(&bdev) {
+        if !force {
+            return Err(CliError(format!(
+                "device {} is busy: it is active swap (swapoff it first, or use --force)",
+                bdev.display()
+            )));
+        }
+        sys::run_tool("swapoff", &[&bdev.to_string_lossy()])
+            .map_err(|e| CliError(format!("{e}; device {id} kept")))?;
+    } else if !force && sys::is_busy(&bdev) {
+        return Err(CliError(format!(
+            "device {} is busy (mounted or held open; unmount it, or use --force)",
+            bdev.display()
+        )));
+    }
+    control::request(id, &Request::Shutdown { force }, Duration::from_secs(10))?;
+    if !sys::wait_for(DEL_WAIT, || !sock.exists()) {
+        return Err(CliError(format!(
+            "device {id} did not go away within {DEL_WAIT:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// `zblk compact -n ID`.
+pub fn compact(a: IdArgs) -> CliResult {
+    let r = control::request(a.id, &Request::Compact, Duration::from_secs(120))?;
+    println!(
+        "pages_compacted {}",
+        r["pages_compacted"].as_u64().unwrap_or(0)
+    );
+    Ok(())
+}
+
+/// `zblk set -n ID --mem-limit SIZE`.
+pub fn set(a: SetArgs) -> CliResult {
+    control::request(
+        a.id,
+        &Request::SetMemLimit { bytes: a.mem_limit },
+        Duration::from_secs(10),
+    )?;
+    Ok(())
+}

@@ -1,0 +1,123 @@
+//! The `zblk` command line: rublk's verbs, zramctl's columns.
+
+mod add;
+mod args;
+mod bench;
+mod manage;
+mod show;
+mod size;
+mod sys;
+
+pub use args::Cli;
+use args::Cmd;
+
+/// A failure, said in one line.
+#[derive(Debug)]
+pub struct CliError(pub String);
+
+impl std::fmt::Display for CliError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<String> for CliError {
+    fn from(s: String) -> Self {
+        CliError(s)
+    }
+}
+
+impl From<zblk_ublk::control::ClientError> for CliError {
+    fn from(e: zblk_ublk::control::ClientError) -> Self {
+        CliError(e.to_string())
+    }
+}
+
+/// What a subcommand returns.
+pub type CliResult = Result<(), CliError>;
+
+/// Prints help and version as clap does; any other parse error becomes one
+/// line (`zblk: ...`) and exit status 2.
+pub fn exit_on_parse_error(e: clap::Error) -> ! {
+    use clap::error::ErrorKind;
+    if matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion)
+        || matches!(
+            e.kind(),
+            ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+        )
+    {
+        e.exit();
+    }
+    eprintln!("zblk: {}", one_line(&e.to_string()));
+    std::process::exit(2);
+}
+
+/// Clap's message without its usage and tip paragraphs, on one line.
+fn one_line(text: &str) -> String {
+    let words: Vec<&str> = text
+        .lines()
+        .take_while(|l| !l.trim().is_empty() && !l.starts_with("Usage:"))
+        .flat_map(str::split_whitespace)
+        .collect();
+    let s = words.join(" ");
+    match s.strip_prefix("error: ") {
+        Some(rest) => rest.to_string(),
+        None if s.is_empty() => "invalid arguments".to_string(),
+        None => s,
+    }
+}
+
+/// Runs a parsed command line.
+pub fn run(cli: Cli) -> CliResult {
+    match cli.cmd {
+        Cmd::Daemon(a) => {
+            init_log("info");
+            add::daemon(a)
+        }
+        Cmd::Add(a) => {
+            init_log(if a.foreground { "info" } else { "warn" });
+            add::add(a)
+        }
+        cmd => {
+            init_log("warn");
+            match cmd {
+                Cmd::List(a) => show::list(a),
+                Cmd::Stat(a) => show::stat(a),
+                Cmd::Del(a) => manage::del(a),
+                Cmd::Compact(a) => manage::compact(a),
+                Cmd::Set(a) => manage::set(a),
+                Cmd::Bench(a) => bench::bench(a),
+                Cmd::Add(_) | Cmd::Daemon(_) => Ok(()),
+            }
+        }
+    }
+}
+
+/// Logs to stderr at `default` level unless `RUST_LOG` says otherwise.
+fn init_log(default: &str) {
+    let env = env_logger::Env::default().default_filter_or(default);
+    let _ = env_logger::Builder::from_env(env).try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn parse_errors_become_one_line() {
+        let e = Cli::try_parse_from(["zblk", "del"]).unwrap_err();
+        let line = one_line(&e.to_string());
+        assert!(
+            line.starts_with("the following required arguments were not provided:"),
+            "{line}"
+        );
+        assert!(line.contains("--id") && line.contains("--all"), "{line}");
+        assert!(!line.contains('\n') && !line.contains("Usage"), "{line}");
+        let e = Cli::try_parse_from(["zblk", "add", "--size", "0"]).unwrap_err();
+        assert_eq!(
+            one_line(&e.to_string()),
+            "invalid value '0' for '--size <SIZE>': size must not be zero"
+        );
+    }
+}

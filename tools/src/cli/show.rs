@@ -1,0 +1,366 @@
+//! `zblk list`, `zblk stat`, and the device line `zblk add` prints.
+
+use super::args::{ListArgs, StatArgs};
+use super::size::format_size;
+use super::{CliError, CliResult};
+use serde_json::{json, Value};
+use std::path::Path;
+use std::time::Duration;
+use zblk_ublk::control::{self, DeviceInfo, Request};
+use zblk_ublk::{paths, swap};
+
+/// How long a stats request may take (the daemon waits for its queues).
+const STATS_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Prints rows under headers, columns padded to their widest cell.
+pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut width: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (w, c) in width.iter_mut().zip(r) {
+            *w = (*w).max(c.len());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&width)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        padded.join(" ").trim_end().to_string()
+    };
+    let mut out = line(headers.to_vec());
+    for r in rows {
+        out.push('\n');
+        out.push_str(&line(r.iter().map(String::as_str).collect()));
+    }
+    out
+}
+
+/// Prints a device as `zblk add` reports it.
+pub fn print_device(info: &DeviceInfo, as_json: bool) -> CliResult {
+    if as_json {
+        let s = serde_json::to_string_pretty(info).map_err(|e| CliError(e.to_string()))?;
+        println!("{s}");
+        return Ok(());
+    }
+    let row = vec![
+        info.path.clone(),
+        info.id.to_string(),
+        format_size(info.size),
+        info.algorithm.clone(),
+        info.queues.to_string(),
+        info.depth.to_string(),
+    ];
+    println!(
+        "{}",
+        table(
+            &["NAME", "ID", "DISKSIZE", "ALGORITHM", "QUEUES", "DEPTH"],
+            &[row]
+        )
+    );
+    Ok(())
+}
+
+/// The `stats` reply of device `id`: `{"device": .., "stats": ..}`.
+fn fetch(id: u32) -> Result<Value, CliError> {
+    Ok(control::request(id, &Request::Stats, STATS_TIMEOUT)?)
+}
+
+fn u(v: &Value, key: &str) -> u64 {
+    v[key].as_u64().unwrap_or(0)
+}
+
+/// One `zblk list` row as JSON (raw numbers).
+fn list_entry(reply: &Value) -> Value {
+    let (d, s) = (&reply["device"], &reply["stats"]);
+    let path = d["path"].as_str().unwrap_or("?");
+    json!({
+        "name": path,
+        "disksize": u(s, "disksize"),
+        "data": u(s, "orig_data_size"),
+        "compr": u(s, "compr_data_size"),
+        "total": u(s, "mem_used_total"),
+        "algorithm": s["algorithm"],
+        "queues": u(d, "queues"),
+        "zero_pages": u(s, "same_pages"),
+        "mem_limit": u(s, "mem_limit"),
+        "mem_used": u(s, "mem_used_max"),
+        "swap": swap::is_active_swap(Path::new(path)),
+    })
+}
+
+/// The columns of `zblk list`, zramctl's where they apply.
+const LIST_COLUMNS: [&str; 11] = [
+    "NAME",
+    "DISKSIZE",
+    "DATA",
+    "COMPR",
+    "TOTAL",
+    "ALGORITHM",
+    "QUEUES",
+    "ZERO-PAGES",
+    "MEM-LIMIT",
+    "MEM-USED",
+    "SWAP",
+];
+
+fn list_row(e: &Value) -> Vec<String> {
+    let sz = |k: &str| format_size(u(e, k));
+    vec![
+        e["name"].as_str().unwrap_or("?").to_string(),
+        sz("disksize"),
+        sz("data"),
+        sz("compr"),
+        sz("total"),
+        e["algorithm"].as_str().unwrap_or("?").to_string(),
+        u(e, "queues").to_string(),
+        u(e, "zero_pages").to_string(),
+        sz("mem_limit"),
+        sz("mem_used"),
+        if e["swap"] == Value::Bool(true) {
+            "[SWAP]".into()
+        } else {
+            "-".into()
+        },
+    ]
+}
+
+/// `zblk list`.
+pub fn list(a: ListArgs) -> CliResult {
+    let mut entries = Vec::new();
+    for id in paths::device_ids() {
+        match fetch(id) {
+            Ok(reply) => entries.push(list_entry(&reply)),
+            // A socket with no daemon behind it: say so and go on.
+            Err(e) => eprintln!("zblk: device {id}: {e}"),
+        }
+    }
+    if a.json {
+        println!("{}", json!({ "devices": entries }));
+    } else {
+        let rows: Vec<Vec<String>> = entries.iter().map(list_row).collect();
+        println!("{}", table(&LIST_COLUMNS, &rows));
+    }
+    Ok(())
+}
+
+/// Fields shown with a human size next to the byte count.
+const BYTE_FIELDS: [&str; 7] = [
+    "disksize",
+    "orig_data_size",
+    "compr_data_size",
+    "mem_used_total",
+    "mem_used_max",
+    "mem_limit",
+    "slot_table_bytes",
+];
+
+/// The text form of one device's statistics: every scalar field, derived
+/// ratios, latency percentiles and the per-queue breakdown.
+pub fn stat_text(reply: &Value) -> String {
+    let (d, s) = (&reply["device"], &reply["stats"]);
+    let mut out = format!(
+        "{} (id {}, pid {}, {} queues x {} tags, {} I/O buffers)\n",
+        d["path"].as_str().unwrap_or("?"),
+        u(d, "id"),
+        u(d, "pid"),
+        u(d, "queues"),
+        u(d, "depth"),
+        format_size(u(d, "io_buf_bytes")),
+    );
+    let mut rows = Vec::new();
+    if let Some(obj) = s.as_object() {
+        for (k, v) in obj {
+            let shown = match v {
+                Value::Number(n) if BYTE_FIELDS.contains(&k.as_str()) => {
+                    format!("{n} ({})", format_size(n.as_u64().unwrap_or(0)))
+                }
+                Value::Number(n) => n.to_string(),
+                Value::String(t) => t.clone(),
+                _ => continue,
+            };
+            rows.push(vec![format!("  {k}"), shown]);
+        }
+    }
+    let ratio = |a: u64, b: u64| {
+        if b == 0 {
+            "-".to_string()
+        } else {
+            format!("{:.2}", a as f64 / b as f64)
+        }
+    };
+    let orig = u(s, "orig_data_size");
+    rows.push(vec![
+        "  ratio_data".into(),
+        ratio(orig, u(s, "compr_data_size")),
+    ]);
+    rows.push(vec![
+        "  ratio_mem".into(),
+        ratio(orig, u(s, "mem_used_total")),
+    ]);
+    out.push_str(&table(&["FIELD", "VALUE"], &rows));
+    out.push('\n');
+
+    let lat: Vec<Vec<String>> = ["write", "read", "discard"]
+        .iter()
+        .map(|op| {
+            let l = &s["latency"][op];
+            let f = |k: &str| l[k].as_f64().map_or("-".into(), |x| format!("{x:.2}"));
+            vec![
+                format!("  {op}"),
+                u(l, "count").to_string(),
+                f("p50_us"),
+                f("p95_us"),
+                f("p99_us"),
+            ]
+        })
+        .collect();
+    out.push_str(&table(
+        &["LATENCY", "PAGES", "P50_US", "P95_US", "P99_US"],
+        &lat,
+    ));
+    out.push('\n');
+
+    let queues = s["queues"].as_array().cloned().unwrap_or_default();
+    let mut headers = vec!["PER-QUEUE".to_string()];
+    headers.extend((0..queues.len()).map(|i| format!("q{i}")));
+    let keys: Vec<String> = queues
+        .first()
+        .and_then(Value::as_object)
+        .map(|o| o.keys().cloned().collect())
+        .unwrap_or_default();
+    let rows: Vec<Vec<String>> = keys
+        .iter()
+        .map(|k| {
+            let mut r = vec![format!("  {k}")];
+            r.extend(queues.iter().map(|q| u(q, k).to_string()));
+            r
+        })
+        .collect();
+    let h: Vec<&str> = headers.iter().map(String::as_str).collect();
+    out.push_str(&table(&h, &rows));
+    out
+}
+
+/// `zblk stat`.
+pub fn stat(a: StatArgs) -> CliResult {
+    loop {
+        let ids = match a.id {
+            Some(id) => vec![id],
+            None => paths::device_ids(),
+        };
+        let mut replies = Vec::new();
+        for id in ids {
+            replies.push(fetch(id)?);
+        }
+        if a.json {
+            for r in &replies {
+                println!("{r}");
+            }
+        } else {
+            let texts: Vec<String> = replies.iter().map(stat_text).collect();
+            println!("{}", texts.join("\n"));
+        }
+        let Some(secs) = a.watch else { return Ok(()) };
+        std::thread::sleep(Duration::from_secs(secs));
+        if !a.json {
+            println!();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Value {
+        let store = zblk::Store::new(zblk::StoreConfig::new(1 << 20)).unwrap();
+        let mut ctx0 = store.new_ctx();
+        let mut ctx1 = store.new_ctx();
+        let text: Vec<u8> = b"zblk stat sample "
+            .iter()
+            .cycle()
+            .take(8192)
+            .copied()
+            .collect();
+        ctx0.write(0, &text).unwrap();
+        ctx1.write(8192, &[0u8; 4096]).unwrap();
+        let mut back = vec![0u8; 8192];
+        ctx1.read(0, &mut back).unwrap();
+        let info = DeviceInfo {
+            id: 0,
+            name: "ublkb0".into(),
+            path: "/dev/ublkb0".into(),
+            size: 1 << 20,
+            algorithm: "lz4".into(),
+            group_pages: 8,
+            mem_limit: 0,
+            queues: 2,
+            depth: 128,
+            io_buf_bytes: 1 << 21,
+            pid: 1,
+        };
+        json!({"device": info, "stats": serde_json::to_value(store.stats()).unwrap()})
+    }
+
+    #[test]
+    fn stat_shows_every_field_latencies_and_queues() {
+        let reply = sample();
+        let text = stat_text(&reply);
+        for (k, v) in reply["stats"].as_object().unwrap() {
+            if v.is_number() || v.is_string() {
+                assert!(text.contains(&format!("  {k} ")), "missing {k}:\n{text}");
+            }
+        }
+        for k in [
+            "stored_pages",
+            "deferred_free_pending",
+            "same_pages",
+            "notify_free",
+            "ratio_data",
+        ] {
+            assert!(text.contains(k), "missing {k}");
+        }
+        assert!(text.contains("P99_US") && text.contains("  write") && text.contains("  discard"));
+        let header: Vec<&str> = text
+            .lines()
+            .find(|l| l.starts_with("PER-QUEUE"))
+            .unwrap()
+            .split_whitespace()
+            .collect();
+        assert_eq!(header, ["PER-QUEUE", "q0", "q1"]);
+        let row = |name: &str| -> Vec<String> {
+            let l = text
+                .lines()
+                .rfind(|l| l.split_whitespace().next() == Some(name))
+                .unwrap();
+            l.split_whitespace().map(String::from).collect()
+        };
+        // Per queue: queue 0 wrote 2 pages, queue 1 wrote 1 and read 2.
+        assert_eq!(row("pages_written"), ["pages_written", "2", "1"]);
+        assert_eq!(row("pages_read"), ["pages_read", "0", "2"]);
+        assert_eq!(row("same_pages"), ["same_pages", "0", "1"]);
+    }
+
+    #[test]
+    fn list_rows_use_zramctl_columns() {
+        let e = list_entry(&sample());
+        assert_eq!(e["name"], "/dev/ublkb0");
+        assert_eq!(e["disksize"], 1 << 20);
+        assert_eq!(e["zero_pages"], 1);
+        assert_eq!(e["queues"], 2);
+        assert_eq!(e["swap"], false);
+        let row = list_row(&e);
+        assert_eq!(row.len(), LIST_COLUMNS.len());
+        assert_eq!(row[1], "1M");
+        assert_eq!(row[10], "-");
+        let t = table(&LIST_COLUMNS, &[row]);
+        assert!(t.starts_with("NAME        DISKSIZE DATA"), "{t}");
+    }
+
+    #[test]
+    fn table_pads_columns() {
+        let t = table(&["A", "BB"], &[vec!["xxx".into(), "y".into()]]);
+        assert_eq!(t, "A   BB\nxxx y");
+    }
+}

@@ -1,0 +1,461 @@
+//! Request decoding and dispatch: one ublk I/O descriptor in, one result out.
+//!
+//! Everything here is pure (no kernel, no io_uring), so that tests can feed
+//! synthetic descriptors (every op, bad ranges, the garbage start sector of
+//! a FLUSH) and check both the result code and what the store holds.
+
+use std::time::{Duration, Instant};
+use zblk::{Error, QueueCtx};
+
+/// ublk's READ (`UBLK_IO_OP_READ`).
+pub const OP_READ: u8 = 0;
+/// ublk's WRITE.
+pub const OP_WRITE: u8 = 1;
+/// ublk's FLUSH: carries no range (its start sector is garbage).
+pub const OP_FLUSH: u8 = 2;
+/// ublk's DISCARD.
+pub const OP_DISCARD: u8 = 3;
+/// ublk's WRITE_SAME (never advertised, refused).
+pub const OP_WRITE_SAME: u8 = 4;
+/// ublk's WRITE_ZEROES.
+pub const OP_WRITE_ZEROES: u8 = 5;
+
+/// Sector size of ublk descriptors (always 512 bytes, whatever the
+/// device's logical block size).
+const SECTOR_SHIFT: u32 = 9;
+
+/// The fields of a ublk I/O descriptor (`struct ublksrv_io_desc`) that
+/// decide what a request does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IoDesc {
+    /// Operation in the low 8 bits, `UBLK_IO_F_*` flags above.
+    pub op_flags: u32,
+    /// Length in 512-byte sectors.
+    pub nr_sectors: u32,
+    /// First 512-byte sector.
+    pub start_sector: u64,
+}
+
+impl IoDesc {
+    /// The operation code (`op_flags & 0xff`).
+    pub fn op(&self) -> u8 {
+        (self.op_flags & 0xff) as u8
+    }
+
+    /// The byte range of the request, or `None` when the start sector is so
+    /// large that its byte offset does not fit in 64 bits.
+    fn byte_range(&self) -> Option<(u64, u64)> {
+        let offset = self.start_sector.checked_mul(1 << SECTOR_SHIFT)?;
+        let len = u64::from(self.nr_sectors) << SECTOR_SHIFT;
+        Some((offset, len))
+    }
+}
+
+impl From<&libublk::sys::ublksrv_io_desc> for IoDesc {
+    fn from(d: &libublk::sys::ublksrv_io_desc) -> Self {
+        IoDesc {
+            op_flags: d.op_flags,
+            nr_sectors: d.nr_sectors,
+            start_sector: d.start_sector,
+        }
+    }
+}
+
+/// Why a request failed, for the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IoFailure {
+    /// The engine refused or failed the operation.
+    Engine(Error),
+    /// The start sector overflows a 64-bit byte offset.
+    SectorOverflow,
+    /// The request is longer than the I/O buffer (the kernel never sends
+    /// one; refused rather than trusted).
+    TooLong {
+        /// Bytes the request covers.
+        len: u64,
+        /// Bytes of I/O buffer.
+        buf: usize,
+    },
+    /// An operation zblk does not advertise.
+    Unsupported(u8),
+}
+
+impl std::fmt::Display for IoFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            IoFailure::Engine(e) => write!(f, "{e}"),
+            IoFailure::SectorOverflow => write!(f, "start sector overflows the byte offset"),
+            IoFailure::TooLong { len, buf } => {
+                write!(
+                    f,
+                    "request of {len} bytes exceeds the {buf}-byte I/O buffer"
+                )
+            }
+            IoFailure::Unsupported(op) => write!(f, "unsupported operation {op}"),
+        }
+    }
+}
+
+/// Executes one request against the queue's context.
+///
+/// Returns the ublk result: bytes transferred for READ and WRITE, 0 for
+/// FLUSH, DISCARD and WRITE_ZEROES, or a negative errno with its cause.
+/// READ and WRITE move data through `buf` (the tag's I/O buffer).
+pub fn dispatch(ctx: &mut QueueCtx, iod: &IoDesc, buf: &mut [u8]) -> Result<i32, (i32, IoFailure)> {
+    let op = iod.op();
+    // FLUSH carries a meaningless start sector: answer before decoding it.
+    // Every write is in memory the moment it completes, so there is
+    // nothing to flush.
+    if op == OP_FLUSH {
+        return Ok(0);
+    }
+    if !matches!(op, OP_READ | OP_WRITE | OP_DISCARD | OP_WRITE_ZEROES) {
+        return Err((-libc::EOPNOTSUPP, IoFailure::Unsupported(op)));
+    }
+    let Some((offset, len)) = iod.byte_range() else {
+        return Err((-libc::EINVAL, IoFailure::SectorOverflow));
+    };
+    let engine = |r: zblk::Result<()>| r.map_err(|e| (e.errno(), IoFailure::Engine(e)));
+    match op {
+        OP_READ | OP_WRITE => {
+            let data = match usize::try_from(len) {
+                Ok(n) if n <= buf.len() => &mut buf[..n],
+                _ => {
+                    let buf = buf.len();
+                    return Err((-libc::EINVAL, IoFailure::TooLong { len, buf }));
+                }
+            };
+            if op == OP_READ {
+                engine(ctx.read(offset, data))?;
+            } else {
+                engine(ctx.write(offset, data))?;
+            }
+            // len <= buf.len() <= the 32 MB ublk maximum, so it fits an i32.
+            Ok(i32::try_from(len).unwrap_or(i32::MAX))
+        }
+        OP_DISCARD => engine(ctx.discard(offset, len)).map(|()| 0),
+        _ => engine(ctx.write_zeroes(offset, len)).map(|()| 0),
+    }
+}
+
+/// [`dispatch`], with failures logged through `log` (rate-limited):
+/// the function a queue calls for every request.
+pub fn handle_io(ctx: &mut QueueCtx, iod: &IoDesc, buf: &mut [u8], log: &mut RateLimit) -> i32 {
+    match dispatch(ctx, iod, buf) {
+        Ok(res) => res,
+        Err((errno, why)) => {
+            if log.allow(Instant::now()) {
+                log::error!(
+                    "queue {}: op {} sectors {}+{} failed with errno {}: {why}",
+                    ctx.id(),
+                    iod.op(),
+                    iod.start_sector,
+                    iod.nr_sectors,
+                    -errno
+                );
+            }
+            errno
+        }
+    }
+}
+
+/// A log rate limiter like the kernel's `printk_ratelimit`: at most `burst`
+/// messages per `interval`; says how many it swallowed when it opens again.
+#[derive(Debug, Clone)]
+pub struct RateLimit {
+    interval: Duration,
+    burst: u32,
+    window_start: Option<Instant>,
+    used: u32,
+    suppressed: u64,
+}
+
+impl Default for RateLimit {
+    /// Ten messages per five seconds, as the kernel's default.
+    fn default() -> Self {
+        RateLimit::new(Duration::from_secs(5), 10)
+    }
+}
+
+impl RateLimit {
+    /// At most `burst` messages per `interval`.
+    pub fn new(interval: Duration, burst: u32) -> Self {
+        RateLimit {
+            interval,
+            burst,
+            window_start: None,
+            used: 0,
+            suppressed: 0,
+        }
+    }
+
+    /// Whether a message may be logged at `now`.
+    pub fn allow(&mut self, now: Instant) -> bool {
+        let expired = match self.window_start {
+            None => true,
+            Some(t) => now.saturating_duration_since(t) >= self.interval,
+        };
+        if expired {
+            if self.suppressed > 0 {
+                log::warn!("{} similar messages suppressed", self.suppressed);
+            }
+            self.window_start = Some(now);
+            self.used = 0;
+            self.suppressed = 0;
+        }
+        if self.used < self.burst {
+            self.used += 1;
+            true
+        } else {
+            self.suppressed += 1;
+            false
+        }
+    }
+
+    /// Messages swallowed in the current window.
+    pub fn suppressed(&self) -> u64 {
+        self.suppressed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use zblk::{Store, StoreConfig, PAGE_SIZE};
+
+    const DEV: u64 = 64 * PAGE_SIZE as u64;
+    const SPP: u32 = (PAGE_SIZE >> 9) as u32; // sectors per page
+
+    fn store() -> Arc<Store> {
+        Store::new(StoreConfig::new(DEV)).unwrap()
+    }
+
+    fn iod(op: u8, start_sector: u64, nr_sectors: u32) -> IoDesc {
+        IoDesc {
+            op_flags: u32::from(op),
+            nr_sectors,
+            start_sector,
+        }
+    }
+
+    fn page(seed: u8) -> Vec<u8> {
+        (0..PAGE_SIZE)
+            .map(|i| (i as u8).wrapping_mul(seed) ^ seed)
+            .collect()
+    }
+
+    fn read_back(ctx: &mut QueueCtx, page_no: u64, pages: usize) -> Vec<u8> {
+        let mut out = vec![0xAAu8; pages * PAGE_SIZE];
+        ctx.read(page_no * PAGE_SIZE as u64, &mut out).unwrap();
+        out
+    }
+
+    #[test]
+    fn write_then_read_moves_bytes_and_returns_length() {
+        let s = store();
+        let mut ctx = s.new_ctx();
+        let mut log = RateLimit::default();
+        let mut buf = vec![0u8; 8 * PAGE_SIZE];
+        buf[..PAGE_SIZE].copy_from_slice(&page(3));
+        buf[PAGE_SIZE..2 * PAGE_SIZE].copy_from_slice(&page(7));
+        let w = iod(OP_WRITE, 5 * u64::from(SPP), 2 * SPP);
+        assert_eq!(
+            handle_io(&mut ctx, &w, &mut buf, &mut log),
+            2 * PAGE_SIZE as i32
+        );
+        assert_eq!(read_back(&mut ctx, 5, 1), page(3));
+        assert_eq!(read_back(&mut ctx, 6, 1), page(7));
+
+        let mut rbuf = vec![0x55u8; 8 * PAGE_SIZE];
+        let r = iod(OP_READ, 5 * u64::from(SPP), 2 * SPP);
+        assert_eq!(
+            handle_io(&mut ctx, &r, &mut rbuf, &mut log),
+            2 * PAGE_SIZE as i32
+        );
+        assert_eq!(&rbuf[..PAGE_SIZE], &page(3)[..]);
+        assert_eq!(&rbuf[PAGE_SIZE..2 * PAGE_SIZE], &page(7)[..]);
+        // Bytes past the request are not touched.
+        assert!(rbuf[2 * PAGE_SIZE..].iter().all(|&b| b == 0x55));
+    }
+
+    #[test]
+    fn flags_above_the_op_byte_are_ignored() {
+        let s = store();
+        let mut ctx = s.new_ctx();
+        let mut buf = page(9);
+        let mut w = iod(OP_WRITE, 0, SPP);
+        w.op_flags |= libublk::sys::UBLK_IO_F_SWAP | libublk::sys::UBLK_IO_F_FUA;
+        assert_eq!(dispatch(&mut ctx, &w, &mut buf), Ok(PAGE_SIZE as i32));
+        assert_eq!(read_back(&mut ctx, 0, 1), page(9));
+    }
+
+    #[test]
+    fn flush_answers_zero_whatever_its_sector() {
+        let s = store();
+        let mut ctx = s.new_ctx();
+        let mut buf = vec![0u8; PAGE_SIZE];
+        for start in [0, u64::MAX, u64::MAX - 7, 1 << 60, DEV] {
+            for n in [0, 1, u32::MAX] {
+                assert_eq!(
+                    dispatch(&mut ctx, &iod(OP_FLUSH, start, n), &mut buf),
+                    Ok(0)
+                );
+            }
+        }
+        assert_eq!(s.stats().counters.invalid_io, 0, "flush is not invalid I/O");
+    }
+
+    #[test]
+    fn discard_and_write_zeroes_free_pages() {
+        let s = store();
+        let mut ctx = s.new_ctx();
+        let mut buf = vec![0u8; 4 * PAGE_SIZE];
+        for (i, c) in buf.chunks_mut(PAGE_SIZE).enumerate() {
+            c.copy_from_slice(&page(i as u8 + 11));
+        }
+        assert_eq!(
+            dispatch(&mut ctx, &iod(OP_WRITE, 0, 4 * SPP), &mut buf),
+            Ok(4 * PAGE_SIZE as i32)
+        );
+        assert_eq!(s.stats().counters.stored_pages, 4);
+
+        let mut empty: [u8; 0] = [];
+        assert_eq!(
+            dispatch(&mut ctx, &iod(OP_DISCARD, 0, SPP), &mut empty),
+            Ok(0)
+        );
+        let mut wz = iod(OP_WRITE_ZEROES, 2 * u64::from(SPP), SPP);
+        wz.op_flags |= libublk::sys::UBLK_IO_F_NOUNMAP;
+        assert_eq!(dispatch(&mut ctx, &wz, &mut empty), Ok(0));
+
+        assert_eq!(read_back(&mut ctx, 0, 1), vec![0u8; PAGE_SIZE]);
+        assert_eq!(read_back(&mut ctx, 1, 1), page(12));
+        assert_eq!(read_back(&mut ctx, 2, 1), vec![0u8; PAGE_SIZE]);
+        assert_eq!(read_back(&mut ctx, 3, 1), page(14));
+        let st = s.stats();
+        assert_eq!(st.counters.stored_pages, 2);
+        assert_eq!(st.counters.notify_free, 2);
+    }
+
+    #[test]
+    fn discard_of_the_whole_device_uses_no_buffer() {
+        let s = store();
+        let mut ctx = s.new_ctx();
+        let mut buf = page(1);
+        dispatch(&mut ctx, &iod(OP_WRITE, 63 * u64::from(SPP), SPP), &mut buf).unwrap();
+        let all = (DEV >> 9) as u32;
+        assert_eq!(dispatch(&mut ctx, &iod(OP_DISCARD, 0, all), &mut []), Ok(0));
+        assert_eq!(s.stats().counters.stored_pages, 0);
+    }
+
+    #[test]
+    fn out_of_range_requests_fail_with_einval_and_change_nothing() {
+        let s = store();
+        let mut ctx = s.new_ctx();
+        let mut buf = page(5);
+        dispatch(&mut ctx, &iod(OP_WRITE, 63 * u64::from(SPP), SPP), &mut buf).unwrap();
+        let mut other = page(6);
+        let last = 63 * u64::from(SPP);
+        let cases = [
+            iod(OP_WRITE, last, 2 * SPP),        // runs past the end
+            iod(OP_WRITE, DEV >> 9, SPP),        // starts at the end
+            iod(OP_READ, u64::MAX >> 9, SPP),    // offset + len overflows
+            iod(OP_DISCARD, last, 2 * SPP),      // discard past the end
+            iod(OP_WRITE_ZEROES, DEV >> 9, SPP), // write-zeroes past the end
+            iod(OP_WRITE, 1, SPP),               // not 4 KB aligned
+            iod(OP_READ, 0, 1),                  // 512 bytes
+        ];
+        for c in cases {
+            assert_eq!(
+                dispatch(&mut ctx, &c, &mut other).map_err(|e| e.0),
+                Err(-libc::EINVAL),
+                "{c:?}"
+            );
+        }
+        assert_eq!(read_back(&mut ctx, 63, 1), page(5));
+        assert_eq!(s.stats().counters.stored_pages, 1);
+        assert!(s.stats().counters.invalid_io >= 6);
+    }
+
+    #[test]
+    fn sector_overflow_is_einval_not_a_panic() {
+        let s = store();
+        let mut ctx = s.new_ctx();
+        let mut buf = page(1);
+        for op in [OP_READ, OP_WRITE, OP_DISCARD, OP_WRITE_ZEROES] {
+            let r = dispatch(&mut ctx, &iod(op, u64::MAX, SPP), &mut buf);
+            assert_eq!(
+                r,
+                Err((-libc::EINVAL, IoFailure::SectorOverflow)),
+                "op {op}"
+            );
+        }
+    }
+
+    #[test]
+    fn request_longer_than_the_buffer_is_refused() {
+        let s = store();
+        let mut ctx = s.new_ctx();
+        let mut buf = vec![0u8; PAGE_SIZE];
+        let r = dispatch(&mut ctx, &iod(OP_WRITE, 0, 2 * SPP), &mut buf);
+        assert!(matches!(r, Err((e, IoFailure::TooLong { .. })) if e == -libc::EINVAL));
+        assert_eq!(s.stats().counters.stored_pages, 0);
+    }
+
+    #[test]
+    fn unknown_operations_are_eopnotsupp() {
+        let s = store();
+        let mut ctx = s.new_ctx();
+        let mut buf = page(2);
+        for op in [OP_WRITE_SAME, 6, 10, 13, 15, 18, 0x22, 0xff] {
+            let r = dispatch(&mut ctx, &iod(op, 0, SPP), &mut buf);
+            assert_eq!(r, Err((-libc::EOPNOTSUPP, IoFailure::Unsupported(op))));
+        }
+        assert_eq!(s.stats().counters.stored_pages, 0);
+    }
+
+    #[test]
+    fn mem_limit_turns_into_enospc_and_keeps_old_content() {
+        let mut cfg = StoreConfig::new(DEV);
+        cfg.mem_limit = 1; // one byte: no compressed object fits
+        let s = Store::new(cfg).unwrap();
+        let mut ctx = s.new_ctx();
+        let mut buf = page(8);
+        let r = dispatch(&mut ctx, &iod(OP_WRITE, 0, SPP), &mut buf);
+        assert_eq!(r.map_err(|e| e.0), Err(-libc::ENOSPC));
+        assert_eq!(read_back(&mut ctx, 0, 1), vec![0u8; PAGE_SIZE]);
+        // Same-filled pages need no memory and still succeed.
+        let mut zeros = vec![0u8; PAGE_SIZE];
+        assert_eq!(
+            dispatch(&mut ctx, &iod(OP_WRITE, 0, SPP), &mut zeros),
+            Ok(PAGE_SIZE as i32)
+        );
+    }
+
+    #[test]
+    fn handle_io_returns_the_errno_and_rate_limits_the_log() {
+        let s = store();
+        let mut ctx = s.new_ctx();
+        let mut buf = page(2);
+        let mut log = RateLimit::new(Duration::from_secs(3600), 3);
+        for _ in 0..10 {
+            assert_eq!(
+                handle_io(&mut ctx, &iod(OP_WRITE, DEV >> 9, SPP), &mut buf, &mut log),
+                -libc::EINVAL
+            );
+        }
+        assert_eq!(log.suppressed(), 7);
+    }
+
+    #[test]
+    fn rate_limit_opens_again_after_the_interval() {
+        let mut rl = RateLimit::new(Duration::from_secs(5), 2);
+        let t0 = Instant::now();
+        assert!(rl.allow(t0));
+        assert!(rl.allow(t0));
+        assert!(!rl.allow(t0 + Duration::from_secs(1)));
+        assert!(rl.allow(t0 + Duration::from_secs(6)));
+        assert_eq!(rl.suppressed(), 0);
+    }
+}

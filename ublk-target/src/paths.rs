@@ -1,0 +1,56 @@
+//! Where zblk keeps its run-time files.
+
+use std::path::PathBuf;
+
+/// Directory of control sockets and daemon logs (root only, mode 0700).
+pub const RUN_DIR: &str = "/run/zblk";
+
+/// The control device of the ublk driver; absent when it is not loaded.
+pub const UBLK_CONTROL: &str = "/dev/ublk-control";
+
+/// Control socket of device `id`.
+pub fn socket_path(id: u32) -> PathBuf {
+    PathBuf::from(format!("{RUN_DIR}/{id}.sock"))
+}
+
+/// Log file of the daemon of device `id` (when not in the foreground).
+pub fn log_path(id: u32) -> PathBuf {
+    PathBuf::from(format!("{RUN_DIR}/{id}.log"))
+}
+
+/// The block device node of device `id`.
+pub fn bdev_path(id: u32) -> PathBuf {
+    PathBuf::from(format!("/dev/ublkb{id}"))
+}
+
+/// The character device node of device `id`.
+pub fn cdev_path(id: u32) -> PathBuf {
+    PathBuf::from(format!("/dev/ublkc{id}"))
+}
+
+/// Creates [`RUN_DIR`] (mode 0700) if needed.
+pub fn ensure_run_dir() -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    match std::fs::DirBuilder::new().mode(0o700).create(RUN_DIR) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            std::fs::set_permissions(RUN_DIR, std::fs::Permissions::from_mode(0o700))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Ids of the devices that have a control socket, in order.
+pub fn device_ids() -> Vec<u32> {
+    let mut ids: Vec<u32> = std::fs::read_dir(RUN_DIR)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            name.strip_suffix(".sock")?.parse().ok()
+        })
+        .collect();
+    ids.sort_unstable();
+    ids
+}
