@@ -19,8 +19,11 @@ dd if=/dev/zero of=/tmp/z1m bs=1048576 count=1 2>/dev/null
 wr() { dd if="$1" of="$ZDEV" bs="$3" seek=$(($2 / $3)) oflag=direct conv=notrunc 2>/tmp/zblk-vm.dd || fail "write $1 at $2: $(cat /tmp/zblk-vm.dd)"; }
 # Reads $2 bytes at byte offset $1 with O_DIRECT in blocks of $3 into /tmp/rd.
 rd() { dd if="$ZDEV" of=/tmp/rd bs="$3" skip=$(($1 / $3)) count=$(($2 / $3)) iflag=direct 2>/tmp/zblk-vm.dd || fail "read at $1: $(cat /tmp/zblk-vm.dd)"; }
-# Checks that the $2 bytes at offset $1 equal file $3.
-check() { rd "$1" "$2" "${4:-4096}"; cmp -s /tmp/rd "$3" || fail "data at offset $1 ($2 bytes) differs from $3"; }
+# Checks that the $2 bytes at offset $1 equal the start of file $3 ($4: block size).
+check() {
+    rd "$1" "$2" "${4:-4096}"
+    head -c "$2" "$3" | cmp -s /tmp/rd - || fail "data at offset $1 ($2 bytes) differs from $3"
+}
 
 wr /tmp/r4k 0 4096
 wr /tmp/s4k 4096 4096
