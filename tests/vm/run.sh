@@ -299,7 +299,10 @@ summarize() {
     echo
     echo "==================== zblk VM test summary ===================="
     for s in $SCENARIOS ${EXTRA:+extra}; do
-        line=$(echo "$results" | grep -E "^(PASS|FAIL) $s( |\$)" | head -1 || true)
+        # A FAIL line wins over a PASS line of the same scenario (a timeout
+        # after the PASS, a later check).
+        line=$(echo "$results" | grep -E "^FAIL $s( |\$)" | head -1 || true)
+        [ -n "$line" ] || line=$(echo "$results" | grep -E "^PASS $s( |\$)" | head -1 || true)
         if [ -z "$line" ]; then
             echo "FAIL $s (no result: the guest hung, crashed or timed out)"
             failed=1
@@ -324,6 +327,7 @@ summarize() {
 
 main() {
     parse_args "$@"
+    [ "$(uname -m)" = x86_64 ] || die "the VM tests boot an x86-64 kernel and need an x86-64 host"
     ensure_packages
     mkdir -p "$CACHE"
     fetch_kernel

@@ -52,7 +52,9 @@ if [ -b "$olddev" ]; then
     rc=$?
     [ "$rc" = 137 ] || [ "$rc" = 143 ] && fail "a read of $olddev hangs after the daemon died"
 fi
-zblk del -n "$old" --force >/dev/null 2>&1
+zblk del -n "$old" --force >/tmp/zblk-vm.del 2>&1
+log "zblk del -n $old --force after the kill: exit $? $(head -1 /tmp/zblk-vm.del)"
+for n in /dev/ublkb$old /dev/ublkc$old; do [ -e "$n" ] && log "note: $n is still there after the daemon died"; done
 log "after kill: $(zblk list 2>&1 | tr '\n' '|')"
 zadd --size 64M --algo "$ZBLK_ALGO"
 dd if=/tmp/zblk-vm.src of="$ZDEV" bs=1048576 count=4 oflag=direct conv=notrunc 2>/dev/null || fail "write to the new $ZDEV failed"
