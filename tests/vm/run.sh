@@ -221,7 +221,11 @@ fetch_kernel() {
 
 # Static builds of zblk and the workload programs (no libraries in the guest).
 build_bins() {
-    BINDIR=$REPO/target/$TARGET/release
+    # Where cargo puts its output (CARGO_TARGET_DIR or a config may move it).
+    local tdir
+    tdir=$(cd "$REPO" && cargo metadata --format-version 1 --no-deps 2>/dev/null |
+        grep -o '"target_directory":"[^"]*"' | cut -d'"' -f4 || true)
+    BINDIR=${tdir:-${CARGO_TARGET_DIR:-$REPO/target}}/$TARGET/release
     if [ "${ZBLK_VM_NOBUILD:-0}" != 1 ]; then
         command -v cargo >/dev/null || die "cargo not found (install Rust: https://rustup.rs)"
         log "building static zblk, usemem, munmap_bench"
