@@ -15,7 +15,8 @@
 #   --keep              keep the work folder (initramfs, console log) and print it
 #   --extra-script FILE guest shell script run after the scenarios, with zblk and
 #                       the workload programs on PATH and guest/lib.sh sourced;
-#                       its PASS/FAIL lines are counted like a scenario's
+#                       its PASS/FAIL lines are counted like a scenario's, and
+#                       it gets a PASS/FAIL "extra" line from its exit status
 #   --carry PATH        host binary copied into the guest (/usr/local/bin) with the
 #                       shared libraries `ldd` lists (repeatable): fio, stress-ng...
 #   --timeout SECS      whole-boot limit (default 900); a hang is a failure
@@ -24,9 +25,19 @@
 # Environment knobs:
 #   ZBLK_VM_CACHE   cache folder for the kernel and modules (default <repo>/.vmcache)
 #   ZBLK_VM_WORK    work folder (default <repo>/tests/vm/work)
-#   ZBLK_VM_ARGS    extra words for the guest kernel command line; scenario
-#                   sizes are set this way, e.g. ZBLK_VM_ARGS='zblk.swap_mb=1024'
-#                   (see tests/vm/guest/init for the zblk.* parameters)
+#   ZBLK_VM_ARGS    extra words for the guest kernel command line: the scenario
+#                   knobs (defaults in tests/vm/guest/lib.sh), e.g.
+#                   ZBLK_VM_ARGS='zblk.usemem_mb=512 zblk.compare_rounds=3'
+#                     zblk.dev_mb=1024        swap device size (zblk and zram)
+#                     zblk.limit_mb=128       memory.high of the workload cgroup
+#                     zblk.usemem_procs=2     usemem processes
+#                     zblk.usemem_mb=192      MB written by each usemem process
+#                     zblk.munmap_sizes=64+256  munmap regions in MB
+#                     zblk.munmap_procs=1     processes unmapping at once
+#                     zblk.algo=lz4           algorithm of both devices
+#                     zblk.settle_s=10        time allowed to fall back after munmap
+#                     zblk.compare_rounds=1   zram/zblk pairs in zram-compare
+#                     zblk.timeout=360        limit per scenario in the guest
 #   ZBLK_VM_KERNEL  kernel package version to pin (default: newest 6.12 in backports)
 #   ZBLK_VM_NOBUILD=1  reuse the binaries already in target/ (no cargo build)
 #

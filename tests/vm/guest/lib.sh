@@ -7,12 +7,13 @@
 #   ZBLK_USEMEM_PROCS=2    usemem worker processes
 #   ZBLK_USEMEM_MB=192     MB each usemem worker writes (total >= 3x the limit)
 #   ZBLK_MUNMAP_SIZES="64 256"  regions (MB) of the munmap scenario ('+' separated on the command line)
+#   ZBLK_MUNMAP_PROCS=1    processes that each map a region and unmap together
 #   ZBLK_ALGO=lz4          compression algorithm of both devices
 #   ZBLK_SETTLE_S=10       seconds allowed for stats to fall back after munmap
 
 SCEN=${1:-extra}
 : "${ZBLK_DEV_MB:=1024}" "${ZBLK_LIMIT_MB:=128}" "${ZBLK_USEMEM_PROCS:=2}" "${ZBLK_USEMEM_MB:=192}"
-: "${ZBLK_MUNMAP_SIZES:=64 256}" "${ZBLK_ALGO:=lz4}" "${ZBLK_SETTLE_S:=10}"
+: "${ZBLK_MUNMAP_SIZES:=64 256}" "${ZBLK_MUNMAP_PROCS:=1}" "${ZBLK_ALGO:=lz4}" "${ZBLK_SETTLE_S:=10}"
 ZBLK_MUNMAP_SIZES=$(echo "$ZBLK_MUNMAP_SIZES" | tr '+,' '  ')
 PAGE=4096
 
@@ -207,10 +208,10 @@ swap_workload() {
 # saves them in /tmp/figures.munmap.$1.$2.
 munmap_workload() {
     kind=$1 mb=$2
-    pages=$((mb * 256))
+    procs=$ZBLK_MUNMAP_PROCS
     base=$(dev_stored "$kind"); basemem=$(dev_mem "$kind"); nf0=$(dev_notify_free "$kind")
     rm -f /tmp/zblk-vm.go
-    munmap_bench --mb "$mb" --wait-file /tmp/zblk-vm.go >/tmp/zblk-vm.mb 2>&1 &
+    munmap_bench --mb "$mb" --procs "$procs" --wait-file /tmp/zblk-vm.go >/tmp/zblk-vm.mb 2>&1 &
     bpid=$!
     track $bpid
     i=0
@@ -220,7 +221,7 @@ munmap_workload() {
         sleep 0.1; i=$((i + 1))
     done
     swap_kb=$(grep '"procs"' /tmp/zblk-vm.mb | head -1 | jnum swap_kb)
-    [ "$swap_kb" -ge $((mb * 1024 * 9 / 10)) ] || fail "$kind ${mb}MB: only ${swap_kb} kB of ${mb} MB paged out"
+    [ "$swap_kb" -ge $((procs * mb * 1024 * 9 / 10)) ] || fail "$kind ${mb}MB: only ${swap_kb} kB of $procs x ${mb} MB paged out"
     # Page-out on an asynchronous device completes later: wait for the device.
     want=$((base + swap_kb / 4 * 9 / 10))
     i=0
@@ -245,7 +246,9 @@ munmap_workload() {
     settle=$(elapsed "$t0")
     nf=$(( $(dev_notify_free "$kind") - nf0 ))
     [ "$nf" -ge $((grow * 9 / 10)) ] || fail "$kind ${mb}MB: notify_free grew by $nf, want >= 90% of $grow pages"
-    M_FIGS="${mb}MB: munmap_ms=$ms settle_s=$settle stored=$base/$full/$st mem_kb=$((basemem / 1024))/$((fullmem / 1024))/$((mem / 1024)) notify_free=+$nf"
+    label=${mb}MB
+    [ "$procs" -gt 1 ] && label=${procs}x${mb}MB
+    M_FIGS="$label: munmap_ms=$ms settle_s=$settle stored=$base/$full/$st mem_kb=$((basemem / 1024))/$((fullmem / 1024))/$((mem / 1024)) notify_free=+$nf"
     echo "$M_FIGS" >/tmp/figures.munmap.$kind.$mb
     return 0
 }
