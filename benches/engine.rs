@@ -1,1 +1,57 @@
-fn main() {}
+//! Criterion benches of the engine on real memory pages (the test fixture):
+//! the store's write and read paths against the bare codec on the same
+//! pages, per codec, group size and mode. For whole-corpus ratios in one
+//! process see `examples/engine_ratios.rs`.
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use std::time::Duration;
+use zblk::bench::codec_ceiling;
+use zblk::{Algo, Mode, Store, StoreConfig, PAGE_SIZE};
+
+fn fixture() -> Vec<u8> {
+    let raw = include_bytes!("../tests/fixtures/realmem-96.bin.zst");
+    zstd::stream::decode_all(&raw[..]).expect("fixture decompresses")
+}
+
+fn engine(c: &mut Criterion) {
+    let data = fixture();
+    let mut g = c.benchmark_group("engine");
+    g.throughput(Throughput::Bytes(data.len() as u64));
+    g.measurement_time(Duration::from_secs(3))
+        .warm_up_time(Duration::from_secs(1))
+        .sample_size(20);
+    for algo in [Algo::Lz4, Algo::Zstd(1)] {
+        g.bench_function(BenchmarkId::new("codec_roundtrip", algo), |b| {
+            b.iter(|| codec_ceiling(algo, &data).expect("codec runs"))
+        });
+        for (group, mode) in [(1, Mode::PerPage), (8, Mode::PerPage), (8, Mode::Packed)] {
+            let mut cfg = StoreConfig::new(data.len() as u64);
+            cfg.algo = algo;
+            cfg.group_pages = group;
+            cfg.mode = mode;
+            let store = Store::new(cfg).expect("store");
+            let mut ctx = store.new_ctx();
+            let id = format!("{algo}/g{group}/{mode}");
+            g.bench_function(BenchmarkId::new("store_write", &id), |b| {
+                b.iter(|| {
+                    for (i, req) in data.chunks(16 * PAGE_SIZE).enumerate() {
+                        ctx.write((i * 16 * PAGE_SIZE) as u64, req).expect("write");
+                    }
+                })
+            });
+            let mut buf = vec![0u8; 16 * PAGE_SIZE];
+            g.bench_function(BenchmarkId::new("store_read", &id), |b| {
+                b.iter(|| {
+                    for i in 0..data.len() / (16 * PAGE_SIZE) {
+                        ctx.read((i * 16 * PAGE_SIZE) as u64, &mut buf)
+                            .expect("read");
+                    }
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, engine);
+criterion_main!(benches);

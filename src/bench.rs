@@ -8,7 +8,7 @@
 use crate::codec::Algo;
 use crate::error::{Error, Result};
 use crate::page::PAGE_SIZE;
-use crate::store::{Store, StoreConfig, StoreStats};
+use crate::store::{Mode, Store, StoreConfig, StoreStats};
 use crate::QueueCtx;
 use serde::Serialize;
 use std::path::Path;
@@ -26,6 +26,8 @@ pub struct BenchOptions {
     pub threads: usize,
     /// Pages per write and read request.
     pub request_pages: usize,
+    /// Per-page or packed objects.
+    pub mode: Mode,
 }
 
 /// What `zblk bench --json` prints: exactly these keys.
@@ -57,6 +59,8 @@ pub struct BenchReport {
     pub group_pages: usize,
     /// Threads.
     pub threads: usize,
+    /// Per-page or packed objects.
+    pub mode: String,
 }
 
 impl Default for BenchOptions {
@@ -66,6 +70,7 @@ impl Default for BenchOptions {
             group_pages: crate::store::DEFAULT_GROUP_PAGES,
             threads: 1,
             request_pages: DEFAULT_REQUEST_PAGES,
+            mode: Mode::PerPage,
         }
     }
 }
@@ -110,6 +115,7 @@ pub fn run(opts: &BenchOptions, data: &[u8]) -> Result<BenchReport> {
     let mut cfg = StoreConfig::new(data.len() as u64);
     cfg.algo = opts.algo;
     cfg.group_pages = opts.group_pages;
+    cfg.mode = opts.mode;
     let store = Store::new(cfg)?;
     let write_s = run_phase(&store, data, opts, Phase::Write)?.0;
     let (read_s, verify_errors) = run_phase(&store, data, opts, Phase::Read)?;
@@ -244,6 +250,7 @@ fn report(
         algo: opts.algo.to_string(),
         group_pages: opts.group_pages,
         threads: opts.threads,
+        mode: opts.mode.to_string(),
     }
 }
 

@@ -7,9 +7,10 @@
 use crate::codec::Codec;
 use crate::free::FreeBatch;
 use crate::group::GroupPlan;
+use crate::packed::PackCache;
 use crate::page::PAGE_SIZE;
 use crate::stats::StatsShard;
-use crate::store::Store;
+use crate::store::{Mode, Store, StoreConfig};
 use std::sync::Arc;
 
 /// The mutable state of one queue thread, passed to the store's operations.
@@ -21,6 +22,31 @@ pub(crate) struct CtxState {
     pub(crate) free: FreeBatch,
     /// Reused per-group vectors, so a write allocates nothing on the heap.
     pub(crate) plan: GroupPlan,
+    /// Packed mode: the input pages of a group gathered contiguously.
+    pub(crate) gather: Vec<u8>,
+    /// Packed mode: the last group decompressed by a read.
+    pub(crate) pack_cache: PackCache,
+    /// Packed mode: the id the next packed object gets (queue in the top bits).
+    pub(crate) next_pack_id: u64,
+}
+
+impl CtxState {
+    /// Fresh state for a thread of `cfg`'s store, writing into `shard`.
+    pub(crate) fn new(cfg: &StoreConfig, id: usize, shard: Arc<StatsShard>) -> Self {
+        let g = cfg.group_pages;
+        let packed = cfg.mode == Mode::Packed;
+        CtxState {
+            codec: cfg.algo.new_codec(),
+            scratch: vec![0u8; g * PAGE_SIZE],
+            shard,
+            free: FreeBatch::new(),
+            plan: GroupPlan::with_capacity(g),
+            gather: vec![0u8; if packed { g * PAGE_SIZE } else { 0 }],
+            pack_cache: PackCache::with_capacity(if packed { g } else { 0 }),
+            // Ids are never 0 (the empty cache) and never repeat across queues.
+            next_pack_id: ((id as u64 + 1) << 40) + 1,
+        }
+    }
 }
 
 /// The per-thread context every store operation runs with.
@@ -32,14 +58,7 @@ pub struct QueueCtx {
 
 impl QueueCtx {
     pub(crate) fn new(store: Arc<Store>, id: usize, shard: Arc<StatsShard>) -> Self {
-        let g = store.config().group_pages;
-        let st = CtxState {
-            codec: store.config().algo.new_codec(),
-            scratch: vec![0u8; g * PAGE_SIZE],
-            shard,
-            free: FreeBatch::new(),
-            plan: GroupPlan::with_capacity(g),
-        };
+        let st = CtxState::new(store.config(), id, shard);
         QueueCtx { store, st, id }
     }
 

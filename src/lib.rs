@@ -8,6 +8,7 @@
 
 #![warn(missing_docs)]
 
+pub mod accel;
 pub mod alloc;
 pub mod bench;
 pub mod codec;
@@ -15,6 +16,7 @@ pub mod ctx;
 pub mod error;
 pub mod free;
 pub mod group;
+pub mod packed;
 pub mod page;
 pub mod slot;
 pub mod stats;
@@ -24,4 +26,4 @@ pub use codec::Algo;
 pub use ctx::QueueCtx;
 pub use error::{Error, Result};
 pub use page::PAGE_SIZE;
-pub use store::{Store, StoreConfig, StoreStats};
+pub use store::{Mode, Store, StoreConfig, StoreStats};

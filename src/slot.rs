@@ -19,12 +19,17 @@ pub enum Kind {
     Huge,
     /// A compressed object of `len` bytes at handle `val`.
     Compressed,
+    /// Page `idx` of a packed group object at handle `val`, whose
+    /// compressed blob of `n` pages is `len` bytes (packed mode).
+    Packed,
 }
 
 const LOCK: u64 = 1 << 63;
 const KIND_SHIFT: u32 = 60;
 const KIND_MASK: u64 = 0b111 << KIND_SHIFT;
 const LEN_MASK: u64 = (1 << 20) - 1;
+const IDX_SHIFT: u32 = 20;
+const N_SHIFT: u32 = 28;
 
 /// One slot: `meta` holds the lock bit, the kind and the object length;
 /// `val` holds the handle, or the fill word of a same-filled page.
@@ -42,8 +47,12 @@ pub struct Entry {
     pub kind: Kind,
     /// Object length in bytes (compressed or huge), 0 otherwise.
     pub len: u32,
-    /// Handle (huge, compressed) or fill word (same-filled).
+    /// Handle (huge, compressed, packed) or fill word (same-filled).
     pub val: u64,
+    /// Packed: the page's offset within its group (0..64).
+    pub idx: u8,
+    /// Packed: how many pages the group object holds (1..=64).
+    pub n: u8,
 }
 
 impl Entry {
@@ -52,12 +61,25 @@ impl Entry {
         kind: Kind::Empty,
         len: 0,
         val: 0,
+        idx: 0,
+        n: 0,
     };
+
+    /// An entry of `kind` with length `len` and value `val`.
+    pub fn new(kind: Kind, len: u32, val: u64) -> Entry {
+        Entry {
+            kind,
+            len,
+            val,
+            idx: 0,
+            n: 0,
+        }
+    }
 
     /// The object handle this entry owns, if any.
     pub fn handle(&self) -> Option<Handle> {
         match self.kind {
-            Kind::Huge | Kind::Compressed => Some(self.val),
+            Kind::Huge | Kind::Compressed | Kind::Packed => Some(self.val),
             Kind::Empty | Kind::Same => None,
         }
     }
@@ -68,8 +90,12 @@ impl Entry {
             Kind::Same => 1,
             Kind::Huge => 2,
             Kind::Compressed => 3,
+            Kind::Packed => 4,
         };
-        (k << KIND_SHIFT) | (self.len as u64 & LEN_MASK)
+        (k << KIND_SHIFT)
+            | (self.len as u64 & LEN_MASK)
+            | ((self.idx as u64 & 0x3f) << IDX_SHIFT)
+            | ((self.n as u64 & 0x7f) << N_SHIFT)
     }
 
     fn decode(meta: u64, val: u64) -> Entry {
@@ -77,12 +103,15 @@ impl Entry {
             1 => Kind::Same,
             2 => Kind::Huge,
             3 => Kind::Compressed,
+            4 => Kind::Packed,
             _ => Kind::Empty,
         };
         Entry {
             kind,
             len: (meta & LEN_MASK) as u32,
             val,
+            idx: ((meta >> IDX_SHIFT) & 0x3f) as u8,
+            n: ((meta >> N_SHIFT) & 0x7f) as u8,
         }
     }
 }
@@ -158,20 +187,15 @@ mod tests {
         let s = Slot::default();
         for e in [
             Entry::EMPTY,
+            Entry::new(Kind::Same, 0, u64::MAX),
+            Entry::new(Kind::Huge, 4096, 77),
+            Entry::new(Kind::Compressed, (1 << 20) - 1, 1 << 62),
             Entry {
-                kind: Kind::Same,
-                len: 0,
-                val: u64::MAX,
-            },
-            Entry {
-                kind: Kind::Huge,
-                len: 4096,
-                val: 77,
-            },
-            Entry {
-                kind: Kind::Compressed,
-                len: (1 << 20) - 1,
-                val: 1 << 62,
+                kind: Kind::Packed,
+                len: 9000,
+                val: 5,
+                idx: 63,
+                n: 64,
             },
         ] {
             let mut g = s.lock();

@@ -52,9 +52,14 @@ pub enum Counter {
     AccelPages,
     /// Handles handed to deferred free (not necessarily freed yet).
     DeferredFrees,
+    /// Compressed bytes of packed objects held only by discarded or
+    /// overwritten pages (packed mode).
+    PackedDeadBytes,
+    /// Pages moved out of sparse packed groups by the compactor.
+    PackedPagesRewritten,
 }
 
-const NUM_COUNTERS: usize = Counter::DeferredFrees as usize + 1;
+const NUM_COUNTERS: usize = Counter::PackedPagesRewritten as usize + 1;
 
 /// The operations whose per-page latency is recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -249,6 +254,10 @@ pub struct Counters {
     pub accel_pages: u64,
     /// Handles handed to deferred free.
     pub deferred_frees: u64,
+    /// Compressed bytes of packed objects held only by dead pages.
+    pub packed_dead_bytes: u64,
+    /// Pages moved out of sparse packed groups by the compactor.
+    pub packed_pages_rewritten: u64,
 }
 
 /// Merges shards into counters and latency percentiles.
@@ -293,6 +302,8 @@ pub fn merge<'a>(shards: impl IntoIterator<Item = &'a StatsShard>) -> (Counters,
         sw_pages: g(Counter::SwPages),
         accel_pages: g(Counter::AccelPages),
         deferred_frees: g(Counter::DeferredFrees),
+        packed_dead_bytes: g(Counter::PackedDeadBytes),
+        packed_pages_rewritten: g(Counter::PackedPagesRewritten),
     };
     let lat = Latencies {
         write: Latency::from_buckets(&hist[Op::Write as usize]),

@@ -9,8 +9,9 @@ use crate::alloc::{Handle, HeapAllocator, ObjAllocator, Relocate};
 use crate::codec::Algo;
 use crate::ctx::{CtxState, QueueCtx};
 use crate::error::{Error, Result};
+use crate::packed::{self, PackHeader, PACK_HEADER};
 use crate::page::{fill_word, PAGE_SIZE, PAGE_SIZE_U64};
-use crate::slot::{Entry, Kind, Slot};
+use crate::slot::{Entry, Kind, Slot, SlotGuard};
 use crate::stats::{self, Counter, Counters, Latencies, Op, StatsShard};
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -28,6 +29,39 @@ pub const DEFAULT_GROUP_PAGES: usize = 8;
 /// Largest compression group.
 pub const MAX_GROUP_PAGES: usize = 64;
 
+/// How the pages of a compression group are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// Each page its own object: best for random swap-in.
+    #[default]
+    PerPage,
+    /// A group's pages compressed together as one object: better ratio and
+    /// faster writes, reads decompress the whole group.
+    Packed,
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        match s {
+            "per-page" => Ok(Mode::PerPage),
+            "packed" => Ok(Mode::Packed),
+            _ => Err(format!("unknown mode '{s}': expected per-page or packed")),
+        }
+    }
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Mode::PerPage => "per-page",
+            Mode::Packed => "packed",
+        })
+    }
+}
+
 /// How a store is built.
 #[derive(Debug, Clone)]
 pub struct StoreConfig {
@@ -37,6 +71,8 @@ pub struct StoreConfig {
     pub algo: Algo,
     /// Pages per compression group (1 disables grouping).
     pub group_pages: usize,
+    /// Per-page or packed objects.
+    pub mode: Mode,
     /// Compressed size at or above which a page is stored raw.
     pub huge_threshold: usize,
     /// Memory limit in bytes (0: none).
@@ -50,6 +86,7 @@ impl StoreConfig {
             size,
             algo: Algo::Lz4,
             group_pages: DEFAULT_GROUP_PAGES,
+            mode: Mode::PerPage,
             huge_threshold: DEFAULT_HUGE_THRESHOLD,
             mem_limit: 0,
         }
@@ -93,6 +130,8 @@ pub struct StoreStats {
     pub algorithm: String,
     /// Pages per compression group.
     pub group_pages: usize,
+    /// Per-page or packed objects.
+    pub mode: Mode,
     /// Counters summed over all queues.
     #[serde(flatten)]
     pub counters: Counters,
@@ -121,6 +160,16 @@ pub struct Store {
     alloc: Box<dyn ObjAllocator>,
     shards: Mutex<Vec<Arc<StatsShard>>>,
     pages_compacted: AtomicU64,
+    /// The compactor's own thread state (codec, shard, free batch).
+    compactor: Mutex<Option<CtxState>>,
+}
+
+/// What leaving a slot gave back: the old entry, its position in its packed
+/// blob, and whether its object is now unreferenced and must be freed.
+pub(crate) struct Released {
+    old: Entry,
+    pos: usize,
+    free: bool,
 }
 
 impl Store {
@@ -139,19 +188,23 @@ impl Store {
             alloc,
             shards: Mutex::new(Vec::new()),
             pages_compacted: AtomicU64::new(0),
+            compactor: Mutex::new(None),
             cfg,
         }))
     }
 
     /// Creates a per-thread context (one per queue).
     pub fn new_ctx(self: &Arc<Self>) -> QueueCtx {
-        let shard = Arc::new(StatsShard::default());
-        let id = {
-            let mut shards = self.shards.lock().unwrap_or_else(|e| e.into_inner());
-            shards.push(shard.clone());
-            shards.len() - 1
-        };
+        let (id, shard) = self.new_shard();
         QueueCtx::new(self.clone(), id, shard)
+    }
+
+    /// Registers a statistics shard; returns its index and the shard.
+    fn new_shard(&self) -> (usize, Arc<StatsShard>) {
+        let shard = Arc::new(StatsShard::default());
+        let mut shards = self.shards.lock().unwrap_or_else(|e| e.into_inner());
+        shards.push(shard.clone());
+        (shards.len() - 1, shard)
     }
 
     /// The configuration the store was built with.
@@ -174,8 +227,18 @@ impl Store {
         self.alloc.set_mem_limit(bytes);
     }
 
-    /// Runs compaction now; returns the pages it gave back.
+    /// Runs compaction now: rewrites sparse packed groups, then lets the
+    /// allocator move objects. Returns the 4 KB pages given back.
     pub fn compact(&self) -> u64 {
+        if self.cfg.mode == Mode::Packed {
+            let mut guard = self.compactor.lock().unwrap_or_else(|e| e.into_inner());
+            let st = guard.get_or_insert_with(|| {
+                let (id, shard) = self.new_shard();
+                CtxState::new(&self.cfg, id, shard)
+            });
+            crate::group::rewrite_sparse_groups(self, st);
+            st.free.flush(&*self.alloc);
+        }
         let n = self.alloc.compact(self);
         self.pages_compacted.fetch_add(n, Relaxed);
         n
@@ -194,6 +257,7 @@ impl Store {
             disksize: self.cfg.size,
             algorithm: self.cfg.algo.to_string(),
             group_pages: self.cfg.group_pages,
+            mode: self.cfg.mode,
             counters,
             mem_used_total: self.alloc.mem_used_total(),
             mem_used_max: self.alloc.mem_used_max(),
@@ -208,6 +272,11 @@ impl Store {
 
     pub(crate) fn slot(&self, page: u64) -> &Slot {
         &self.slots[page as usize]
+    }
+
+    /// Pages of device.
+    pub(crate) fn pages(&self) -> u64 {
+        self.slots.len() as u64
     }
 
     /// Checks a byte range and returns its first page and page count.
@@ -270,27 +339,70 @@ impl Store {
     /// Reads one page under its slot's lock, so it sees one whole version.
     fn read_page(&self, st: &mut CtxState, page: u64, out: &mut [u8]) -> Result<()> {
         let guard = self.slot(page).lock();
-        let e = guard.entry();
-        match e.kind {
-            Kind::Empty => out.fill(0),
-            Kind::Same => fill_word(out, e.val),
+        self.read_entry(st, page, &guard.entry(), out)
+    }
+
+    /// Produces the page `e` stores. The caller holds the slot's lock.
+    pub(crate) fn read_entry(
+        &self,
+        st: &mut CtxState,
+        page: u64,
+        e: &Entry,
+        out: &mut [u8],
+    ) -> Result<()> {
+        let r = match e.kind {
+            Kind::Empty => {
+                out.fill(0);
+                Ok(())
+            }
+            Kind::Same => {
+                fill_word(out, e.val);
+                Ok(())
+            }
             Kind::Huge => {
                 // SAFETY: the slot lock keeps the object from being freed or moved.
                 out.copy_from_slice(unsafe { self.alloc.object(e.val, PAGE_SIZE) });
+                Ok(())
             }
             Kind::Compressed => {
                 // SAFETY: as above.
                 let obj = unsafe { self.alloc.object(e.val, e.len as usize) };
-                if let Err(err) = st.codec.decompress(obj, out) {
-                    // Never hand out a partly decoded page.
-                    out.fill(0);
-                    return Err(Error::Corrupt {
-                        page,
-                        detail: err.to_string(),
-                    });
-                }
+                st.codec.decompress(obj, out).map_err(|err| err.to_string())
             }
+            Kind::Packed => self.read_packed(st, e, out),
+        };
+        r.map_err(|detail| {
+            // Never hand out a partly decoded page.
+            out.fill(0);
+            Error::Corrupt { page, detail }
+        })
+    }
+
+    /// Serves a packed page from the thread's cache of the last group it
+    /// decompressed, or decompresses the group into that cache.
+    fn read_packed(
+        &self,
+        st: &mut CtxState,
+        e: &Entry,
+        out: &mut [u8],
+    ) -> std::result::Result<(), String> {
+        // SAFETY: the caller holds the slot lock, so the object stays alive.
+        let obj = unsafe { self.alloc.object(e.val, PACK_HEADER + e.len as usize) };
+        let hdr = PackHeader::read(obj);
+        let pos = hdr.position(e.idx);
+        if hdr.orig.count_ones() != e.n as u32 || pos >= e.n as usize {
+            return Err("packed group header does not match its slot".into());
         }
+        if let Some(p) = st.pack_cache.get(hdr.id, pos) {
+            out.copy_from_slice(p);
+            return Ok(());
+        }
+        let buf = st.pack_cache.buffer(e.n as usize);
+        st.codec
+            .decompress(&obj[PACK_HEADER..], buf)
+            .map_err(|err| err.to_string())?;
+        out.copy_from_slice(&buf[pos * PAGE_SIZE..(pos + 1) * PAGE_SIZE]);
+        st.pack_cache.set(hdr.id);
         Ok(())
     }
 
@@ -299,8 +411,8 @@ impl Store {
         let t0 = Instant::now();
         let (first, pages) = self.check_range(st, offset, len)?;
         for page in first..first + pages as u64 {
-            let old = self.slot(page).lock().replace(Entry::EMPTY);
-            self.release(st, old);
+            let r = self.swap_slot(page, Entry::EMPTY);
+            self.release(st, r);
         }
         st.shard.add(Counter::NotifyFree, pages as i64);
         st.shard.add(Counter::NumDiscards, 1);
@@ -314,38 +426,94 @@ impl Store {
         self.discard(st, offset, len)
     }
 
-    /// Accounts for an entry leaving a slot and hands its object to the
-    /// queue's free batch.
-    pub(crate) fn release(&self, st: &mut CtxState, old: Entry) {
-        account(&st.shard, &old, -1);
-        if let Some(h) = old.handle() {
-            st.free.push(h, &*self.alloc);
+    /// Puts `new` into the slot of `page` and takes out what it held. A
+    /// packed page's live bit is cleared under the slot lock, so that the
+    /// object cannot move or be freed in between.
+    pub(crate) fn swap_slot(&self, page: u64, new: Entry) -> Released {
+        let mut guard = self.slot(page).lock();
+        self.take_locked(&mut guard, new)
+    }
+
+    /// As [`Store::swap_slot`] with the slot already locked.
+    pub(crate) fn take_locked(&self, guard: &mut SlotGuard<'_>, new: Entry) -> Released {
+        let old = guard.replace(new);
+        match old.kind {
+            Kind::Packed => {
+                // SAFETY: the slot referenced the object until now and we
+                // hold its lock: the object is alive and was checked aligned.
+                let (pos, free) = unsafe {
+                    let hdr = PackHeader::read(self.alloc.object(old.val, PACK_HEADER));
+                    (
+                        hdr.position(old.idx),
+                        packed::clear_live(&*self.alloc, old.val, old.idx),
+                    )
+                };
+                Released { old, pos, free }
+            }
+            _ => Released {
+                old,
+                pos: 0,
+                free: old.handle().is_some(),
+            },
+        }
+    }
+
+    /// Accounts for an entry that left its slot and hands its object, once
+    /// unreferenced, to the queue's free batch.
+    pub(crate) fn release(&self, st: &mut CtxState, r: Released) {
+        let old = &r.old;
+        account(&st.shard, old, r.pos, -1);
+        if old.kind == Kind::Packed {
+            let mine = packed::share(old.len, old.n, r.pos);
+            // Dead bytes: this page's share while the object lives on; the
+            // shares of the pages that died before, once it is freed.
+            let dead = if r.free {
+                -(old.len as i64 - mine)
+            } else {
+                mine
+            };
+            st.shard.add(Counter::PackedDeadBytes, dead);
+        }
+        if r.free {
+            if let Some(h) = old.handle() {
+                st.free.push(h, &*self.alloc);
+            }
         }
     }
 }
 
 impl Relocate for Store {
+    /// Locks every slot that may reference the object (the owner alone, or
+    /// in packed mode the owner's whole group, in ascending order, the one
+    /// order in which anyone holds more than one slot lock) and points those
+    /// that do at the new copy.
     fn relocate(&self, owner: u64, old: Handle, mv: &mut dyn FnMut() -> Option<Handle>) -> bool {
-        let Some(slot) = self.slots.get(owner as usize) else {
+        let span = match self.cfg.mode {
+            Mode::PerPage => 1,
+            Mode::Packed => self.cfg.group_pages as u64,
+        };
+        let end = owner.saturating_add(span).min(self.pages());
+        let mut guards: Vec<SlotGuard<'_>> = (owner..end).map(|p| self.slot(p).lock()).collect();
+        let holders: Vec<usize> = (0..guards.len())
+            .filter(|&i| guards[i].entry().handle() == Some(old))
+            .collect();
+        if holders.is_empty() {
+            return false;
+        }
+        let Some(new) = mv() else {
             return false;
         };
-        let mut guard = slot.lock();
-        let e = guard.entry();
-        if e.handle() != Some(old) {
-            return false;
+        for i in holders {
+            let e = guards[i].entry();
+            guards[i].replace(Entry { val: new, ..e });
         }
-        match mv() {
-            Some(new) => {
-                guard.replace(Entry { val: new, ..e });
-                true
-            }
-            None => false,
-        }
+        true
     }
 }
 
-/// Adds (`sign` 1) or removes (`sign` -1) an entry's share of the gauges.
-pub(crate) fn account(shard: &StatsShard, e: &Entry, sign: i64) {
+/// Adds (`sign` 1) or removes (`sign` -1) an entry's share of the gauges;
+/// `pos` is a packed page's position in its blob.
+pub(crate) fn account(shard: &StatsShard, e: &Entry, pos: usize, sign: i64) {
     match e.kind {
         Kind::Empty => return,
         Kind::Same => shard.add(Counter::SamePages, sign),
@@ -357,6 +525,13 @@ pub(crate) fn account(shard: &StatsShard, e: &Entry, sign: i64) {
         Kind::Compressed => {
             shard.add(Counter::OrigDataSize, sign * PAGE_SIZE as i64);
             shard.add(Counter::ComprDataSize, sign * e.len as i64);
+        }
+        Kind::Packed => {
+            shard.add(Counter::OrigDataSize, sign * PAGE_SIZE as i64);
+            shard.add(
+                Counter::ComprDataSize,
+                sign * packed::share(e.len, e.n, pos),
+            );
         }
     }
     shard.add(Counter::StoredPages, sign);
@@ -390,5 +565,10 @@ fn new_slot_table(pages: usize) -> Result<Box<[Slot]>> {
 #[doc(hidden)]
 pub fn debug_handle(store: &Store, page: u64) -> Option<(Handle, u32)> {
     let e = store.slots.get(page as usize)?.lock().entry();
-    e.handle().map(|h| (h, e.len))
+    let header = if e.kind == Kind::Packed {
+        PACK_HEADER as u32
+    } else {
+        0
+    };
+    e.handle().map(|h| (h, e.len + header))
 }

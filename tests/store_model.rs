@@ -5,7 +5,7 @@ mod common;
 
 use common::{page, real_pages, Content};
 use proptest::prelude::*;
-use zblk::{Algo, Error, Store, StoreConfig, PAGE_SIZE};
+use zblk::{Algo, Error, Mode, Store, StoreConfig, PAGE_SIZE};
 
 const PAGES: u64 = 48;
 
@@ -36,6 +36,8 @@ enum Op {
         page: u64,
         n: u64,
     },
+    /// Compaction (and, packed, rewriting sparse groups): content unchanged.
+    Compact,
 }
 
 fn content() -> impl Strategy<Value = Content> {
@@ -58,13 +60,15 @@ fn op() -> impl Strategy<Value = Op> {
         1 => range.prop_map(|(page, n)| Op::WriteZeroes { page, n }),
         1 => (1u64..PAGES * 8).prop_filter("not page aligned", |s| s % 8 != 0).prop_map(|sector| Op::Misaligned { sector }),
         1 => (0..PAGES).prop_map(|page| Op::OutOfRange { page, n: PAGES - page + 1 }),
+        1 => Just(Op::Compact),
     ]
 }
 
-fn config() -> impl Strategy<Value = (Algo, usize)> {
+fn config() -> impl Strategy<Value = (Algo, usize, Mode)> {
     (
         prop_oneof![Just(Algo::Lz4), Just(Algo::Zstd(1)), Just(Algo::Deflate(1))],
         prop_oneof![Just(1usize), Just(3), Just(8)],
+        prop_oneof![Just(Mode::PerPage), Just(Mode::Packed)],
     )
 }
 
@@ -72,11 +76,12 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
     #[test]
-    fn store_matches_model((algo, group) in config(), ops in prop::collection::vec(op(), 1..60)) {
+    fn store_matches_model((algo, group, mode) in config(), ops in prop::collection::vec(op(), 1..60)) {
         let real = real_pages();
         let mut cfg = StoreConfig::new(PAGES * PAGE_SIZE as u64);
         cfg.algo = algo;
         cfg.group_pages = group;
+        cfg.mode = mode;
         let store = Store::new(cfg).unwrap();
         let mut ctx = store.new_ctx();
         let mut model: Vec<Option<Vec<u8>>> = vec![None; PAGES as usize];
@@ -121,6 +126,9 @@ proptest! {
                     prop_assert!(matches!(e, Error::OutOfRange { .. }), "{e:?}");
                     prop_assert!(ctx.discard(off(p), n * PAGE_SIZE as u64).is_err());
                 }
+                Op::Compact => {
+                    store.compact();
+                }
             }
             check_counters(&store, &model)?;
         }
@@ -145,5 +153,8 @@ fn check_counters(store: &Store, model: &[Option<Vec<u8>>]) -> Result<(), TestCa
     );
     prop_assert!(s.counters.compr_data_size <= s.counters.orig_data_size);
     prop_assert!(s.counters.huge_pages <= stored - same);
+    if s.mode == Mode::PerPage {
+        prop_assert_eq!(s.counters.packed_dead_bytes, 0);
+    }
     Ok(())
 }

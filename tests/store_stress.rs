@@ -11,7 +11,7 @@ use common::Rng;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use zblk::{Algo, Store, StoreConfig, PAGE_SIZE};
+use zblk::{Algo, Mode, Store, StoreConfig, PAGE_SIZE};
 
 const PAGES: u64 = 64;
 
@@ -57,10 +57,11 @@ fn legal(page: u64, got: &[u8]) -> bool {
     p == page && w >= 1 && got == version(p, w, s).as_slice()
 }
 
-fn stress(algo: Algo, group: usize, threads: u64, secs: u64) {
+fn stress(algo: Algo, group: usize, mode: Mode, threads: u64, secs: u64) {
     let mut cfg = StoreConfig::new(PAGES * PAGE_SIZE as u64);
     cfg.algo = algo;
     cfg.group_pages = group;
+    cfg.mode = mode;
     let store = Store::new(cfg).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let reads = Arc::new(AtomicU64::new(0));
@@ -107,7 +108,9 @@ fn stress(algo: Algo, group: usize, threads: u64, secs: u64) {
         .collect();
     let t0 = Instant::now();
     while t0.elapsed() < Duration::from_secs(secs) {
-        std::thread::sleep(Duration::from_millis(50));
+        // The compactor runs against the I/O all along.
+        store.compact();
+        std::thread::sleep(Duration::from_millis(5));
     }
     stop.store(true, Ordering::Relaxed);
     for h in handles {
@@ -138,10 +141,15 @@ fn stress(algo: Algo, group: usize, threads: u64, secs: u64) {
 
 #[test]
 fn stress_lz4_grouped() {
-    stress(Algo::Lz4, 8, 4, 3);
+    stress(Algo::Lz4, 8, Mode::PerPage, 4, 3);
 }
 
 #[test]
 fn stress_zstd_per_page() {
-    stress(Algo::Zstd(1), 1, 3, 2);
+    stress(Algo::Zstd(1), 1, Mode::PerPage, 3, 2);
+}
+
+#[test]
+fn stress_packed_with_compactor() {
+    stress(Algo::Zstd(1), 8, Mode::Packed, 4, 3);
 }

@@ -101,7 +101,7 @@ impl Algo {
             Algo::Lz4 => Box::new(Lz4Codec::new()),
             Algo::Zstd(level) => Box::new(ZstdCodec::new(level)),
             Algo::Deflate(level) => Box::new(DeflateCodec::new(level, *self)),
-            Algo::DeflateIaa => Box::new(DeflateCodec::new(DEFLATE_DEFAULT_LEVEL, *self)),
+            Algo::DeflateIaa => Box::new(crate::accel::IaaCodec::new()),
         }
     }
 }

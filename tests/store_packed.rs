@@ -1,0 +1,96 @@
+//! Packed mode: ratio, dead pages, and the compactor's rewrite of sparse
+//! groups.
+
+mod common;
+
+use common::real_pages;
+use zblk::{Algo, Mode, Store, StoreConfig, PAGE_SIZE};
+
+const P: u64 = PAGE_SIZE as u64;
+
+fn store(mode: Mode, pages: usize) -> std::sync::Arc<Store> {
+    let mut cfg = StoreConfig::new(pages as u64 * P);
+    cfg.algo = Algo::Zstd(1);
+    cfg.mode = mode;
+    Store::new(cfg).unwrap()
+}
+
+#[test]
+fn packed_compresses_real_memory_better_than_per_page() {
+    let real = real_pages();
+    let pages = real.len() / PAGE_SIZE;
+    let mut ratio = Vec::new();
+    for mode in [Mode::PerPage, Mode::Packed] {
+        let s = store(mode, pages);
+        let mut ctx = s.new_ctx();
+        ctx.write(0, &real).unwrap();
+        let mut back = vec![0u8; real.len()];
+        ctx.read(0, &mut back).unwrap();
+        assert!(back == real, "{mode} round trip");
+        let st = s.stats();
+        ratio.push(st.counters.orig_data_size as f64 / st.counters.compr_data_size as f64);
+    }
+    assert!(
+        ratio[1] > ratio[0],
+        "packed {} vs per-page {}",
+        ratio[1],
+        ratio[0]
+    );
+}
+
+#[test]
+fn discarded_pages_are_dead_bytes_until_the_group_is_rewritten() {
+    let real = real_pages();
+    let s = store(Mode::Packed, 64);
+    let mut ctx = s.new_ctx();
+    // Pages 64..72 of the fixture: a group of compressible real memory.
+    let group = &real[64 * PAGE_SIZE..72 * PAGE_SIZE];
+    ctx.write(0, group).unwrap();
+    let full = s.stats();
+    assert_eq!(full.counters.huge_pages, 0, "the group packed");
+    assert_eq!(full.counters.packed_dead_bytes, 0);
+    // Discard 6 of the 8 pages: the object stays for the 2 live ones.
+    ctx.discard(0, 6 * P).unwrap();
+    let st = s.stats();
+    assert!(st.counters.packed_dead_bytes > 0);
+    assert_eq!(
+        st.counters.packed_dead_bytes + st.counters.compr_data_size,
+        full.counters.compr_data_size,
+        "every byte is either live or dead"
+    );
+    let held = st.mem_used_total;
+    assert_eq!(held, full.mem_used_total, "discard alone frees nothing");
+    // The compactor moves the two live pages out; the object is freed.
+    s.compact();
+    drop(ctx);
+    let st = s.stats();
+    assert_eq!(st.counters.packed_dead_bytes, 0);
+    assert_eq!(st.counters.packed_pages_rewritten, 2);
+    assert!(st.mem_used_total < held, "{} < {held}", st.mem_used_total);
+    let mut ctx = s.new_ctx();
+    let mut back = vec![0u8; 2 * PAGE_SIZE];
+    ctx.read(6 * P, &mut back).unwrap();
+    assert!(back == group[6 * PAGE_SIZE..], "rewritten pages read back");
+    ctx.discard(0, 64 * P).unwrap();
+    drop(ctx);
+    assert_eq!(s.stats().mem_used_total, 0);
+}
+
+#[test]
+fn corrupt_packed_object_fails_every_page_of_the_group() {
+    let real = real_pages();
+    let s = store(Mode::Packed, 16);
+    let mut ctx = s.new_ctx();
+    ctx.write(0, &real[..8 * PAGE_SIZE]).unwrap();
+    let (h, len) = zblk::store::debug_handle(&s, 3).expect("packed page");
+    let obj = unsafe { s.allocator().object(h, len as usize) };
+    obj[40..].fill(0x5a);
+    let mut buf = vec![0u8; PAGE_SIZE];
+    for p in 0..8 {
+        let e = ctx.read(p * P, &mut buf);
+        if zblk::page::same_filled(&real[p as usize * PAGE_SIZE..][..PAGE_SIZE]).is_none() {
+            assert_eq!(e.unwrap_err().errno(), -libc::EIO, "page {p}");
+            assert_eq!(buf, vec![0; PAGE_SIZE]);
+        }
+    }
+}
