@@ -83,6 +83,8 @@ pub struct DeviceInfo {
     pub algorithm: String,
     /// Pages per compression group.
     pub group_pages: usize,
+    /// How groups are stored: `per-page` or `packed`.
+    pub mode: String,
     /// Memory limit in bytes at creation (0: none).
     pub mem_limit: u64,
     /// Number of ublk queues (one thread and engine context each).

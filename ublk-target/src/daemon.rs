@@ -17,12 +17,13 @@ use crate::{params, paths, safety, swap};
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
 use libublk::io::{UblkDev, UblkIOCtx, UblkQueue};
 use libublk::{BufDesc, BufDescList, UblkFlags, UblkIORes};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use zblk::store::Mode;
 use zblk::{Algo, QueueCtx, Store, StoreConfig};
 
 /// How a device is created.
@@ -36,6 +37,8 @@ pub struct DaemonConfig {
     pub algo: Algo,
     /// Pages per compression group.
     pub group_pages: usize,
+    /// Per-page or packed group objects.
+    pub mode: Mode,
     /// Memory limit in bytes (0: none).
     pub mem_limit: u64,
     /// Number of queues (one thread each).
@@ -73,6 +76,8 @@ struct QueueShared {
     done: AtomicU64,
     /// Handles batched in the queue's context at that moment.
     pending: AtomicU64,
+    /// Where the queue's ring reads the eventfd counter to (never read).
+    kick_buf: AtomicU64,
 }
 
 /// State shared by all threads of one daemon.
@@ -202,6 +207,7 @@ fn serve(cfg: &DaemonConfig, ready: &ReadyOnce) -> Result<(), String> {
         size: cfg.size,
         algorithm: cfg.algo.to_string(),
         group_pages: cfg.group_pages,
+        mode: cfg.mode.to_string(),
         mem_limit: cfg.mem_limit,
         queues: cfg.queues,
         depth: cfg.depth,
@@ -250,6 +256,28 @@ fn serve(cfg: &DaemonConfig, ready: &ReadyOnce) -> Result<(), String> {
     }
 }
 
+/// Deletes device `id` whose daemon is gone (it left its socket behind:
+/// killed, or crashed). Only for ids that have a zblk socket, so that a
+/// device served by another ublk program is never touched.
+pub fn delete_orphan(id: u32) -> Result<(), String> {
+    let sock = paths::socket_path(id);
+    if !sock.exists() {
+        return Err(format!("device {id} has no zblk socket: not deleting it"));
+    }
+    let Ok(sid) = i32::try_from(id) else {
+        return Err(format!("device id {id} is out of range"));
+    };
+    if paths::cdev_path(id).exists() {
+        let ctrl =
+            UblkCtrl::new_simple(sid).map_err(|e| format!("device {id}: {}", ublk_error(&e)))?;
+        // Stopping may fail when the driver already stopped it.
+        let _ = ctrl.kill_dev();
+        ctrl.del_dev()
+            .map_err(|e| format!("cannot delete device {id}: {}", ublk_error(&e)))?;
+    }
+    std::fs::remove_file(&sock).map_err(|e| format!("cannot remove {}: {e}", sock.display()))
+}
+
 /// A libublk error in words.
 fn ublk_error(e: &libublk::UblkError) -> String {
     match e {
@@ -272,6 +300,7 @@ fn new_shared(cfg: &DaemonConfig) -> Result<Shared, String> {
         size: cfg.size,
         algo: cfg.algo,
         group_pages: cfg.group_pages,
+        mode: cfg.mode,
         mem_limit: cfg.mem_limit,
         ..StoreConfig::new(cfg.size)
     })
@@ -290,6 +319,7 @@ fn new_shared(cfg: &DaemonConfig) -> Result<Shared, String> {
             kick: unsafe { OwnedFd::from_raw_fd(fd) },
             done: AtomicU64::new(0),
             pending: AtomicU64::new(0),
+            kick_buf: AtomicU64::new(0),
         });
         // Created in queue order so that stats list queue i as context i.
         ctxs.push(Some(store.new_ctx()));
@@ -381,16 +411,14 @@ fn serve_queue(shared: &Shared, qs: &QueueShared, mut ctx: QueueCtx, qid: u16, d
             return;
         }
     };
-    let mut tick_buf = [0u8; 8];
-    let kick_fd = qs.kick.as_raw_fd();
-    submit_tick_read(&q, kick_fd, &mut tick_buf);
+    submit_tick_read(&q, qs);
     let mut rl = RateLimit::default();
     q.wait_and_handle_io(|q, tag, io| {
         if io.is_tgt_io() {
             if UblkIOCtx::user_data_to_op(io.user_data()) == TICK_OP {
                 on_tick(shared, qs, &mut ctx);
                 if io.result() >= 0 && !q.is_stopping() {
-                    submit_tick_read(q, kick_fd, &mut tick_buf);
+                    submit_tick_read(q, qs);
                 }
             }
             return;
@@ -427,8 +455,13 @@ fn on_tick(shared: &Shared, qs: &QueueShared, ctx: &mut QueueCtx) {
 }
 
 /// Queues a read of the kick eventfd on this thread's ring.
-fn submit_tick_read(q: &UblkQueue, fd: RawFd, buf: &mut [u8; 8]) {
-    let sqe = io_uring::opcode::Read::new(io_uring::types::Fd(fd), buf.as_mut_ptr(), 8)
+fn submit_tick_read(q: &UblkQueue, qs: &QueueShared) {
+    // The kernel writes the counter into `kick_buf`, which lives in the
+    // shared state: a read still pending when the queue thread ends never
+    // lands on a dead stack frame.
+    let buf = qs.kick_buf.as_ptr().cast::<u8>();
+    let fd = io_uring::types::Fd(qs.kick.as_raw_fd());
+    let sqe = io_uring::opcode::Read::new(fd, buf, 8)
         .build()
         .user_data(UblkIOCtx::build_user_data(0, TICK_OP, 0, true));
     if let Err(e) = q.ublk_submit_sqe_sync(sqe) {
@@ -611,6 +644,7 @@ mod tests {
             size: 256 * PAGE_SIZE as u64,
             algo: Algo::Lz4,
             group_pages: 8,
+            mode: Mode::PerPage,
             mem_limit: 0,
             queues,
             depth: 4,
@@ -627,6 +661,7 @@ mod tests {
             size: 256 * PAGE_SIZE as u64,
             algorithm: "lz4".into(),
             group_pages: 8,
+            mode: "per-page".into(),
             mem_limit: 0,
             queues: 2,
             depth: 4,
@@ -726,6 +761,12 @@ mod tests {
         // Not swap (the node does not even exist): shutdown is accepted.
         let (r, stop) = ask(&shared, Request::Shutdown { force: false });
         assert!(r.ok && stop);
+    }
+
+    #[test]
+    fn orphans_need_a_zblk_socket() {
+        let e = delete_orphan(1_000_000).unwrap_err();
+        assert!(e.contains("has no zblk socket"), "{e}");
     }
 
     #[test]

@@ -280,6 +280,30 @@ mod tests {
     }
 
     #[test]
+    fn packed_mode_serves_the_same_requests() {
+        let mut cfg = StoreConfig::new(DEV);
+        cfg.mode = zblk::Mode::Packed;
+        let s = Store::new(cfg).unwrap();
+        let mut ctx = s.new_ctx();
+        let mut buf: Vec<u8> = (0..8u8).flat_map(page).collect();
+        let w = iod(OP_WRITE, 8 * u64::from(SPP), 8 * SPP);
+        assert_eq!(dispatch(&mut ctx, &w, &mut buf), Ok(8 * PAGE_SIZE as i32));
+        let d = iod(OP_DISCARD, 10 * u64::from(SPP), SPP);
+        assert_eq!(dispatch(&mut ctx, &d, &mut []), Ok(0));
+        let mut rbuf = vec![0x77u8; 8 * PAGE_SIZE];
+        let r = iod(OP_READ, 8 * u64::from(SPP), 8 * SPP);
+        assert_eq!(dispatch(&mut ctx, &r, &mut rbuf), Ok(8 * PAGE_SIZE as i32));
+        for (i, got) in rbuf.chunks(PAGE_SIZE).enumerate() {
+            let want = if i == 2 {
+                vec![0u8; PAGE_SIZE]
+            } else {
+                page(i as u8)
+            };
+            assert_eq!(got, &want[..], "page {i}");
+        }
+    }
+
+    #[test]
     fn flags_above_the_op_byte_are_ignored() {
         let s = store();
         let mut ctx = s.new_ctx();

@@ -40,11 +40,15 @@ pub fn ensure_run_dir() -> std::io::Result<()> {
     }
 }
 
-/// Ids of the devices that have a control socket, in order.
-pub fn device_ids() -> Vec<u32> {
-    let mut ids: Vec<u32> = std::fs::read_dir(RUN_DIR)
-        .into_iter()
-        .flatten()
+/// Ids of the devices that have a control socket, in order (none when
+/// [`RUN_DIR`] does not exist).
+pub fn device_ids() -> std::io::Result<Vec<u32>> {
+    let dir = match std::fs::read_dir(RUN_DIR) {
+        Ok(d) => d,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let mut ids: Vec<u32> = dir
         .flatten()
         .filter_map(|e| {
             let name = e.file_name().into_string().ok()?;
@@ -52,5 +56,5 @@ pub fn device_ids() -> Vec<u32> {
         })
         .collect();
     ids.sort_unstable();
-    ids
+    Ok(ids)
 }

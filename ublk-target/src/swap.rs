@@ -26,9 +26,79 @@ pub fn is_active_swap(dev: &Path) -> bool {
     })
 }
 
+/// `SWAP_FLAG_PREFER` (include/uapi/linux/swap.h): the priority is given.
+const SWAP_FLAG_PREFER: libc::c_int = 0x8000;
+/// `SWAP_FLAG_PRIO_MASK`.
+const SWAP_FLAG_PRIO_MASK: libc::c_int = 0x7fff;
+/// `SWAP_FLAG_DISCARD`: discard at swapon and as slots are freed (what
+/// `swapon --discard` asks for; the only way a ublk device learns that a
+/// swap slot is free).
+const SWAP_FLAG_DISCARD: libc::c_int = 0x10000;
+
+/// The swapon(2) flags for discard and `priority` (-1: the kernel's
+/// default, decreasing priority).
+pub fn swapon_flags(priority: i32) -> libc::c_int {
+    let mut flags = SWAP_FLAG_DISCARD;
+    if priority >= 0 {
+        flags |= SWAP_FLAG_PREFER | (priority & SWAP_FLAG_PRIO_MASK);
+    }
+    flags
+}
+
+fn c_path(dev: &Path) -> Result<std::ffi::CString, String> {
+    use std::os::unix::ffi::OsStrExt;
+    std::ffi::CString::new(dev.as_os_str().as_bytes())
+        .map_err(|_| format!("{} contains a NUL byte", dev.display()))
+}
+
+/// Enables swap on `dev` with discard, by the system call (the guest's
+/// busybox swapon knows neither `--discard` nor a priority).
+pub fn swap_on(dev: &Path, priority: i32) -> Result<(), String> {
+    let path = c_path(dev)?;
+    // SAFETY: a valid NUL-terminated path and integer flags.
+    if unsafe { libc::swapon(path.as_ptr(), swapon_flags(priority)) } != 0 {
+        return Err(format!(
+            "swapon {}: {}",
+            dev.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
+
+/// Disables swap on `dev` (the kernel first swaps every page back in).
+pub fn swap_off(dev: &Path) -> Result<(), String> {
+    let path = c_path(dev)?;
+    // SAFETY: a valid NUL-terminated path.
+    if unsafe { libc::swapoff(path.as_ptr()) } != 0 {
+        return Err(format!(
+            "swapoff {}: {}",
+            dev.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn swapon_flags_match_util_linux() {
+        // swapon --discard -p 100
+        assert_eq!(swapon_flags(100), 0x10000 | 0x8000 | 100);
+        assert_eq!(swapon_flags(0), 0x10000 | 0x8000);
+        assert_eq!(swapon_flags(32767), 0x10000 | 0x8000 | 0x7fff);
+        // No priority: discard only.
+        assert_eq!(swapon_flags(-1), 0x10000);
+    }
+
+    #[test]
+    fn swapoff_of_a_missing_device_is_an_error() {
+        let e = swap_off(Path::new("/dev/ublkb4095")).unwrap_err();
+        assert!(e.starts_with("swapoff /dev/ublkb4095: "), "{e}");
+    }
 
     #[test]
     fn parses_proc_swaps() {

@@ -56,6 +56,7 @@ fn config(d: &DeviceArgs, log_file: Option<PathBuf>) -> DaemonConfig {
         size: d.size,
         algo: d.algo,
         group_pages: usize::from(d.group_pages),
+        mode: d.mode,
         mem_limit: d.mem_limit,
         queues: d.queues.unwrap_or_else(default_queues),
         depth: d.depth,
@@ -86,14 +87,11 @@ fn foreground(a: AddArgs) -> CliResult {
     zblk_ublk::daemon::run(config(&a.dev, None), ready).map_err(CliError)
 }
 
-/// `mkswap` then `swapon --discard`, like zram-generator.
+/// `mkswap` then swapon with discard and priority, like zram-generator
+/// (by system call: busybox's swapon has neither `--discard` nor `-p`).
 fn make_swap(bdev: &Path, priority: i32) -> CliResult {
-    let dev = bdev.to_string_lossy();
-    sys::run_tool("mkswap", &[&dev])?;
-    sys::run_tool(
-        "swapon",
-        &["--discard", "--priority", &priority.to_string(), &dev],
-    )
+    sys::run_tool("mkswap", &[&bdev.to_string_lossy()])?;
+    zblk_ublk::swap::swap_on(bdev, priority).map_err(CliError)
 }
 
 /// The argument list that makes `zblk daemon` build the same device.
@@ -103,6 +101,7 @@ fn daemon_argv(d: &DeviceArgs) -> Vec<String> {
         format!("--size={}", d.size),
         format!("--algo={}", d.algo),
         format!("--group-pages={}", d.group_pages),
+        format!("--mode={}", d.mode),
         format!("--mem-limit={}", d.mem_limit),
         format!("--queues={}", d.queues.unwrap_or_else(default_queues)),
         format!("--depth={}", d.depth),
@@ -206,10 +205,8 @@ pub fn daemon(a: DaemonArgs) -> CliResult {
         drop(out);
         release_stdout();
     });
-    zblk_ublk::daemon::run(config(&a.dev, a.log_file), ready).map_err(|e| {
-        log::error!("{e}");
-        CliError(e)
-    })
+    // The error reaches the log through main's one-line report on stderr.
+    zblk_ublk::daemon::run(config(&a.dev, a.log_file), ready).map_err(CliError)
 }
 
 /// Points stdout at /dev/null, so that `add` (reading the other end) sees
@@ -249,6 +246,8 @@ mod tests {
             "3",
             "-d",
             "32",
+            "-m",
+            "packed",
             "-n",
             "9",
             "--io-buf",
@@ -283,6 +282,7 @@ mod tests {
             size: 1 << 30,
             algorithm: "lz4".into(),
             group_pages: 8,
+            mode: "packed".into(),
             mem_limit: 0,
             queues: 2,
             depth: 128,

@@ -3,6 +3,7 @@
 use super::size::{parse_disk_size, parse_size};
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
+use zblk::store::Mode;
 use zblk::Algo;
 
 /// zblk: compressed RAM block devices (like zram) served through ublk.
@@ -45,6 +46,10 @@ fn parse_algo(s: &str) -> Result<Algo, String> {
     s.parse()
 }
 
+fn parse_mode(s: &str) -> Result<Mode, String> {
+    s.parse()
+}
+
 /// How a device is made: shared by `add` and the daemon.
 #[derive(Debug, Clone, Args)]
 pub struct DeviceArgs {
@@ -57,6 +62,9 @@ pub struct DeviceArgs {
     /// Pages per compression group (1 disables grouping).
     #[arg(short, long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub group_pages: u16,
+    /// How a group is stored: per-page (one object per page) or packed.
+    #[arg(short, long, default_value = "per-page", value_parser = parse_mode)]
+    pub mode: Mode,
     /// Memory limit for stored data (0: none; suffixes K, M, G, T).
     #[arg(long, default_value = "0", value_parser = parse_size)]
     pub mem_limit: u64,
@@ -174,6 +182,9 @@ pub struct BenchArgs {
     /// Pages per compression group.
     #[arg(short, long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub group_pages: u16,
+    /// How a group is stored: per-page or packed.
+    #[arg(short, long, default_value = "per-page", value_parser = parse_mode)]
+    pub mode: Mode,
     /// Threads, each with its own engine context.
     #[arg(short, long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub threads: u16,
@@ -219,6 +230,7 @@ mod tests {
         assert_eq!(a.dev.queues, None);
         assert_eq!(a.dev.depth, 128);
         assert_eq!(a.dev.id, None);
+        assert_eq!(a.dev.mode, Mode::PerPage);
         assert_eq!(a.priority, 100);
         assert!(!a.swap && !a.foreground && !a.json);
     }
@@ -248,6 +260,8 @@ mod tests {
             "--json",
             "--io-buf",
             "512K",
+            "--mode",
+            "packed",
         ];
         let Cmd::Add(a) = parse(&args).unwrap().cmd else {
             panic!("not add")
@@ -261,6 +275,7 @@ mod tests {
             (Some(4), 64, Some(7))
         );
         assert_eq!(a.dev.io_buf, Some(512 << 10));
+        assert_eq!(a.dev.mode, Mode::Packed);
         assert!(a.swap && a.foreground && a.json);
         assert_eq!(a.priority, -1);
     }
@@ -287,6 +302,10 @@ mod tests {
             (
                 &["add", "--size", "1G", "--io-buf", "3000"],
                 "multiple of 4 KB",
+            ),
+            (
+                &["add", "--size", "1G", "--mode", "dense"],
+                "unknown mode 'dense'",
             ),
         ];
         for (args, want) in cases {

@@ -12,6 +12,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
         group_pages: usize::from(a.group_pages),
         threads: usize::from(a.threads),
         request_pages: usize::from(a.request_pages),
+        mode: a.mode,
     };
     let report = bench::run(&opts, &data).map_err(|e| CliError(format!("bench failed: {e}")))?;
     let v = serde_json::to_value(&report).map_err(|e| CliError(e.to_string()))?;

@@ -13,7 +13,7 @@ const DEL_WAIT: Duration = Duration::from_secs(30);
 pub fn del(a: DelArgs) -> CliResult {
     let ids = match a.id {
         Some(id) => vec![id],
-        None => paths::device_ids(),
+        None => super::device_ids()?,
     };
     let mut first_err = None;
     for id in ids {
@@ -46,15 +46,22 @@ fn del_one(id: u32, force: bool) -> CliResult {
                 bdev.display()
             )));
         }
-        sys::run_tool("swapoff", &[&bdev.to_string_lossy()])
-            .map_err(|e| CliError(format!("{e}; device {id} kept")))?;
+        swap::swap_off(&bdev).map_err(|e| CliError(format!("{e}; device {id} kept")))?;
     } else if !force && sys::is_busy(&bdev) {
         return Err(CliError(format!(
             "device {} is busy (mounted or held open; unmount it, or use --force)",
             bdev.display()
         )));
     }
-    control::request(id, &Request::Shutdown { force }, Duration::from_secs(10))?;
+    match control::request(id, &Request::Shutdown { force }, Duration::from_secs(10)) {
+        Ok(_) => {}
+        // A socket with nobody behind it: the daemon was killed. Delete
+        // the device it left.
+        Err(control::ClientError::NoDevice(_)) => {
+            return zblk_ublk::daemon::delete_orphan(id).map_err(CliError);
+        }
+        Err(e) => return Err(e.into()),
+    }
     if !sys::wait_for(DEL_WAIT, || !sock.exists()) {
         return Err(CliError(format!(
             "device {id} did not go away within {DEL_WAIT:?}"

@@ -93,6 +93,17 @@ pub fn run(cli: Cli) -> CliResult {
     }
 }
 
+/// The ids of every zblk device (from their control sockets).
+fn device_ids() -> Result<Vec<u32>, CliError> {
+    zblk_ublk::paths::device_ids().map_err(|e| match e.kind() {
+        std::io::ErrorKind::PermissionDenied => CliError(format!(
+            "permission denied reading {}: run as root",
+            zblk_ublk::paths::RUN_DIR
+        )),
+        _ => CliError(format!("cannot read {}: {e}", zblk_ublk::paths::RUN_DIR)),
+    })
+}
+
 /// Logs to stderr at `default` level unless `RUST_LOG` says otherwise.
 fn init_log(default: &str) {
     let env = env_logger::Env::default().default_filter_or(default);

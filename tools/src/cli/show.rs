@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 use std::path::Path;
 use std::time::Duration;
 use zblk_ublk::control::{self, DeviceInfo, Request};
-use zblk_ublk::{paths, swap};
+use zblk_ublk::swap;
 
 /// How long a stats request may take (the daemon waits for its queues).
 const STATS_TIMEOUT: Duration = Duration::from_secs(10);
@@ -128,10 +128,13 @@ fn list_row(e: &Value) -> Vec<String> {
 /// `zblk list`.
 pub fn list(a: ListArgs) -> CliResult {
     let mut entries = Vec::new();
-    for id in paths::device_ids() {
-        match fetch(id) {
+    for id in super::device_ids()? {
+        match control::request(id, &Request::Stats, STATS_TIMEOUT) {
             Ok(reply) => entries.push(list_entry(&reply)),
             // A socket with no daemon behind it: say so and go on.
+            Err(control::ClientError::NoDevice(_)) => {
+                eprintln!("zblk: device {id}: its daemon is gone (zblk del -n {id} removes it)")
+            }
             Err(e) => eprintln!("zblk: device {id}: {e}"),
         }
     }
@@ -153,6 +156,19 @@ const BYTE_FIELDS: [&str; 7] = [
     "mem_used_max",
     "mem_limit",
     "slot_table_bytes",
+];
+
+/// Counters that are levels, not events: a page written through one queue
+/// may be freed through another, so per queue they are net flows (clamped
+/// at 0), meaningful only summed. The per-queue table leaves them out; the
+/// JSON keeps them.
+const GAUGES: [&str; 6] = [
+    "orig_data_size",
+    "compr_data_size",
+    "same_pages",
+    "huge_pages",
+    "stored_pages",
+    "packed_dead_bytes",
 ];
 
 /// The text form of one device's statistics: every scalar field, derived
@@ -227,7 +243,12 @@ pub fn stat_text(reply: &Value) -> String {
     let keys: Vec<String> = queues
         .first()
         .and_then(Value::as_object)
-        .map(|o| o.keys().cloned().collect())
+        .map(|o| {
+            o.keys()
+                .filter(|k| !GAUGES.contains(&k.as_str()))
+                .cloned()
+                .collect()
+        })
         .unwrap_or_default();
     let rows: Vec<Vec<String>> = keys
         .iter()
@@ -247,7 +268,7 @@ pub fn stat(a: StatArgs) -> CliResult {
     loop {
         let ids = match a.id {
             Some(id) => vec![id],
-            None => paths::device_ids(),
+            None => super::device_ids()?,
         };
         let mut replies = Vec::new();
         for id in ids {
@@ -294,6 +315,7 @@ mod tests {
             size: 1 << 20,
             algorithm: "lz4".into(),
             group_pages: 8,
+            mode: "per-page".into(),
             mem_limit: 0,
             queues: 2,
             depth: 128,
@@ -339,7 +361,10 @@ mod tests {
         // Per queue: queue 0 wrote 2 pages, queue 1 wrote 1 and read 2.
         assert_eq!(row("pages_written"), ["pages_written", "2", "1"]);
         assert_eq!(row("pages_read"), ["pages_read", "0", "2"]);
-        assert_eq!(row("same_pages"), ["same_pages", "0", "1"]);
+        assert_eq!(row("num_reads"), ["num_reads", "0", "1"]);
+        // Gauges appear once, for the device, not per queue.
+        assert_eq!(row("same_pages"), ["same_pages", "1"]);
+        assert_eq!(row("stored_pages"), ["stored_pages", "3"]);
     }
 
     #[test]
