@@ -14,12 +14,42 @@ is_swap "$ZDEV" || fail "$ZDEV is not in /proc/swaps"
 refuse zblk del -n "$ZID"
 is_swap "$ZDEV" || fail "zblk del without --force took $ZDEV out of swap"
 [ -b "$ZDEV" ] || fail "zblk del without --force removed $ZDEV"
+# SIGTERM of the daemon of an active swap device is refused: it keeps serving.
+pid=$(zdaemon_pid "$ZID") || fail "no process holds /dev/ublkc$ZID"
+kill -TERM "$pid"
+sleep 2
+kill -0 "$pid" 2>/dev/null || fail "SIGTERM stopped the daemon of active swap $ZDEV"
+is_swap "$ZDEV" || fail "$ZDEV left swap after SIGTERM"
 must zblk del -n "$ZID" --force
 is_swap "$ZDEV" && fail "$ZDEV still swap after zblk del --force"
 i=0
 while [ -b "$ZDEV" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
 [ -b "$ZDEV" ] && fail "$ZDEV still exists after zblk del --force"
-ls /run/zblk 2>/dev/null | grep -q "$ZID" && log "note: /run/zblk still holds: $(ls /run/zblk)"
+[ -e "/run/zblk/$ZID.sock" ] && fail "/run/zblk/$ZID.sock left behind after zblk del --force"
+
+# A taken id is refused; SIGTERM stops an idle device cleanly.
+zadd --size 64M --id 5
+refuse zblk add --size 64M --id 5
+pid=$(zdaemon_pid 5) || fail "no process holds /dev/ublkc5"
+kill -TERM "$pid"
+i=0
+while { kill -0 "$pid" 2>/dev/null || [ -b /dev/ublkb5 ] || [ -e /run/zblk/5.sock ]; } && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+kill -0 "$pid" 2>/dev/null && fail "daemon $pid still runs 10 s after SIGTERM"
+[ -b /dev/ublkb5 ] && fail "/dev/ublkb5 still exists after SIGTERM"
+[ -e /run/zblk/5.sock ] && fail "/run/zblk/5.sock left behind after SIGTERM"
+
+# --foreground: serves in the CLI process until zblk del.
+zblk add --size 64M --id 6 --foreground --json </dev/null >/tmp/zblk-vm.fg 2>&1 &
+fg=$!
+track $fg
+i=0
+while [ ! -b /dev/ublkb6 ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+[ -b /dev/ublkb6 ] || fail "zblk add --foreground: no /dev/ublkb6 after 10 s: $(tail -3 /tmp/zblk-vm.fg)"
+must zblk del -n 6 >/dev/null
+i=0
+while kill -0 $fg 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+kill -0 $fg 2>/dev/null && fail "zblk add --foreground still runs 10 s after zblk del"
+wait $fg || fail "zblk add --foreground exited $? after zblk del"
 
 refuse zblk add --size 0
 refuse zblk add --size 1000
@@ -61,4 +91,4 @@ dd if=/tmp/zblk-vm.src of="$ZDEV" bs=1048576 count=4 oflag=direct conv=notrunc 2
 dd if="$ZDEV" of=/tmp/zblk-vm.back bs=1048576 count=4 iflag=direct 2>/dev/null || fail "read of the new $ZDEV failed"
 head -c 4194304 /tmp/zblk-vm.src | cmp -s - /tmp/zblk-vm.back || fail "data read back from the new $ZDEV differs"
 must zblk del -n "$ZID"
-pass "del refused active swap, --force removed it; 6 bad commands refused; kill -9 under load: loaders stopped in $((i / 10))s, new device $ZDEV verified"
+pass "del and SIGTERM refused on active swap, del --force removed it; SIGTERM stopped an idle device; taken id refused; --foreground served until del; 6 bad commands refused; kill -9 under load: loaders stopped in $((i / 10))s, new device $ZDEV verified"
