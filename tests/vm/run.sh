@@ -9,7 +9,9 @@
 #
 # Usage: bash tests/vm/run.sh [options]
 #   --scenario NAME     run only this scenario (repeatable; default: all, in order
-#                       swap munmap blockio stat lifecycle zram-compare)
+#                       swap munmap blockio stat lifecycle zram-compare; also
+#                       swapkill, by name only: kill -9 of an active swap
+#                       device's daemon, which leaves a dead swap area behind)
 #   --mem SIZE          guest memory (qemu -m syntax, default 2G)
 #   --cpus N            guest vCPUs (default 2)
 #   --keep              keep the work folder (initramfs, console log) and print it
@@ -55,7 +57,9 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 CACHE=${ZBLK_VM_CACHE:-$REPO/.vmcache}
 WORK=${ZBLK_VM_WORK:-$REPO/tests/vm/work}
-ALL_SCENARIOS="swap munmap blockio stat lifecycle zram-compare"
+DEFAULT_SCENARIOS="swap munmap blockio stat lifecycle zram-compare"
+# Run by name only: swapkill leaves a dead swap area the kernel cannot remove.
+ALL_SCENARIOS="$DEFAULT_SCENARIOS swapkill"
 SCENARIOS=""
 MEM=2G
 CPUS=2
@@ -88,7 +92,7 @@ parse_args() {
         *) die "unknown option '$1' (see --help)";;
         esac
     done
-    SCENARIOS=${SCENARIOS:-$ALL_SCENARIOS}
+    SCENARIOS=${SCENARIOS:-$DEFAULT_SCENARIOS}
     SCENARIOS=$(echo $SCENARIOS)
 }
 
