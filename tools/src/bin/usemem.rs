@@ -74,15 +74,26 @@ fn run_thread(args: &Args, stream: u64) -> std::io::Result<ThreadResult> {
     std::thread::sleep(Duration::from_secs_f64(args.sleep.max(0.0)));
     let t = Instant::now();
     for _ in 0..args.passes {
-        for (i, page) in map.bytes().chunks_exact(PAGE).enumerate() {
-            if !page_matches(page, args.seed, stream, i as u64) {
-                res.bad_pages += 1;
-                res.first_bad.get_or_insert(i as u64);
-            }
-        }
+        let (bad, first) = verify(map.bytes(), args.seed, stream);
+        res.bad_pages += bad;
+        res.first_bad = res.first_bad.or(first);
     }
     res.verify = t.elapsed();
     Ok(res)
+}
+
+/// Compares every page of `mem` with its pattern; returns the number of bad
+/// pages and the index of the first one.
+fn verify(mem: &[u8], seed: u64, stream: u64) -> (u64, Option<u64>) {
+    let mut bad = 0;
+    let mut first = None;
+    for (i, page) in mem.chunks_exact(PAGE).enumerate() {
+        if !page_matches(page, seed, stream, i as u64) {
+            bad += 1;
+            first.get_or_insert(i as u64);
+        }
+    }
+    (bad, first)
 }
 
 /// Runs the threads of worker process `proc_idx`; returns its JSON summary.
@@ -218,5 +229,25 @@ fn main() -> ExitCode {
         ExitCode::from(1)
     } else {
         ExitCode::from(2)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verify_finds_every_changed_page() {
+        let mut mem = vec![0u8; 16 * PAGE];
+        for (i, page) in mem.chunks_exact_mut(PAGE).enumerate() {
+            fill_page(page, 9, 2, i as u64);
+        }
+        assert_eq!(verify(&mem, 9, 2), (0, None));
+        mem[5 * PAGE + 100] ^= 0x40;
+        mem[11 * PAGE] ^= 1;
+        assert_eq!(verify(&mem, 9, 2), (2, Some(5)));
+        // Another worker's pages or another run's never verify.
+        assert_eq!(verify(&mem, 9, 3).0, 16);
+        assert_eq!(verify(&mem, 8, 2).0, 16);
     }
 }
