@@ -42,6 +42,8 @@
 #                     zblk.timeout=360        limit per scenario in the guest
 #   ZBLK_VM_KERNEL  kernel package version to pin (default: newest 6.12 in backports)
 #   ZBLK_VM_NOBUILD=1  reuse the binaries already in target/ (no cargo build)
+#   ZBLK_VM_ACCEL   qemu accelerator: tcg (default; works everywhere) or kvm
+#                   (much faster where /dev/kvm can run a stock kernel)
 #
 # Exit code: 0 only when every selected scenario printed PASS. A scenario
 # with no result line, a guest that never reached its end marker (hang,
@@ -305,7 +307,9 @@ boot() {
     params="console=ttyS0 panic=-1 loglevel=4 zblk.scenarios=$scen ${ZBLK_VM_ARGS:-}"
     log "booting: $MEM, $CPUS cpus, scenarios: $SCENARIOS${EXTRA:+ + extra}"
     set +e
-    timeout -k 10 "$TIMEOUT" qemu-system-x86_64 -accel tcg -cpu max -m "$MEM" -smp "$CPUS" \
+    local accel=(-accel tcg -cpu max)
+    [ "${ZBLK_VM_ACCEL:-tcg}" = kvm ] && accel=(-accel kvm -cpu host)
+    timeout -k 10 "$TIMEOUT" qemu-system-x86_64 "${accel[@]}" -m "$MEM" -smp "$CPUS" \
         -nographic -no-reboot -kernel "$KDIR/vmlinuz" -initrd "$WORK/initrd.img" \
         -append "$params" </dev/null 2>&1 | tee "$WORK/console.log" | sed -u 's/\r$//'
     QEMU_RC=${PIPESTATUS[0]}
