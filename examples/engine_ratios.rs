@@ -1,56 +1,83 @@
-//! Engine-level ratios in one process: the store path against the bare codec
-//! on the same pages, interleaved over several rounds so that machine noise
-//! hits both alike. Usage: `engine_ratios FILE [ALGO...] [--rounds N]`.
+//! Engine-level figures for BENCHMARKS.md, every ratio measured in this one
+//! process with its baseline interleaved round by round, so machine noise
+//! hits both alike. Usage:
 //!
-//! Prints one JSON line per algorithm and group size with the medians and
-//! the ratios store/codec for write (vs compress) and read (vs decompress).
+//!     engine_ratios FILE [--rounds N] [ALGO...]
+//!
+//! Prints markdown tables: the store path against the bare codec (per
+//! algorithm, group size and mode), random single-page read latency (the
+//! price of packing), and thread scaling (1 vs 2 threads).
 
 use std::path::PathBuf;
-use zblk::bench::{codec_ceiling, load_input, run, BenchOptions};
-use zblk::Algo;
+use std::time::Instant;
+use zblk::bench::{codec_ceiling, load_input, run, BenchOptions, BenchReport};
+use zblk::{Algo, Mode, Store, StoreConfig, PAGE_SIZE};
 
-fn median(v: &mut [f64]) -> f64 {
+fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
 }
 
-fn main() -> Result<(), String> {
-    let mut args = std::env::args().skip(1);
-    let path = PathBuf::from(
-        args.next()
-            .ok_or("usage: engine_ratios FILE [ALGO...] [--rounds N]")?,
-    );
-    let mut algos = Vec::new();
-    let mut rounds = 5;
-    while let Some(a) = args.next() {
-        if a == "--rounds" {
-            rounds = args
-                .next()
-                .and_then(|n| n.parse().ok())
-                .ok_or("--rounds needs a number")?;
-        } else {
-            algos.push(a.parse::<Algo>()?);
+/// Percentile of a sorted sample.
+fn pct(sorted: &[f64], p: f64) -> f64 {
+    let i = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i]
+}
+
+fn bench(opts: &BenchOptions, data: &[u8]) -> Result<BenchReport, String> {
+    let rep = run(opts, data).map_err(|e| e.to_string())?;
+    if rep.verify_errors != 0 {
+        return Err(format!("{} pages did not verify", rep.verify_errors));
+    }
+    Ok(rep)
+}
+
+/// Random single-page reads of a full store: per-read latency in µs
+/// (p50, p99), as a swap-in of one page sees it.
+fn random_reads(algo: Algo, g: usize, mode: Mode, data: &[u8]) -> Result<(f64, f64), String> {
+    let mut cfg = StoreConfig::new(data.len() as u64);
+    cfg.algo = algo;
+    cfg.group_pages = g;
+    cfg.mode = mode;
+    let store = Store::new(cfg).map_err(|e| e.to_string())?;
+    let mut ctx = store.new_ctx();
+    for (i, req) in data.chunks(16 * PAGE_SIZE).enumerate() {
+        ctx.write((i * 16 * PAGE_SIZE) as u64, req).map_err(|e| e.to_string())?;
+    }
+    let pages = (data.len() / PAGE_SIZE) as u64;
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut buf = vec![0u8; PAGE_SIZE];
+    let mut lat = Vec::with_capacity(20_000);
+    for _ in 0..20_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let p = x % pages;
+        let t0 = Instant::now();
+        ctx.read(p * PAGE_SIZE as u64, &mut buf).map_err(|e| e.to_string())?;
+        lat.push(t0.elapsed().as_nanos() as f64 / 1000.0);
+        let want = &data[(p as usize) * PAGE_SIZE..][..PAGE_SIZE];
+        if buf != want {
+            return Err(format!("page {p} did not verify"));
         }
     }
-    if algos.is_empty() {
-        algos = vec![Algo::Lz4, Algo::Zstd(1)];
-    }
-    let data = load_input(&path)?;
-    for algo in algos {
-        for g in [1, 8] {
-            let opts = BenchOptions {
-                algo,
-                group_pages: g,
-                ..BenchOptions::default()
-            };
-            let (mut w, mut r, mut c, mut d) = (vec![], vec![], vec![], vec![]);
+    lat.sort_by(|a, b| a.total_cmp(b));
+    Ok((pct(&lat, 0.5), pct(&lat, 0.99)))
+}
+
+fn store_vs_codec(algos: &[Algo], rounds: usize, data: &[u8]) -> Result<(), String> {
+    println!("| algo | group | mode | ratio_mem | write MB/s | codec compress MB/s | write / codec | read MB/s | codec decompress MB/s | read / codec | write p99 µs | rand read p50 µs | rand read p99 µs |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    for &algo in algos {
+        for (g, mode) in [(1, Mode::PerPage), (8, Mode::PerPage), (8, Mode::Packed)] {
+            let opts = BenchOptions { algo, group_pages: g, mode, ..BenchOptions::default() };
+            let (mut w, mut r, mut c, mut d, mut wr, mut rr) = (vec![], vec![], vec![], vec![], vec![], vec![]);
             let mut last = None;
             for _ in 0..rounds {
-                let ceil = codec_ceiling(algo, &data).map_err(|e| e.to_string())?;
-                let rep = run(&opts, &data).map_err(|e| e.to_string())?;
-                if rep.verify_errors != 0 {
-                    return Err(format!("{} pages did not verify", rep.verify_errors));
-                }
+                let ceil = codec_ceiling(algo, data).map_err(|e| e.to_string())?;
+                let rep = bench(&opts, data)?;
+                wr.push(rep.write_mb_s / ceil.compress_mb_s);
+                rr.push(rep.read_mb_s / ceil.decompress_mb_s);
                 c.push(ceil.compress_mb_s);
                 d.push(ceil.decompress_mb_s);
                 w.push(rep.write_mb_s);
@@ -58,17 +85,57 @@ fn main() -> Result<(), String> {
                 last = Some(rep);
             }
             let rep = last.ok_or("no rounds")?;
-            let (w, r, c, d) = (
-                median(&mut w),
-                median(&mut r),
-                median(&mut c),
-                median(&mut d),
-            );
+            let (p50, p99) = random_reads(algo, g, mode, data)?;
             println!(
-                "{{\"algo\":\"{algo}\",\"group_pages\":{g},\"rounds\":{rounds},\"ratio_data\":{:.3},\"ratio_mem\":{:.3},\"write_mb_s\":{w:.0},\"codec_compress_mb_s\":{c:.0},\"write_vs_codec\":{:.3},\"read_mb_s\":{r:.0},\"codec_decompress_mb_s\":{d:.0},\"read_vs_codec\":{:.3},\"write_p99_us\":{:.1},\"read_p99_us\":{:.1}}}",
-                rep.ratio_data, rep.ratio_mem, w / c, r / d, rep.write_p99_us, rep.read_p99_us
+                "| {algo} | {g} | {mode} | {:.2} | {:.0} | {:.0} | {:.2} | {:.0} | {:.0} | {:.2} | {:.1} | {p50:.1} | {p99:.1} |",
+                rep.ratio_mem, median(w), median(c), median(wr), median(r), median(d), median(rr), rep.write_p99_us
             );
         }
     }
+    Ok(())
+}
+
+fn scaling(algos: &[Algo], rounds: usize, data: &[u8]) -> Result<(), String> {
+    println!();
+    println!("| algo | write MB/s 1 thread | 2 threads | write scaling | read MB/s 1 thread | 2 threads | read scaling |");
+    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    for &algo in algos {
+        let (mut w1, mut w2, mut r1, mut r2, mut ws, mut rs) = (vec![], vec![], vec![], vec![], vec![], vec![]);
+        for _ in 0..rounds {
+            let one = bench(&BenchOptions { algo, threads: 1, ..BenchOptions::default() }, data)?;
+            let two = bench(&BenchOptions { algo, threads: 2, ..BenchOptions::default() }, data)?;
+            ws.push(two.write_mb_s / one.write_mb_s);
+            rs.push(two.read_mb_s / one.read_mb_s);
+            w1.push(one.write_mb_s);
+            w2.push(two.write_mb_s);
+            r1.push(one.read_mb_s);
+            r2.push(two.read_mb_s);
+        }
+        println!(
+            "| {algo} | {:.0} | {:.0} | {:.2}x | {:.0} | {:.0} | {:.2}x |",
+            median(w1), median(w2), median(ws), median(r1), median(r2), median(rs)
+        );
+    }
+    Ok(())
+}
+
+fn main() -> Result<(), String> {
+    let mut args = std::env::args().skip(1);
+    let path = PathBuf::from(args.next().ok_or("usage: engine_ratios FILE [--rounds N] [ALGO...]")?);
+    let mut algos = Vec::new();
+    let mut rounds = 5;
+    while let Some(a) = args.next() {
+        if a == "--rounds" {
+            rounds = args.next().and_then(|n| n.parse().ok()).ok_or("--rounds needs a number")?;
+        } else {
+            algos.push(a.parse::<Algo>()?);
+        }
+    }
+    if algos.is_empty() {
+        algos = vec![Algo::Lz4, Algo::Zstd(1), Algo::Zstd(3), Algo::Deflate(1)];
+    }
+    let data = load_input(&path)?;
+    store_vs_codec(&algos, rounds, &data)?;
+    scaling(&algos, rounds, &data)?;
     Ok(())
 }

@@ -76,6 +76,12 @@ pub trait ObjAllocator: Send + Sync {
     fn compact(&self, _relocate: &dyn Relocate) -> u64 {
         0
     }
+
+    /// Pages compaction could give back now: how fragmented the allocator
+    /// is. Used to decide when to compact by itself.
+    fn compactable_pages(&self) -> u64 {
+        0
+    }
 }
 
 /// One heap allocation per object: simple, correct, and the baseline the

@@ -95,7 +95,7 @@ impl QueueCtx {
 
     /// Frees the handles this context has batched (idle timer, stat, exit).
     pub fn flush_frees(&mut self) {
-        self.st.free.flush(self.store.allocator());
+        self.st.free.flush(self.store.frees());
     }
 
     /// Handles batched in this context and not yet freed.

@@ -11,6 +11,7 @@
 pub mod accel;
 pub mod alloc;
 pub mod bench;
+pub mod bench_discard;
 pub mod codec;
 pub mod ctx;
 pub mod error;
@@ -18,6 +19,7 @@ pub mod free;
 pub mod group;
 pub mod packed;
 pub mod page;
+pub mod slab;
 pub mod slot;
 pub mod stats;
 pub mod store;

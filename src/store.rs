@@ -9,14 +9,16 @@ use crate::alloc::{Handle, HeapAllocator, ObjAllocator, Relocate};
 use crate::codec::Algo;
 use crate::ctx::{CtxState, QueueCtx};
 use crate::error::{Error, Result};
+use crate::free::{FreeConfig, Freer, DEFAULT_MAX_PENDING_BATCHES};
 use crate::packed::{self, PackHeader, PACK_HEADER};
 use crate::page::{fill_word, PAGE_SIZE, PAGE_SIZE_U64};
+use crate::slab::{SlabAllocator, SlabConfig};
 use crate::slot::{Entry, Kind, Slot, SlotGuard};
 use crate::stats::{self, Counter, Counters, Latencies, Op, StatsShard};
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Default compressed size at or above which a page is stored raw: 3/4 of a
 /// page, near zram's huge_class_size. Storing such a page compressed would
@@ -77,7 +79,36 @@ pub struct StoreConfig {
     pub huge_threshold: usize,
     /// Memory limit in bytes (0: none).
     pub mem_limit: u64,
+    /// Which object allocator stores compressed pages.
+    pub allocator: AllocatorKind,
+    /// Free detached objects on the store's drain thread (true) or on the
+    /// queue thread at the end of each request (false).
+    pub deferred_free: bool,
+    /// Full free batches the drain may fall behind by before queue threads
+    /// free synchronously (see `crate::free`).
+    pub deferred_free_max_batches: usize,
+    /// Lock the slab's memory in RAM (for swap devices).
+    pub mlock: bool,
 }
+
+/// The object allocator a store is built with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AllocatorKind {
+    /// The size-class slab (`crate::slab`): zsmalloc's design, compaction.
+    #[default]
+    Slab,
+    /// One heap allocation per object: the simple reference.
+    Heap,
+}
+
+/// Fragmentation at which the store compacts by itself: when compaction
+/// could give back this share (percent) of `mem_used_total`...
+pub const AUTO_COMPACT_PERCENT: u64 = 10;
+/// ...and at least this many pages (so small stores are left alone).
+pub const AUTO_COMPACT_MIN_PAGES: u64 = 256;
+
+/// Longest a stat waits for the drain thread to free what is queued.
+const STATS_SETTLE: Duration = Duration::from_millis(200);
 
 impl StoreConfig {
     /// A configuration with defaults for everything but the size.
@@ -89,6 +120,10 @@ impl StoreConfig {
             mode: Mode::PerPage,
             huge_threshold: DEFAULT_HUGE_THRESHOLD,
             mem_limit: 0,
+            allocator: AllocatorKind::Slab,
+            deferred_free: true,
+            deferred_free_max_batches: DEFAULT_MAX_PENDING_BATCHES,
+            mlock: false,
         }
     }
 
@@ -157,7 +192,8 @@ pub struct StoreStats {
 pub struct Store {
     cfg: StoreConfig,
     slots: Box<[Slot]>,
-    alloc: Box<dyn ObjAllocator>,
+    alloc: Arc<dyn ObjAllocator>,
+    frees: Freer,
     shards: Mutex<Vec<Arc<StatsShard>>>,
     pages_compacted: AtomicU64,
     /// The compactor's own thread state (codec, shard, free batch).
@@ -173,9 +209,13 @@ pub(crate) struct Released {
 }
 
 impl Store {
-    /// Creates a store with the heap allocator.
+    /// Creates a store with the allocator its configuration names.
     pub fn new(cfg: StoreConfig) -> Result<Arc<Store>> {
-        Self::with_allocator(cfg, Box::new(HeapAllocator::new()))
+        let alloc: Box<dyn ObjAllocator> = match cfg.allocator {
+            AllocatorKind::Slab => Box::new(SlabAllocator::new(SlabConfig { mlock: cfg.mlock })),
+            AllocatorKind::Heap => Box::new(HeapAllocator::new()),
+        };
+        Self::with_allocator(cfg, alloc)
     }
 
     /// Creates a store over the given allocator.
@@ -183,14 +223,31 @@ impl Store {
         cfg.validate()?;
         let pages = (cfg.size / PAGE_SIZE_U64) as usize;
         alloc.set_mem_limit(cfg.mem_limit);
-        Ok(Arc::new(Store {
+        let alloc: Arc<dyn ObjAllocator> = Arc::from(alloc);
+        let frees = Freer::new(
+            alloc.clone(),
+            FreeConfig {
+                deferred: cfg.deferred_free,
+                max_pending_batches: cfg.deferred_free_max_batches,
+            },
+        );
+        let store = Arc::new(Store {
             slots: new_slot_table(pages)?,
             alloc,
+            frees,
             shards: Mutex::new(Vec::new()),
             pages_compacted: AtomicU64::new(0),
             compactor: Mutex::new(None),
             cfg,
-        }))
+        });
+        // The drain thread compacts when fragmentation passes the threshold.
+        let weak = Arc::downgrade(&store);
+        store.frees.set_idle_hook(Box::new(move || {
+            if let Some(s) = weak.upgrade() {
+                s.maybe_compact();
+            }
+        }));
+        Ok(store)
     }
 
     /// Creates a per-thread context (one per queue).
@@ -227,8 +284,9 @@ impl Store {
         self.alloc.set_mem_limit(bytes);
     }
 
-    /// Runs compaction now: rewrites sparse packed groups, then lets the
-    /// allocator move objects. Returns the 4 KB pages given back.
+    /// Runs compaction now: rewrites sparse packed groups, lets the drain
+    /// free what is queued, then lets the allocator move objects. Returns
+    /// the 4 KB pages given back.
     pub fn compact(&self) -> u64 {
         if self.cfg.mode == Mode::Packed {
             let mut guard = self.compactor.lock().unwrap_or_else(|e| e.into_inner());
@@ -237,15 +295,52 @@ impl Store {
                 CtxState::new(&self.cfg, id, shard)
             });
             crate::group::rewrite_sparse_groups(self, st);
-            st.free.flush(&*self.alloc);
+            st.free.flush(&self.frees);
         }
+        self.settle_frees(Duration::from_secs(5));
+        self.compact_now()
+    }
+
+    fn compact_now(&self) -> u64 {
         let n = self.alloc.compact(self);
         self.pages_compacted.fetch_add(n, Relaxed);
         n
     }
 
+    /// Compacts if fragmentation passed the threshold
+    /// ([`AUTO_COMPACT_PERCENT`] of `mem_used_total` and at least
+    /// [`AUTO_COMPACT_MIN_PAGES`] could be given back). The drain thread
+    /// calls this about once a second while idle; a daemon without deferred
+    /// free calls it from its idle timer. Returns the pages given back.
+    pub fn maybe_compact(&self) -> u64 {
+        let pages = self.alloc.compactable_pages();
+        let used = self.alloc.mem_used_total();
+        if pages >= AUTO_COMPACT_MIN_PAGES
+            && pages * PAGE_SIZE_U64 * 100 >= used * AUTO_COMPACT_PERCENT
+        {
+            self.compact_now()
+        } else {
+            0
+        }
+    }
+
+    /// Waits up to `timeout` until the drain has freed every full batch
+    /// handed to it (partial batches live in each `QueueCtx`: see
+    /// `QueueCtx::flush_frees`). Returns whether it settled.
+    pub fn settle_frees(&self, timeout: Duration) -> bool {
+        self.frees.settle(timeout)
+    }
+
+    /// The freeing machinery (the queue contexts hand their batches to it).
+    pub(crate) fn frees(&self) -> &Freer {
+        &self.frees
+    }
+
     /// Merges every queue's statistics into one snapshot.
     pub fn stats(&self) -> StoreStats {
+        // A stat asks for the truth: let the drain free what is queued
+        // (bounded, so a stat never hangs behind a very long queue).
+        self.frees.settle(STATS_SETTLE);
         let shards = self
             .shards
             .lock()
@@ -253,6 +348,9 @@ impl Store {
             .clone();
         let (counters, latency) = stats::merge(shards.iter().map(|s| &**s));
         let queues = shards.iter().map(|s| stats::merge([&**s]).0).collect();
+        // Handles detached (counted per queue) minus those freed so far:
+        // partial batches in contexts plus what the drain has not reached.
+        let deferred_free_pending = counters.deferred_frees.saturating_sub(self.frees.freed());
         StoreStats {
             disksize: self.cfg.size,
             algorithm: self.cfg.algo.to_string(),
@@ -263,7 +361,7 @@ impl Store {
             mem_used_max: self.alloc.mem_used_max(),
             mem_limit: self.alloc.mem_limit(),
             pages_compacted: self.pages_compacted.load(Relaxed),
-            deferred_free_pending: 0,
+            deferred_free_pending,
             slot_table_bytes: (self.slots.len() * std::mem::size_of::<Slot>()) as u64,
             latency,
             queues,
@@ -313,6 +411,7 @@ impl Store {
                 return Err(e);
             }
         }
+        st.free.end_request(&self.frees);
         st.shard.add(Counter::NumWrites, 1);
         st.shard.add(Counter::PagesWritten, pages as i64);
         record_latency(st, Op::Write, t0, pages);
@@ -414,6 +513,7 @@ impl Store {
             let r = self.swap_slot(page, Entry::EMPTY);
             self.release(st, r);
         }
+        st.free.end_request(&self.frees);
         st.shard.add(Counter::NotifyFree, pages as i64);
         st.shard.add(Counter::NumDiscards, 1);
         record_latency(st, Op::Discard, t0, pages);
@@ -476,7 +576,8 @@ impl Store {
         }
         if r.free {
             if let Some(h) = old.handle() {
-                st.free.push(h, &*self.alloc);
+                st.shard.add(Counter::DeferredFrees, 1);
+                st.free.push(h, &self.frees);
             }
         }
     }
@@ -499,6 +600,18 @@ impl Relocate for Store {
             .collect();
         if holders.is_empty() {
             return false;
+        }
+        if guards[holders[0]].entry().kind == Kind::Packed {
+            // A group is installed slot by slot: until every live page
+            // references the object, moving it would leave the pages still
+            // to be installed pointing at the freed copy. Live bits are only
+            // cleared by holders under their lock, so equal counts mean the
+            // install is complete.
+            // SAFETY: the holders reference `old` and we hold their locks.
+            let live = unsafe { packed::live_count(&*self.alloc, old) };
+            if live as usize != holders.len() {
+                return false;
+            }
         }
         let Some(new) = mv() else {
             return false;

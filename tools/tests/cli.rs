@@ -159,6 +159,31 @@ fn bench_runs_the_engine_and_prints_json() {
 }
 
 #[test]
+fn bench_discard_threads_adds_deferred_and_immediate_times() {
+    let input = sample_file("discard.bin");
+    let o = zblk(&[
+        "bench",
+        "-i",
+        input.to_str().unwrap(),
+        "--discard-threads",
+        "2",
+        "--json",
+    ]);
+    std::fs::remove_file(&input).ok();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["discard_threads"], 2);
+    assert!(v["discard_deferred_ms"].as_f64().unwrap() > 0.0);
+    assert!(v["discard_immediate_ms"].as_f64().unwrap() > 0.0);
+    assert_eq!(
+        v["mem_used_total_after"], 0,
+        "the drain gave everything back"
+    );
+    let o = zblk(&["bench", "-i", "x", "--discard-threads", "0"]);
+    assert!(!o.status.success());
+}
+
+#[test]
 fn bench_table_and_errors() {
     let input = sample_file("table.bin");
     let o = zblk(&["bench", "-i", input.to_str().unwrap()]);

@@ -302,6 +302,9 @@ fn new_shared(cfg: &DaemonConfig) -> Result<Shared, String> {
         group_pages: cfg.group_pages,
         mode: cfg.mode,
         mem_limit: cfg.mem_limit,
+        // The device may become swap at any time: zspages the slab reuses
+        // after giving them back are locked again.
+        mlock: true,
         ..StoreConfig::new(cfg.size)
     })
     .map_err(|e| e.to_string())?;
@@ -582,9 +585,11 @@ fn answer(shared: &Shared, info: &DeviceInfo, bdev: &Path, req: Request) -> (Res
     match req {
         Request::Info => (json(serde_json::to_value(info)), false),
         Request::Stats => {
+            // Handles a queue could not hand over in time are still pending,
+            // on top of what the store's drain has not freed yet.
             let pending = shared.flush_all();
             let mut stats = shared.store.stats();
-            stats.deferred_free_pending = pending;
+            stats.deferred_free_pending += pending;
             (
                 json(
                     serde_json::to_value(&stats)

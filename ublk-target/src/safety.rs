@@ -19,12 +19,15 @@ pub fn set_io_flusher() -> Result<(), String> {
     Ok(())
 }
 
-/// `mlockall(MCL_CURRENT | MCL_FUTURE)`: nothing the daemon maps, now or
-/// later (engine memory, stacks, I/O buffers), can be swapped out onto the
-/// device the daemon serves.
+/// `mlockall(MCL_CURRENT | MCL_FUTURE | MCL_ONFAULT)`: nothing the daemon
+/// maps, now or later (engine memory, stacks, I/O buffers), can be swapped
+/// out onto the device the daemon serves. `MCL_ONFAULT` locks pages as they
+/// are touched rather than populating whole mappings up front: the slab
+/// reserves address space in growing chunks, and populating them at map
+/// time would pin up to twice the memory really in use.
 pub fn lock_memory() -> Result<(), String> {
     // SAFETY: mlockall has no memory-safety preconditions.
-    let r = unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE) };
+    let r = unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE | libc::MCL_ONFAULT) };
     if r != 0 {
         return Err(format!(
             "mlockall failed: {} (needs CAP_IPC_LOCK or a large RLIMIT_MEMLOCK)",

@@ -192,6 +192,11 @@ pub struct BenchArgs {
     #[arg(short, long, default_value_t = zblk::bench::DEFAULT_REQUEST_PAGES as u16,
           value_parser = clap::value_parser!(u16).range(1..=512))]
     pub request_pages: u16,
+    /// After the write and verify phases, discard every page from N threads,
+    /// once with deferred and once with immediate free on two identical
+    /// stores, and report both times.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub discard_threads: Option<u16>,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,

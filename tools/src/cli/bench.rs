@@ -3,6 +3,7 @@
 use super::args::BenchArgs;
 use super::{CliError, CliResult};
 use zblk::bench::{self, BenchOptions};
+use zblk::bench_discard::{discard_bench, DiscardOptions};
 
 /// Runs the bench and prints its report (a table, or JSON).
 pub fn bench(a: BenchArgs) -> CliResult {
@@ -15,7 +16,10 @@ pub fn bench(a: BenchArgs) -> CliResult {
         mode: a.mode,
     };
     let report = bench::run(&opts, &data).map_err(|e| CliError(format!("bench failed: {e}")))?;
-    let v = serde_json::to_value(&report).map_err(|e| CliError(e.to_string()))?;
+    let mut v = serde_json::to_value(&report).map_err(|e| CliError(e.to_string()))?;
+    if let Some(n) = a.discard_threads {
+        add_discard_figures(&mut v, &opts, usize::from(n), &data)?;
+    }
     if a.json {
         println!("{v}");
         return Ok(());
@@ -41,6 +45,32 @@ pub fn bench(a: BenchArgs) -> CliResult {
             "{} pages did not read back identical",
             report.verify_errors
         )));
+    }
+    Ok(())
+}
+
+/// Runs the discard phase (deferred vs immediate free) and adds its three
+/// figures to the report.
+fn add_discard_figures(
+    v: &mut serde_json::Value,
+    opts: &BenchOptions,
+    threads: usize,
+    data: &[u8],
+) -> CliResult {
+    let d = DiscardOptions {
+        algo: opts.algo,
+        group_pages: opts.group_pages,
+        discard_threads: threads,
+        request_pages: opts.request_pages,
+        copies: 1,
+        rounds: 1,
+    };
+    let r = discard_bench(&d, data).map_err(|e| CliError(format!("discard bench failed: {e}")))?;
+    if let Some(obj) = v.as_object_mut() {
+        obj.insert("discard_threads".into(), threads.into());
+        obj.insert("discard_deferred_ms".into(), r.discard_deferred_ms.into());
+        obj.insert("discard_immediate_ms".into(), r.discard_immediate_ms.into());
+        obj.insert("mem_used_total_after".into(), r.mem_used_total_after.into());
     }
     Ok(())
 }

@@ -1,0 +1,626 @@
+//! The size-class slab allocator: zblk's zsmalloc.
+//!
+//! Objects of similar size share a size class ([`class`]); each class packs
+//! its objects back to back into zspages of 1 to 8 pages (longer for the
+//! classes of objects larger than a page, which packed compression groups
+//! need), so objects may
+//! straddle page boundaries, and each zspage is one contiguous virtual range
+//! carved from per-class mmap'd chunks ([`vm`]), so an object is always one
+//! slice. A handle names (class, zspage, object index) and never changes
+//! while the object stays put; compaction ([`compact`]) moves objects and
+//! gives the owner slot the new handle through [`Relocate`], under that
+//! slot's lock, using the back-reference kept for each object.
+//!
+//! Locking: one mutex per size class, nothing global on the allocation and
+//! free paths except one atomic add when a zspage is created or destroyed
+//! (memory accounting). A bulk allocation takes each class lock once; a bulk
+//! free sorts its handles and takes each class lock once per run. Readers
+//! ([`ObjAllocator::object`]) take no lock at all. Compaction takes a class
+//! lock and then slot locks, so **nobody may call into the allocator while
+//! holding a slot lock**: the store detaches handles under the slot lock and
+//! frees them after releasing it.
+
+pub mod class;
+pub mod compact;
+pub mod vm;
+
+use crate::alloc::{AllocError, Handle, ObjAllocator, Relocate};
+use class::{ClassSpec, ClassTable};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard};
+use vm::ChunkDir;
+
+/// How a slab is built.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SlabConfig {
+    /// Lock zspages in RAM (`mlock`): for swap devices, whose memory must
+    /// never itself be swapped out.
+    pub mlock: bool,
+}
+
+/// Marks a free object in a zspage's owner table; the low bits then hold
+/// the index of the next free object.
+const FREE: u64 = 1 << 63;
+/// End of a zspage's free list.
+const NIL: u32 = u32::MAX;
+/// Fullness groups: 0..=9 hold zspages 0-10 %, ..., 90-100 % used; 10 holds
+/// full ones.
+const FULL: usize = 10;
+const NGROUPS: usize = FULL + 1;
+
+const IDX_BITS: u32 = 12;
+const CLASS_SHIFT: u32 = 56;
+/// Zspage ids must fit between the object index and the class.
+const MAX_ID: u64 = 1 << (CLASS_SHIFT - IDX_BITS);
+
+/// Builds a handle: `class + 1` in the top byte (so a handle is never 0),
+/// the zspage id, and the object index.
+#[inline]
+fn handle(class: usize, id: u64, idx: u32) -> Handle {
+    ((class as u64 + 1) << CLASS_SHIFT) | (id << IDX_BITS) | idx as u64
+}
+
+/// Splits a handle into (class, zspage id, object index); the class is
+/// `usize::MAX` for handle 0.
+#[inline]
+fn unpack(h: Handle) -> (usize, u64, u32) {
+    let class = (h >> CLASS_SHIFT) as usize;
+    (
+        class.wrapping_sub(1),
+        (h >> IDX_BITS) & (MAX_ID - 1),
+        (h & ((1 << IDX_BITS) - 1)) as u32,
+    )
+}
+
+/// One zspage's bookkeeping, kept under its class lock.
+#[derive(Debug)]
+struct ZsMeta {
+    /// Per object: the owner (slot index) of a used object, or
+    /// `FREE | next` for a free one. Empty while the zspage id is unused.
+    owners: Box<[u64]>,
+    free_head: u32,
+    inuse: u32,
+    group: u8,
+    /// Position in `groups[group]`.
+    pos: u32,
+}
+
+impl ZsMeta {
+    /// The bookkeeping of an unused id (an empty box allocates nothing).
+    fn dead() -> ZsMeta {
+        ZsMeta {
+            owners: Box::default(),
+            free_head: NIL,
+            inuse: 0,
+            group: 0,
+            pos: 0,
+        }
+    }
+
+    fn is_live(&self) -> bool {
+        !self.owners.is_empty()
+    }
+}
+
+/// A class's mutable state: its zspages and fullness groups.
+#[derive(Debug, Default)]
+struct ClassState {
+    /// By zspage id; ids of dead zspages are in `free_ids`.
+    zs: Vec<ZsMeta>,
+    free_ids: Vec<u64>,
+    /// Zspages emptied during the current lock hold whose pages are not
+    /// yet given back: released together (see `release_dead`).
+    dead: Vec<u64>,
+    /// Fullness groups: ids of live zspages by how full they are.
+    groups: [Vec<u64>; NGROUPS],
+    live_zspages: u64,
+    objs_used: u64,
+}
+
+fn group_of(inuse: u32, objs: u32) -> usize {
+    if inuse >= objs {
+        FULL
+    } else {
+        (inuse as usize * 10) / objs as usize
+    }
+}
+
+impl ClassState {
+    /// Moves zspage `id` to the fullness group its use now calls for.
+    fn regroup(&mut self, id: u64, objs: u32) {
+        let z = &self.zs[id as usize];
+        let g = group_of(z.inuse, objs);
+        if g == z.group as usize {
+            return;
+        }
+        self.unlink(id);
+        self.link(id, g);
+    }
+
+    fn link(&mut self, id: u64, g: usize) {
+        let pos = self.groups[g].len() as u32;
+        self.groups[g].push(id);
+        let z = &mut self.zs[id as usize];
+        z.group = g as u8;
+        z.pos = pos;
+    }
+
+    fn unlink(&mut self, id: u64) {
+        let z = &self.zs[id as usize];
+        let (g, pos) = (z.group as usize, z.pos as usize);
+        self.groups[g].swap_remove(pos);
+        if let Some(&moved) = self.groups[g].get(pos) {
+            self.zs[moved as usize].pos = pos as u32;
+        }
+    }
+
+    /// The fullest zspage with a free object, other than `exclude`.
+    fn fullest_partial(&self, exclude: Option<u64>) -> Option<u64> {
+        self.groups[..FULL].iter().rev().find_map(|g| {
+            g.iter()
+                .rev()
+                .take(2)
+                .copied()
+                .find(|&id| Some(id) != exclude)
+        })
+    }
+
+    /// The emptiest live, not full zspage not in `skip`.
+    fn emptiest_partial_except(&self, skip: &[u64]) -> Option<u64> {
+        self.groups[..FULL]
+            .iter()
+            .find_map(|g| g.iter().rev().copied().find(|id| !skip.contains(id)))
+    }
+
+    /// Whether moving objects could free at least one zspage.
+    fn can_compact(&self, spec: &ClassSpec) -> bool {
+        self.wasted_zspages(spec) > 0
+    }
+
+    /// Zspages' worth of free objects in partly used zspages.
+    fn wasted_zspages(&self, spec: &ClassSpec) -> u64 {
+        let allocated = self.live_zspages * spec.objs as u64;
+        (allocated - self.objs_used) / spec.objs as u64
+    }
+}
+
+/// One size class: its shape, its address space and its lock.
+struct SizeClass {
+    index: usize,
+    spec: ClassSpec,
+    /// What one zspage costs in `mem_used_total`: its pages and metadata.
+    cost: u64,
+    dir: ChunkDir,
+    state: Mutex<ClassState>,
+}
+
+/// The size-class slab allocator.
+pub struct SlabAllocator {
+    table: ClassTable,
+    classes: Box<[SizeClass]>,
+    used: AtomicU64,
+    max: AtomicU64,
+    limit: AtomicU64,
+    mlock: bool,
+    mlock_warned: AtomicBool,
+}
+
+impl std::fmt::Debug for SlabAllocator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlabAllocator")
+            .field("classes", &self.classes.len())
+            .field("mem_used_total", &self.used.load(Relaxed))
+            .field("mlock", &self.mlock)
+            .finish()
+    }
+}
+
+impl Default for SlabAllocator {
+    fn default() -> Self {
+        Self::new(SlabConfig::default())
+    }
+}
+
+impl SlabAllocator {
+    /// Creates an empty slab; no memory is mapped until the first object.
+    pub fn new(cfg: SlabConfig) -> Self {
+        let table = ClassTable::new();
+        let classes = table
+            .specs
+            .iter()
+            .enumerate()
+            .map(|(index, &spec)| SizeClass {
+                index,
+                spec,
+                cost: spec.zspage_bytes() as u64
+                    + std::mem::size_of::<ZsMeta>() as u64
+                    + 8 * spec.objs as u64,
+                dir: ChunkDir::new(spec.zspage_bytes()),
+                state: Mutex::new(ClassState::default()),
+            })
+            .collect();
+        SlabAllocator {
+            table,
+            classes,
+            used: AtomicU64::new(0),
+            max: AtomicU64::new(0),
+            limit: AtomicU64::new(0),
+            mlock: cfg.mlock,
+            mlock_warned: AtomicBool::new(false),
+        }
+    }
+
+    /// The size classes, smallest first.
+    pub fn class_specs(&self) -> &[ClassSpec] {
+        &self.table.specs
+    }
+
+    /// The class index serving objects of `size` bytes.
+    pub fn class_of(&self, size: usize) -> Option<usize> {
+        self.table.class_of(size)
+    }
+
+    /// The class index a handle belongs to.
+    pub fn class_of_handle(h: Handle) -> usize {
+        unpack(h).0
+    }
+
+    /// Live zspages over all classes.
+    pub fn zspages(&self) -> u64 {
+        self.classes.iter().map(|c| lock(c).live_zspages).sum()
+    }
+
+    /// Objects allocated and not freed, over all classes.
+    pub fn objects(&self) -> u64 {
+        self.classes.iter().map(|c| lock(c).objs_used).sum()
+    }
+
+    /// Pages compaction could give back now (whole zspages' worth of free
+    /// objects scattered over partly used zspages).
+    pub fn compactable_pages(&self) -> u64 {
+        self.classes
+            .iter()
+            .map(|c| lock(c).wasted_zspages(&c.spec) * c.spec.pages as u64)
+            .sum()
+    }
+
+    fn charge(&self, bytes: u64) -> Result<(), AllocError> {
+        let limit = self.limit.load(Relaxed);
+        let prev = self.used.fetch_add(bytes, Relaxed);
+        if limit != 0 && prev + bytes > limit {
+            self.used.fetch_sub(bytes, Relaxed);
+            return Err(AllocError { limit });
+        }
+        self.max.fetch_max(prev + bytes, Relaxed);
+        Ok(())
+    }
+
+    fn uncharge(&self, bytes: u64) {
+        self.used.fetch_sub(bytes, Relaxed);
+    }
+
+    /// Creates an empty zspage in `class` and links it into group 0.
+    fn new_zspage(&self, class: &SizeClass, st: &mut ClassState) -> Result<u64, AllocError> {
+        self.charge(class.cost)?;
+        let id = match st.free_ids.pop() {
+            Some(id) => id,
+            None => {
+                let id = st.zs.len() as u64;
+                if id >= MAX_ID || !class.dir.ensure(id) {
+                    self.uncharge(class.cost);
+                    return Err(AllocError { limit: 0 });
+                }
+                st.zs.push(ZsMeta::dead());
+                id
+            }
+        };
+        if self.mlock {
+            let addr = class.dir.zspage_addr(id);
+            if !vm::lock_range(addr, class.spec.zspage_bytes())
+                && !self.mlock_warned.swap(true, Relaxed)
+            {
+                log::warn!(
+                    "slab: mlock failed ({}); stored pages may be swapped out",
+                    std::io::Error::last_os_error()
+                );
+            }
+        }
+        let objs = class.spec.objs;
+        let owners: Box<[u64]> = (0..objs)
+            .map(|i| {
+                FREE | if i + 1 < objs {
+                    (i + 1) as u64
+                } else {
+                    NIL as u64
+                }
+            })
+            .collect();
+        st.zs[id as usize] = ZsMeta {
+            owners,
+            free_head: 0,
+            inuse: 0,
+            group: 0,
+            pos: 0,
+        };
+        st.link(id, 0);
+        st.live_zspages += 1;
+        Ok(id)
+    }
+
+    /// Takes a free object of zspage `id` (which must have one) for `owner`.
+    fn take_obj(class: &SizeClass, st: &mut ClassState, id: u64, owner: u64) -> Handle {
+        let z = &mut st.zs[id as usize];
+        let idx = z.free_head;
+        z.free_head = (z.owners[idx as usize] & !FREE) as u32;
+        z.owners[idx as usize] = owner & !FREE;
+        z.inuse += 1;
+        st.objs_used += 1;
+        st.regroup(id, class.spec.objs);
+        handle(class.index, id, idx)
+    }
+
+    /// Allocates one object in `class` for `owner`, in the fullest zspage
+    /// that has room, so that partly used zspages fill up before new ones
+    /// are made.
+    fn alloc_obj(
+        &self,
+        class: &SizeClass,
+        st: &mut ClassState,
+        owner: u64,
+    ) -> Result<Handle, AllocError> {
+        let id = match st.fullest_partial(None) {
+            Some(id) => id,
+            None => self.new_zspage(class, st)?,
+        };
+        Ok(Self::take_obj(class, st, id, owner))
+    }
+
+    /// Frees object `idx` of zspage `id`; destroys the zspage if that
+    /// empties it. Returns the pages given back. A handle that does not name
+    /// a used object (a double free) is logged and ignored.
+    fn free_obj(&self, class: &SizeClass, st: &mut ClassState, id: u64, idx: u32) -> u64 {
+        let Some(z) = st.zs.get_mut(id as usize) else {
+            log::error!("slab: free of unknown zspage {id} in class {}", class.index);
+            return 0;
+        };
+        match z.owners.get(idx as usize) {
+            Some(&o) if o & FREE == 0 => {}
+            _ => {
+                log::error!(
+                    "slab: double free or bad handle {:#x}",
+                    handle(class.index, id, idx)
+                );
+                return 0;
+            }
+        }
+        z.owners[idx as usize] = FREE | z.free_head as u64;
+        z.free_head = idx;
+        z.inuse -= 1;
+        st.objs_used -= 1;
+        if z.inuse == 0 {
+            self.destroy_zspage(st, id);
+            class.spec.pages as u64
+        } else {
+            st.regroup(id, class.spec.objs);
+            0
+        }
+    }
+
+    /// Retires an empty zspage; its pages go back to the OS at the end of
+    /// the lock hold ([`Self::release_dead`]).
+    fn destroy_zspage(&self, st: &mut ClassState, id: u64) {
+        st.unlink(id);
+        st.zs[id as usize] = ZsMeta::dead();
+        st.live_zspages -= 1;
+        st.dead.push(id);
+    }
+
+    /// Gives the pages of the zspages retired in this lock hold back to the
+    /// OS, one `madvise` per run of neighbouring zspages (each call costs a
+    /// TLB flush, so a drained batch that empties many neighbours pays
+    /// once), and makes their ids reusable. Called before the class lock is
+    /// released, so no id is reused before its pages are gone.
+    fn release_dead(&self, class: &SizeClass, st: &mut ClassState) {
+        if st.dead.is_empty() {
+            return;
+        }
+        st.dead.sort_unstable();
+        let bytes = class.spec.zspage_bytes();
+        let release = |first: u64, n: u64| {
+            vm::release_range(class.dir.zspage_addr(first), n as usize * bytes, self.mlock);
+        };
+        let mut run: Option<(u64, u64)> = None; // (first id, count)
+        for &id in &st.dead {
+            run = match run {
+                Some((first, n))
+                    if first + n == id && vm::chunk_of(first).0 == vm::chunk_of(id).0 =>
+                {
+                    Some((first, n + 1))
+                }
+                Some((first, n)) => {
+                    release(first, n);
+                    Some((id, 1))
+                }
+                None => Some((id, 1)),
+            };
+        }
+        if let Some((first, n)) = run {
+            release(first, n);
+        }
+        self.uncharge(class.cost * st.dead.len() as u64);
+        let ClassState { dead, free_ids, .. } = st;
+        free_ids.append(dead);
+    }
+
+    /// Frees handles that `alloc_bulk` made before it failed.
+    fn rollback(&self, out: &[Handle], order: &[(u8, u32)]) {
+        let hs: Vec<Handle> = order.iter().map(|&(_, i)| out[i as usize]).collect();
+        self.free_bulk(&hs);
+    }
+}
+
+fn lock(class: &SizeClass) -> MutexGuard<'_, ClassState> {
+    // A panic under a class lock cannot leave the state half-updated in a
+    // way later calls trip over more than the panic itself did; keep going.
+    class.state.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Calls `f` on each maximal run of `items` sharing a key.
+fn for_runs<T, K: PartialEq>(items: &[T], key: impl Fn(&T) -> K, mut f: impl FnMut(&[T])) {
+    let mut start = 0;
+    while start < items.len() {
+        let k = key(&items[start]);
+        let mut end = start + 1;
+        while end < items.len() && key(&items[end]) == k {
+            end += 1;
+        }
+        f(&items[start..end]);
+        start = end;
+    }
+}
+
+/// Entries handled on the stack before falling back to the heap: a whole
+/// compression group or free batch.
+const STACK_ENTRIES: usize = 64;
+
+impl ObjAllocator for SlabAllocator {
+    fn alloc_bulk(
+        &self,
+        sizes: &[u32],
+        owners: &[u64],
+        out: &mut Vec<Handle>,
+    ) -> Result<(), AllocError> {
+        let n = sizes.len();
+        if owners.len() != n {
+            return Err(AllocError { limit: 0 });
+        }
+        let mut stack = [(0u8, 0u32); STACK_ENTRIES];
+        let mut heap = Vec::new();
+        let order: &mut [(u8, u32)] = if n <= STACK_ENTRIES {
+            &mut stack[..n]
+        } else {
+            heap.resize(n, (0, 0));
+            &mut heap
+        };
+        for (i, (o, &size)) in order.iter_mut().zip(sizes).enumerate() {
+            let Some(c) = self.table.class_of(size as usize) else {
+                return Err(AllocError { limit: 0 });
+            };
+            *o = (c as u8, i as u32);
+        }
+        // Group by class: one lock acquisition per class for the whole group.
+        order.sort_unstable();
+        let base = out.len();
+        out.resize(base + n, 0);
+        let dst = &mut out[base..];
+        let mut done = 0;
+        let mut failed = None;
+        for_runs(
+            order,
+            |e| e.0,
+            |run| {
+                if failed.is_some() {
+                    return;
+                }
+                let class = &self.classes[run[0].0 as usize];
+                let mut st = lock(class);
+                for &(_, i) in run {
+                    match self.alloc_obj(class, &mut st, owners[i as usize]) {
+                        Ok(h) => dst[i as usize] = h,
+                        Err(e) => {
+                            failed = Some(e);
+                            return;
+                        }
+                    }
+                    done += 1;
+                }
+            },
+        );
+        if let Some(e) = failed {
+            self.rollback(&out[base..], &order[..done]);
+            out.truncate(base);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    fn free_bulk(&self, handles: &[Handle]) {
+        // The class is the top byte: sorted handles come grouped by class
+        // (one lock per class) and, within a class, by zspage. The drain
+        // hands over sorted chunks; batches from queues are sorted here.
+        let n = handles.len();
+        let mut stack = [0u64; STACK_ENTRIES];
+        let mut heap = Vec::new();
+        let sorted: &[Handle] = if handles.windows(2).all(|w| w[0] <= w[1]) {
+            handles
+        } else if n <= STACK_ENTRIES {
+            stack[..n].copy_from_slice(handles);
+            stack[..n].sort_unstable();
+            &stack[..n]
+        } else {
+            heap.extend_from_slice(handles);
+            heap.sort_unstable();
+            &heap
+        };
+        for_runs(
+            sorted,
+            |&h| unpack(h).0,
+            |run| {
+                let Some(class) = self.classes.get(unpack(run[0]).0) else {
+                    log::error!("slab: free of bad handle {:#x}", run[0]);
+                    return;
+                };
+                let mut st = lock(class);
+                for &h in run {
+                    let (_, id, idx) = unpack(h);
+                    self.free_obj(class, &mut st, id, idx);
+                }
+                self.release_dead(class, &mut st);
+            },
+        );
+    }
+
+    unsafe fn object(&self, h: Handle, len: usize) -> &mut [u8] {
+        let (c, id, idx) = unpack(h);
+        let class = &self.classes[c];
+        debug_assert!(len <= class.spec.size as usize);
+        let addr = class.dir.zspage_addr(id) + idx as usize * class.spec.size as usize;
+        debug_assert!(addr >= class.spec.size as usize);
+        // SAFETY: the caller guarantees `h` is live and stays put; a live
+        // object's bytes lie inside its zspage's mapped range.
+        std::slice::from_raw_parts_mut(addr as *mut u8, len)
+    }
+
+    fn mem_used_total(&self) -> u64 {
+        self.used.load(Relaxed)
+    }
+
+    fn mem_used_max(&self) -> u64 {
+        self.max.load(Relaxed)
+    }
+
+    fn reset_mem_used_max(&self) {
+        self.max.store(self.used.load(Relaxed), Relaxed);
+    }
+
+    fn mem_limit(&self) -> u64 {
+        self.limit.load(Relaxed)
+    }
+
+    fn set_mem_limit(&self, bytes: u64) {
+        self.limit.store(bytes, Relaxed);
+    }
+
+    fn compact(&self, relocate: &dyn Relocate) -> u64 {
+        (0..self.classes.len())
+            .map(|c| self.compact_class(c, relocate, usize::MAX))
+            .sum()
+    }
+
+    fn compactable_pages(&self) -> u64 {
+        SlabAllocator::compactable_pages(self)
+    }
+}
+
+#[cfg(test)]
+mod tests;

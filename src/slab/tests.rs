@@ -1,0 +1,336 @@
+use super::*;
+use crate::page::PAGE_SIZE;
+
+/// A minimal slot table for compaction: one handle per owner.
+pub(crate) struct Table(pub Vec<Mutex<Handle>>);
+
+impl Relocate for Table {
+    fn relocate(&self, owner: u64, old: Handle, mv: &mut dyn FnMut() -> Option<Handle>) -> bool {
+        let Some(slot) = self.0.get(owner as usize) else {
+            return false;
+        };
+        let mut g = slot.lock().unwrap();
+        if *g != old {
+            return false;
+        }
+        match mv() {
+            Some(new) => {
+                *g = new;
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+fn fill(a: &SlabAllocator, h: Handle, len: usize, seed: u64) {
+    let obj = unsafe { a.object(h, len) };
+    for (i, b) in obj.iter_mut().enumerate() {
+        *b = (seed.wrapping_mul(31).wrapping_add(i as u64 * 7) >> 1) as u8;
+    }
+}
+
+fn check(a: &SlabAllocator, h: Handle, len: usize, seed: u64) {
+    let obj = unsafe { a.object(h, len) };
+    for (i, &b) in obj.iter().enumerate() {
+        let want = (seed.wrapping_mul(31).wrapping_add(i as u64 * 7) >> 1) as u8;
+        assert_eq!(b, want, "handle {h:#x} byte {i} seed {seed}");
+    }
+}
+
+#[test]
+fn handles_round_trip() {
+    for (c, id, idx) in [(0, 0, 0), (254, MAX_ID - 1, 4095), (17, 123_456, 1023)] {
+        let h = handle(c, id, idx);
+        assert_ne!(h, 0);
+        assert_eq!(unpack(h), (c, id, idx));
+    }
+    assert_eq!(unpack(0).0, usize::MAX);
+}
+
+/// Every class, every zspage length: fill two zspages and one more object
+/// with full-size objects, check bytes, straddling and accounting, free.
+#[test]
+fn every_class_stores_full_objects_including_straddling_ones() {
+    let a = SlabAllocator::default();
+    let mut lengths_seen = [false; class::MAX_ZSPAGE_PAGES + 1];
+    for (c, spec) in a.class_specs().to_vec().into_iter().enumerate() {
+        if c < a.table.first_large {
+            lengths_seen[spec.pages as usize] = true;
+        }
+        let size = spec.size as usize;
+        let n = 2 * spec.objs as usize + 1;
+        let sizes = vec![spec.size; n];
+        let owners: Vec<u64> = (0..n as u64).collect();
+        let mut hs = Vec::new();
+        a.alloc_bulk(&sizes, &owners, &mut hs).unwrap();
+        assert_eq!(hs.len(), n);
+        let mut straddling = 0;
+        for (i, &h) in hs.iter().enumerate() {
+            assert_eq!(SlabAllocator::class_of_handle(h), c);
+            let p = unsafe { a.object(h, size) }.as_ptr() as usize;
+            if p % PAGE_SIZE + size > PAGE_SIZE {
+                straddling += 1;
+            }
+            fill(&a, h, size, i as u64 + 1000 * c as u64);
+        }
+        for (i, &h) in hs.iter().enumerate() {
+            check(&a, h, size, i as u64 + 1000 * c as u64);
+        }
+        if spec.pages > 1 && PAGE_SIZE % size != 0 {
+            assert!(straddling > 0, "class {spec:?} has no straddling object");
+        }
+        assert_eq!(a.zspages(), 3, "class {spec:?}");
+        assert_eq!(a.mem_used_total(), 3 * a.classes[c].cost);
+        a.free_bulk(&hs);
+        assert_eq!(a.zspages(), 0);
+        assert_eq!(a.mem_used_total(), 0, "class {spec:?}");
+    }
+    for (pages, seen) in lengths_seen.iter().enumerate().skip(1) {
+        // The small classes use every length from 1 to 8 pages, so every
+        // zspage length was exercised above.
+        assert!(seen, "no class uses {pages}-page zspages");
+    }
+}
+
+#[test]
+fn every_object_size_round_trips() {
+    let a = SlabAllocator::default();
+    let mut sizes: Vec<u32> = (1..=PAGE_SIZE as u32).collect();
+    // And objects larger than a page (packed groups), up to the largest.
+    sizes.extend((1..=65u32).map(|p| p * PAGE_SIZE as u32 - 7 * p));
+    sizes.push(class::MAX_OBJ as u32);
+    let owners: Vec<u64> = (0..sizes.len() as u64).collect();
+    let mut hs = Vec::new();
+    a.alloc_bulk(&sizes, &owners, &mut hs).unwrap();
+    for (&h, &s) in hs.iter().zip(&sizes) {
+        fill(&a, h, s as usize, s as u64);
+    }
+    for (&h, &s) in hs.iter().zip(&sizes) {
+        check(&a, h, s as usize, s as u64);
+    }
+    let peak = a.mem_used_total();
+    assert_eq!(a.mem_used_max(), peak);
+    a.free_bulk(&hs);
+    assert_eq!(a.mem_used_total(), 0);
+    assert_eq!(a.mem_used_max(), peak);
+    a.reset_mem_used_max();
+    assert_eq!(a.mem_used_max(), 0);
+}
+
+#[test]
+fn freed_objects_and_zspages_are_reused() {
+    let a = SlabAllocator::default();
+    let mut hs = Vec::new();
+    a.alloc_bulk(&[100; 40], &[0; 40], &mut hs).unwrap();
+    let zs = a.zspages();
+    let mem = a.mem_used_total();
+    a.free_bulk(&hs[..20]);
+    let mut more = Vec::new();
+    a.alloc_bulk(&[100; 20], &[0; 20], &mut more).unwrap();
+    assert_eq!(a.zspages(), zs, "holes are filled before new zspages");
+    assert_eq!(a.mem_used_total(), mem);
+    a.free_bulk(&hs[20..]);
+    a.free_bulk(&more);
+    assert_eq!(a.mem_used_total(), 0);
+    // Dead ids and their address ranges come back.
+    let mut again = Vec::new();
+    a.alloc_bulk(&[100; 40], &[0; 40], &mut again).unwrap();
+    for (i, &h) in again.iter().enumerate() {
+        fill(&a, h, 100, i as u64);
+    }
+    for (i, &h) in again.iter().enumerate() {
+        check(&a, h, 100, i as u64);
+    }
+    a.free_bulk(&again);
+}
+
+#[test]
+fn limit_refuses_whole_bulk_and_keeps_nothing() {
+    let a = SlabAllocator::default();
+    let cost4k = a.classes[a.class_of(4096).unwrap()].cost;
+    a.set_mem_limit(3 * cost4k);
+    assert_eq!(a.mem_limit(), 3 * cost4k);
+    let mut hs = vec![42];
+    // Mixed classes: the small ones succeed first and must be rolled back.
+    let err = a
+        .alloc_bulk(
+            &[100, 4096, 200, 4096, 4096, 4096],
+            &[0, 1, 2, 3, 4, 5],
+            &mut hs,
+        )
+        .unwrap_err();
+    assert_eq!(err.limit, 3 * cost4k);
+    assert_eq!(hs, vec![42], "out unchanged");
+    assert_eq!(a.mem_used_total(), 0);
+    assert_eq!(a.objects(), 0);
+    a.alloc_bulk(&[4096, 4096, 4096], &[0, 1, 2], &mut hs)
+        .unwrap();
+    assert_eq!(a.mem_used_total(), 3 * cost4k);
+    a.set_mem_limit(0);
+    a.alloc_bulk(&[4096], &[3], &mut hs).unwrap();
+    a.free_bulk(&hs[1..]);
+    assert_eq!(a.mem_used_total(), 0);
+}
+
+#[test]
+fn bad_sizes_and_double_frees_are_errors_not_panics() {
+    let a = SlabAllocator::default();
+    let mut hs = Vec::new();
+    assert!(a
+        .alloc_bulk(&[class::MAX_OBJ as u32 + 1], &[0], &mut hs)
+        .is_err());
+    assert!(a.alloc_bulk(&[10, 10], &[0], &mut hs).is_err());
+    assert!(hs.is_empty());
+    a.alloc_bulk(&[10, 10], &[0, 1], &mut hs).unwrap();
+    a.free_bulk(&hs[..1]);
+    a.free_bulk(&hs[..1]); // double free: logged, ignored
+    a.free_bulk(&[0, u64::MAX, handle(3, 999, 0)]);
+    assert_eq!(a.objects(), 1);
+    check_untouched_after_bad_frees(&a, hs[1]);
+    a.free_bulk(&hs[1..]);
+    assert_eq!(a.mem_used_total(), 0);
+}
+
+fn check_untouched_after_bad_frees(a: &SlabAllocator, h: Handle) {
+    fill(a, h, 10, 5);
+    check(a, h, 10, 5);
+}
+
+#[test]
+fn compaction_moves_objects_and_frees_zspages() {
+    let a = SlabAllocator::default();
+    let size = 1000u32;
+    let c = a.class_of(size as usize).unwrap();
+    let objs = a.class_specs()[c].objs as usize;
+    let n = objs * 20;
+    let table = Table((0..n).map(|_| Mutex::new(0)).collect());
+    let mut hs = Vec::new();
+    let owners: Vec<u64> = (0..n as u64).collect();
+    a.alloc_bulk(&vec![size; n], &owners, &mut hs).unwrap();
+    for (i, &h) in hs.iter().enumerate() {
+        *table.0[i].lock().unwrap() = h;
+        fill(&a, h, size as usize, i as u64);
+    }
+    // Free all but one object of every zspage: 20 zspages, 19 freeable.
+    let (keep, drop_): (Vec<_>, Vec<_>) = (0..n).partition(|i| i % objs == 0);
+    let dropped: Vec<Handle> = drop_.iter().map(|&i| hs[i]).collect();
+    for &i in &drop_ {
+        *table.0[i].lock().unwrap() = 0;
+    }
+    a.free_bulk(&dropped);
+    assert_eq!(a.zspages(), 20);
+    let pages = a.class_specs()[c].pages as u64;
+    assert_eq!(
+        a.compactable_pages(),
+        (20 - 20usize.div_ceil(objs)) as u64 * pages
+    );
+    let before = a.mem_used_total();
+    let freed = a.compact(&table);
+    assert_eq!(a.zspages(), 20usize.div_ceil(objs) as u64);
+    assert_eq!(freed, (20 - a.zspages()) * pages);
+    assert!(a.mem_used_total() < before);
+    assert_eq!(a.compactable_pages(), 0);
+    for &i in &keep {
+        let h = *table.0[i].lock().unwrap();
+        check(&a, h, size as usize, i as u64);
+    }
+    let live: Vec<Handle> = keep.iter().map(|&i| *table.0[i].lock().unwrap()).collect();
+    a.free_bulk(&live);
+    assert_eq!(a.mem_used_total(), 0);
+}
+
+#[test]
+fn compaction_skips_objects_their_slot_no_longer_holds() {
+    let a = SlabAllocator::default();
+    let table = Table((0..8).map(|_| Mutex::new(0)).collect());
+    let mut hs = Vec::new();
+    // Two 1-page zspages of 4 objects of 1000 bytes (class 1008 or so).
+    let c = a.class_of(1000).unwrap();
+    let objs = a.class_specs()[c].objs as usize;
+    let n = 2 * objs;
+    a.alloc_bulk(&vec![1000; n], &(0..n as u64).collect::<Vec<_>>(), &mut hs)
+        .unwrap();
+    // Slot 0 keeps its object; everything else in zspage 0 is freed; in
+    // zspage 1 only one object is live but its slot was detached (pending
+    // free): compaction must leave it alone.
+    *table.0[0].lock().unwrap() = hs[0];
+    fill(&a, hs[0], 1000, 1);
+    a.free_bulk(&hs[1..objs]);
+    a.free_bulk(&hs[objs + 1..]);
+    let pending = hs[objs];
+    let pages = a.class_specs()[c].pages as u64;
+    // The pending object stays where it is; the live one moves next to it
+    // (whichever zspage compaction tries first), and its zspage is freed.
+    assert_eq!(a.compact(&table), pages);
+    assert_eq!(a.zspages(), 1);
+    let moved = *table.0[0].lock().unwrap();
+    assert_ne!(moved, hs[0]);
+    check(&a, moved, 1000, 1);
+    // With only the pending object's zspage and nothing live, nothing moves.
+    *table.0[0].lock().unwrap() = 0;
+    assert_eq!(a.compact(&table), 0);
+    a.free_bulk(&[pending, moved]);
+    assert_eq!(a.mem_used_total(), 0);
+}
+
+#[test]
+fn mlock_config_works_or_degrades() {
+    // Whether mlock succeeds depends on RLIMIT_MEMLOCK; either way objects
+    // must be stored and freed correctly.
+    let a = SlabAllocator::new(SlabConfig { mlock: true });
+    let mut hs = Vec::new();
+    a.alloc_bulk(&[3000; 10], &[0; 10], &mut hs).unwrap();
+    for (i, &h) in hs.iter().enumerate() {
+        fill(&a, h, 3000, i as u64);
+    }
+    for (i, &h) in hs.iter().enumerate() {
+        check(&a, h, 3000, i as u64);
+    }
+    a.free_bulk(&hs);
+    assert_eq!(a.mem_used_total(), 0);
+}
+
+#[test]
+fn concurrent_alloc_free_across_classes() {
+    let a = std::sync::Arc::new(SlabAllocator::default());
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let a = a.clone();
+            std::thread::spawn(move || {
+                let mut live: Vec<(Handle, usize, u64)> = Vec::new();
+                let mut x = t * 7919 + 1;
+                for round in 0..300u64 {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let sizes: Vec<u32> =
+                        (0..8).map(|k| ((x >> (k * 8)) % 4096 + 1) as u32).collect();
+                    let mut hs = Vec::new();
+                    a.alloc_bulk(&sizes, &[0; 8], &mut hs).unwrap();
+                    for (k, (&h, &s)) in hs.iter().zip(&sizes).enumerate() {
+                        let seed = round * 8 + k as u64 + t * 1_000_000;
+                        fill(&a, h, s as usize, seed);
+                        live.push((h, s as usize, seed));
+                    }
+                    if live.len() > 40 {
+                        let gone: Vec<_> = live.drain(..20).collect();
+                        for &(h, s, seed) in &gone {
+                            check(&a, h, s, seed);
+                        }
+                        a.free_bulk(&gone.iter().map(|e| e.0).collect::<Vec<_>>());
+                    }
+                }
+                for &(h, s, seed) in &live {
+                    check(&a, h, s, seed);
+                }
+                a.free_bulk(&live.iter().map(|e| e.0).collect::<Vec<_>>());
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    assert_eq!(a.mem_used_total(), 0);
+    assert_eq!(a.objects(), 0);
+}

@@ -1,0 +1,216 @@
+//! Virtual memory for zspages: per-class chunks of address space, each
+//! carved into equal zspage ranges, and the calls that give pages back.
+//!
+//! A size class numbers its zspages 0, 1, 2, ...; zspage `id` lives at a
+//! fixed address inside chunk `c`, and chunk `c` holds `CHUNK0 << c`
+//! zspages. So the address of any zspage is two loads away (the chunk
+//! base, then arithmetic), needs no lock, and a zspage is one contiguous
+//! virtual range whatever its page count: an object that straddles pages is
+//! still one slice. Chunks are mapped `MAP_NORESERVE` and stay mapped until
+//! the allocator is dropped (the address space is bounded by the peak
+//! number of zspages); a freed zspage gives its physical pages back to the
+//! OS with `madvise(MADV_DONTNEED)` and its range is reused by the next
+//! zspage of the class.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// Zspages in chunk 0; chunk `c` holds `CHUNK0 << c`.
+pub const CHUNK0: u64 = 16;
+/// Chunks per class: room for `CHUNK0 * (2^MAX_CHUNKS - 1)` zspages.
+pub const MAX_CHUNKS: usize = 32;
+
+/// Where zspage `id` lives: its chunk and its position in the chunk.
+#[inline]
+pub fn chunk_of(id: u64) -> (usize, u64) {
+    let j = id / CHUNK0 + 1;
+    let c = 63 - j.leading_zeros() as usize;
+    (c, id - CHUNK0 * ((1u64 << c) - 1))
+}
+
+/// Zspages in chunk `c`.
+#[inline]
+pub fn chunk_len(c: usize) -> u64 {
+    CHUNK0 << c
+}
+
+/// A class's chunk directory: chunk base addresses, 0 while unmapped.
+/// Written under the class lock, read without it.
+pub struct ChunkDir {
+    bases: [AtomicUsize; MAX_CHUNKS],
+    zspage_bytes: usize,
+}
+
+impl ChunkDir {
+    /// An empty directory for zspages of `zspage_bytes`.
+    pub fn new(zspage_bytes: usize) -> Self {
+        ChunkDir {
+            bases: std::array::from_fn(|_| AtomicUsize::new(0)),
+            zspage_bytes,
+        }
+    }
+
+    /// The address of zspage `id`; 0 if its chunk is not mapped.
+    #[inline]
+    pub fn zspage_addr(&self, id: u64) -> usize {
+        let (c, off) = chunk_of(id);
+        match self.bases.get(c) {
+            // Acquire pairs with the Release in `ensure`; in practice the
+            // slot lock already orders this, but it costs nothing on x86.
+            Some(b) => match b.load(Ordering::Acquire) {
+                0 => 0,
+                base => base + off as usize * self.zspage_bytes,
+            },
+            None => 0,
+        }
+    }
+
+    /// Maps the chunk holding zspage `id` if needed (under the class lock).
+    /// Returns false if the id is beyond the directory or mmap failed.
+    pub fn ensure(&self, id: u64) -> bool {
+        let (c, _) = chunk_of(id);
+        let Some(slot) = self.bases.get(c) else {
+            return false;
+        };
+        if slot.load(Ordering::Relaxed) != 0 {
+            return true;
+        }
+        let Some(len) = (chunk_len(c) as usize).checked_mul(self.zspage_bytes) else {
+            return false;
+        };
+        match map_anon(len) {
+            Some(p) => {
+                slot.store(p, Ordering::Release);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl Drop for ChunkDir {
+    fn drop(&mut self) {
+        for (c, b) in self.bases.iter().enumerate() {
+            let base = b.load(Ordering::Relaxed);
+            if base != 0 {
+                // SAFETY: the chunk was mapped by `ensure` with this length
+                // and nothing can reference it once the allocator is gone.
+                unsafe {
+                    libc::munmap(
+                        base as *mut libc::c_void,
+                        chunk_len(c) as usize * self.zspage_bytes,
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Maps `len` bytes of anonymous, lazily backed memory.
+fn map_anon(len: usize) -> Option<usize> {
+    // SAFETY: a fresh anonymous mapping aliases nothing.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        log::error!(
+            "slab: mmap of {len} bytes failed: {}",
+            std::io::Error::last_os_error()
+        );
+        None
+    } else {
+        Some(p as usize)
+    }
+}
+
+/// Locks a new zspage's pages in RAM (swap use: a swap device must never
+/// need to be swapped in itself). Returns false if the OS refused.
+pub fn lock_range(addr: usize, len: usize) -> bool {
+    // SAFETY: the range lies inside a chunk this allocator mapped.
+    unsafe { libc::mlock(addr as *const libc::c_void, len) == 0 }
+}
+
+/// Gives a dead zspage's pages back to the OS. The range stays mapped and
+/// reads as zeros until reused.
+///
+/// `MADV_DONTNEED` refuses locked pages, whether this slab locked them
+/// (`locked`) or the whole process did (`mlockall(MCL_FUTURE)`, as the
+/// daemon does for swap): such a range is unlocked first; the slab locks a
+/// zspage again when it reuses the range if it was configured to lock.
+pub fn release_range(addr: usize, len: usize, locked: bool) {
+    // SAFETY: the range lies inside a chunk this allocator mapped and no
+    // live object remains in it (the caller holds the class lock and the
+    // zspages are empty).
+    unsafe {
+        let p = addr as *mut libc::c_void;
+        if locked {
+            libc::munlock(p, len);
+        }
+        if libc::madvise(p, len, libc::MADV_DONTNEED) != 0 && !locked {
+            libc::munlock(p, len);
+            if libc::madvise(p, len, libc::MADV_DONTNEED) != 0 {
+                log::warn!(
+                    "slab: cannot give {len} bytes back to the OS: {}",
+                    std::io::Error::last_os_error()
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunks_tile_the_id_space() {
+        let mut expect = (0usize, 0u64);
+        for id in 0..100_000u64 {
+            let (c, off) = chunk_of(id);
+            assert_eq!((c, off), expect, "id {id}");
+            expect.1 += 1;
+            if expect.1 == chunk_len(expect.0) {
+                expect = (expect.0 + 1, 0);
+            }
+        }
+    }
+
+    #[test]
+    fn zspages_are_contiguous_and_distinct() {
+        let d = ChunkDir::new(3 * 4096);
+        assert_eq!(d.zspage_addr(5), 0);
+        for id in 0..40 {
+            assert!(d.ensure(id));
+        }
+        for id in 0..40u64 {
+            let a = d.zspage_addr(id);
+            assert_ne!(a, 0);
+            // Touch the whole zspage: it must be mapped and writable.
+            let s = unsafe { std::slice::from_raw_parts_mut(a as *mut u8, 3 * 4096) };
+            s.fill(id as u8);
+        }
+        for id in 0..40u64 {
+            let a = d.zspage_addr(id);
+            let s = unsafe { std::slice::from_raw_parts(a as *const u8, 3 * 4096) };
+            assert!(s.iter().all(|&b| b == id as u8), "id {id}");
+        }
+        let a = d.zspage_addr(7);
+        release_range(a, 3 * 4096, false);
+        let s = unsafe { std::slice::from_raw_parts(a as *const u8, 3 * 4096) };
+        assert!(s.iter().all(|&b| b == 0), "released pages read as zeros");
+        // Pages locked behind the slab's back (mlockall in the daemon) are
+        // given back too, if this process may lock a page at all.
+        let b = d.zspage_addr(8);
+        if lock_range(b, 4096) {
+            release_range(b, 3 * 4096, false);
+            let s = unsafe { std::slice::from_raw_parts(b as *const u8, 3 * 4096) };
+            assert!(s.iter().all(|&b| b == 0), "locked pages released");
+        }
+    }
+}
