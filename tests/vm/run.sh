@@ -365,6 +365,7 @@ main() {
         # Keep the console log next to the work folder for CI artifacts.
         cp "$WORK/console.log" "$CACHE/last-console.log" 2>/dev/null || true
         rm -rf "$WORK"
+        echo "console log: $CACHE/last-console.log"
     fi
     exit $rc
 }
