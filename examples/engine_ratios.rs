@@ -42,7 +42,8 @@ fn random_reads(algo: Algo, g: usize, mode: Mode, data: &[u8]) -> Result<(f64, f
     let store = Store::new(cfg).map_err(|e| e.to_string())?;
     let mut ctx = store.new_ctx();
     for (i, req) in data.chunks(16 * PAGE_SIZE).enumerate() {
-        ctx.write((i * 16 * PAGE_SIZE) as u64, req).map_err(|e| e.to_string())?;
+        ctx.write((i * 16 * PAGE_SIZE) as u64, req)
+            .map_err(|e| e.to_string())?;
     }
     let pages = (data.len() / PAGE_SIZE) as u64;
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
@@ -54,7 +55,8 @@ fn random_reads(algo: Algo, g: usize, mode: Mode, data: &[u8]) -> Result<(f64, f
         x ^= x << 17;
         let p = x % pages;
         let t0 = Instant::now();
-        ctx.read(p * PAGE_SIZE as u64, &mut buf).map_err(|e| e.to_string())?;
+        ctx.read(p * PAGE_SIZE as u64, &mut buf)
+            .map_err(|e| e.to_string())?;
         lat.push(t0.elapsed().as_nanos() as f64 / 1000.0);
         let want = &data[(p as usize) * PAGE_SIZE..][..PAGE_SIZE];
         if buf != want {
@@ -70,8 +72,14 @@ fn store_vs_codec(algos: &[Algo], rounds: usize, data: &[u8]) -> Result<(), Stri
     println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for &algo in algos {
         for (g, mode) in [(1, Mode::PerPage), (8, Mode::PerPage), (8, Mode::Packed)] {
-            let opts = BenchOptions { algo, group_pages: g, mode, ..BenchOptions::default() };
-            let (mut w, mut r, mut c, mut d, mut wr, mut rr) = (vec![], vec![], vec![], vec![], vec![], vec![]);
+            let opts = BenchOptions {
+                algo,
+                group_pages: g,
+                mode,
+                ..BenchOptions::default()
+            };
+            let (mut w, mut r, mut c, mut d, mut wr, mut rr) =
+                (vec![], vec![], vec![], vec![], vec![], vec![]);
             let mut last = None;
             for _ in 0..rounds {
                 let ceil = codec_ceiling(algo, data).map_err(|e| e.to_string())?;
@@ -100,10 +108,25 @@ fn scaling(algos: &[Algo], rounds: usize, data: &[u8]) -> Result<(), String> {
     println!("| algo | write MB/s 1 thread | 2 threads | write scaling | read MB/s 1 thread | 2 threads | read scaling |");
     println!("| --- | --- | --- | --- | --- | --- | --- |");
     for &algo in algos {
-        let (mut w1, mut w2, mut r1, mut r2, mut ws, mut rs) = (vec![], vec![], vec![], vec![], vec![], vec![]);
+        let (mut w1, mut w2, mut r1, mut r2, mut ws, mut rs) =
+            (vec![], vec![], vec![], vec![], vec![], vec![]);
         for _ in 0..rounds {
-            let one = bench(&BenchOptions { algo, threads: 1, ..BenchOptions::default() }, data)?;
-            let two = bench(&BenchOptions { algo, threads: 2, ..BenchOptions::default() }, data)?;
+            let one = bench(
+                &BenchOptions {
+                    algo,
+                    threads: 1,
+                    ..BenchOptions::default()
+                },
+                data,
+            )?;
+            let two = bench(
+                &BenchOptions {
+                    algo,
+                    threads: 2,
+                    ..BenchOptions::default()
+                },
+                data,
+            )?;
             ws.push(two.write_mb_s / one.write_mb_s);
             rs.push(two.read_mb_s / one.read_mb_s);
             w1.push(one.write_mb_s);
@@ -113,7 +136,12 @@ fn scaling(algos: &[Algo], rounds: usize, data: &[u8]) -> Result<(), String> {
         }
         println!(
             "| {algo} | {:.0} | {:.0} | {:.2}x | {:.0} | {:.0} | {:.2}x |",
-            median(w1), median(w2), median(ws), median(r1), median(r2), median(rs)
+            median(w1),
+            median(w2),
+            median(ws),
+            median(r1),
+            median(r2),
+            median(rs)
         );
     }
     Ok(())
@@ -121,12 +149,18 @@ fn scaling(algos: &[Algo], rounds: usize, data: &[u8]) -> Result<(), String> {
 
 fn main() -> Result<(), String> {
     let mut args = std::env::args().skip(1);
-    let path = PathBuf::from(args.next().ok_or("usage: engine_ratios FILE [--rounds N] [ALGO...]")?);
+    let path = PathBuf::from(
+        args.next()
+            .ok_or("usage: engine_ratios FILE [--rounds N] [ALGO...]")?,
+    );
     let mut algos = Vec::new();
     let mut rounds = 5;
     while let Some(a) = args.next() {
         if a == "--rounds" {
-            rounds = args.next().and_then(|n| n.parse().ok()).ok_or("--rounds needs a number")?;
+            rounds = args
+                .next()
+                .and_then(|n| n.parse().ok())
+                .ok_or("--rounds needs a number")?;
         } else {
             algos.push(a.parse::<Algo>()?);
         }
