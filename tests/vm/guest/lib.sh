@@ -1,0 +1,254 @@
+# Helpers for the guest scenarios (busybox sh), sourced before each scenario
+# and before --extra-script. The scenario's name is $1 (SCEN below).
+#
+# Knobs (kernel command line zblk.<knob>=VALUE, see /init), with defaults:
+#   ZBLK_DEV_MB=1024       size of the swap device (zblk and zram alike)
+#   ZBLK_LIMIT_MB=128      memory.high of the workload's cgroup
+#   ZBLK_USEMEM_PROCS=2    usemem worker processes
+#   ZBLK_USEMEM_MB=192     MB each usemem worker writes (total >= 3x the limit)
+#   ZBLK_MUNMAP_SIZES="64 256"  regions (MB) of the munmap scenario ('+' separated on the command line)
+#   ZBLK_MUNMAP_PROCS=1    processes that each map a region and unmap together
+#   ZBLK_ALGO=lz4          compression algorithm of both devices
+#   ZBLK_SETTLE_S=10       seconds allowed for stats to fall back after munmap
+
+SCEN=${1:-extra}
+: "${ZBLK_DEV_MB:=1024}" "${ZBLK_LIMIT_MB:=128}" "${ZBLK_USEMEM_PROCS:=2}" "${ZBLK_USEMEM_MB:=192}"
+: "${ZBLK_MUNMAP_SIZES:=64 256}" "${ZBLK_MUNMAP_PROCS:=1}" "${ZBLK_ALGO:=lz4}" "${ZBLK_SETTLE_S:=10}"
+ZBLK_MUNMAP_SIZES=$(echo "$ZBLK_MUNMAP_SIZES" | tr '+,' '  ')
+PAGE=4096
+
+# util-linux's tools when carried in /usr/sbin: busybox sh would otherwise
+# run its own applets first, and those lack --priority and -z.
+for t in swapon swapoff mkswap blkdiscard; do
+    [ -x /usr/sbin/$t ] && eval "$t() { /usr/sbin/$t \"\$@\"; }"
+done
+
+log() { echo "[$SCEN] $*"; }
+# Prints the result line and ends the scenario.
+pass() { echo "PASS $SCEN $*"; exit 0; }
+fail() { echo "FAIL $SCEN $*"; exit 1; }
+# Runs a command, failing the scenario with its output when it fails.
+must() {
+    out=$("$@" 2>&1) || fail "'$*' failed: $(echo "$out" | tail -3 | tr '\n' ' ')"
+    [ -n "$out" ] && echo "$out"
+    return 0
+}
+
+# Remembers a background pid so that /init kills it if the scenario dies.
+track() { echo "$1" >>/tmp/zblk-vm.pids; }
+
+# First value of "KEY" in the JSON on stdin (numbers, strings, booleans).
+# Top-level fields of zblk's JSON come before nested ones (queues), so the
+# first match is the device-wide value.
+jget() {
+    tr -d '\n' | grep -o "\"$1\"[[:space:]]*:[[:space:]]*[^,}]*" | head -1 |
+        sed 's/^[^:]*:[[:space:]]*//; s/"//g; s/[[:space:]]*$//'
+}
+# Like jget, but 0 when absent (for arithmetic).
+jnum() { v=$(jget "$1"); echo "${v:-0}" | cut -d. -f1; }
+
+# Integer ratio a/b with two decimals, "inf" when b is 0.
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b == 0) print "inf"; else printf "%.2f", a / b }'; }
+
+# A /proc/vmstat counter.
+vmstat() { awk -v k="$1" '$1 == k { print $2 }' /proc/vmstat; }
+
+# Seconds since boot with centiseconds.
+now() { cut -d' ' -f1 /proc/uptime; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
+
+# ---- zblk devices ---------------------------------------------------------
+
+# zblk add "$@" --json; sets ZID (device id) and ZDEV (/dev/ublkbN) and
+# checks that the block device really exists (a failed server would leave a
+# plain file behind in devtmpfs on the first write otherwise).
+zadd() {
+    # Through a file, not a pipe: a daemon that kept the CLI's stdout open
+    # would otherwise block the command substitution (and the console tee).
+    zblk add "$@" --json </dev/null >/tmp/zblk-vm.add 2>&1 ||
+        fail "zblk add $* failed: $(tail -3 /tmp/zblk-vm.add | tr '\n' ' ')"
+    out=$(cat /tmp/zblk-vm.add)
+    name=$(echo "$out" | grep -o 'ublkb[0-9][0-9]*' | head -1)
+    [ -n "$name" ] || name=ublkb$(echo "$out" | jnum id)
+    ZID=${name#ublkb}
+    ZDEV=/dev/$name
+    i=0
+    while [ ! -b "$ZDEV" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+    [ -b "$ZDEV" ] || fail "zblk add returned but $ZDEV is not a block device ($out)"
+    log "added $ZDEV (id $ZID): $(echo "$out" | tr -d '\n' | cut -c1-200)"
+}
+
+# The JSON stats of device $1 (default $ZID).
+zstat() { zblk stat -n "${1:-$ZID}" --json 2>/dev/null; }
+
+# Pid of the process serving ublk device $1 (the one holding /dev/ublkcN open).
+zdaemon_pid() {
+    for p in /proc/[0-9]*; do
+        ls -l "$p/fd" 2>/dev/null | grep -q "/dev/ublkc$1\$" && { echo "${p#/proc/}"; return 0; }
+    done
+    return 1
+}
+
+# True when $1 (a /dev path) is an active swap area.
+is_swap() { grep -q "^$1 " /proc/swaps; }
+
+# ---- kernel zram ------------------------------------------------------------
+
+# Sets up /dev/zram0 of $1 MB with $ZBLK_ALGO as swap with discard, priority 100.
+zram_swap() {
+    [ -e /sys/block/zram0 ] || fail "no /sys/block/zram0 (zram module not loaded?)"
+    echo 1 >/sys/block/zram0/reset
+    echo "$ZBLK_ALGO" >/sys/block/zram0/comp_algorithm || fail "zram: algorithm $ZBLK_ALGO refused"
+    echo "${1}M" >/sys/block/zram0/disksize || fail "zram: disksize refused"
+    must mkswap /dev/zram0 >/dev/null
+    must swapon --discard --priority 100 /dev/zram0
+    is_swap /dev/zram0 || fail "zram0 is not in /proc/swaps"
+}
+
+# zram's mm_stat: orig_data_size compr_data_size mem_used_total mem_limit
+# mem_used_max same_pages pages_compacted huge_pages huge_pages_since. zram's
+# orig_data_size counts every stored page (same-filled ones too), so
+# orig_data_size / 4096 is its stored-pages figure.
+zram_mm() { cat /sys/block/zram0/mm_stat; }
+# Field $1 (1-based) of mm_stat.
+zram_field() { awk -v f="$1" '{ print $f }' /sys/block/zram0/mm_stat; }
+# notify_free of zram (4th field of io_stat).
+zram_notify_free() { awk '{ print $4 }' /sys/block/zram0/io_stat; }
+
+# ---- cgroup workloads --------------------------------------------------------
+
+# Creates cgroup zblk-$1 with memory.high of $2 MB (swap unlimited).
+cg_make() {
+    cg=/sys/fs/cgroup/zblk-$1
+    mkdir -p "$cg" || fail "cannot create cgroup $cg"
+    echo "${2}M" >"$cg/memory.high" || fail "cannot set memory.high"
+    echo max >"$cg/memory.swap.max" 2>/dev/null
+    echo "$cg"
+}
+
+# Runs "$@" inside cgroup directory $CG (exec keeps the pid).
+in_cg() { sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$CG" "$@"; }
+
+# Samples device stats every second while pid $1 lives; keeps in
+# /tmp/zblk-vm.peak the sample with the most stored pages ("$2" says how to
+# sample: zblk or zram).
+sample_peak() {
+    best=-1
+    while kill -0 "$1" 2>/dev/null; do
+        if [ "$2" = zram ]; then
+            s=$(zram_mm); n=$(echo "$s" | awk '{ print int($1 / 4096) }')
+        else
+            s=$(zstat); n=$(echo "$s" | jnum stored_pages)
+        fi
+        if [ -n "$n" ] && [ "$n" -gt "$best" ]; then
+            best=$n
+            echo "$s" >/tmp/zblk-vm.peak
+        fi
+        sleep 1
+    done
+}
+
+# ---- device-neutral probes (KIND is zblk or zram) -----------------------------
+
+# Stored pages, memory used and notify_free of the current device of KIND.
+dev_stored() { if [ "$1" = zram ]; then echo $(( $(zram_field 1) / PAGE )); else zstat | jnum stored_pages; fi; }
+dev_mem() { if [ "$1" = zram ]; then zram_field 3; else zstat | jnum mem_used_total; fi; }
+dev_notify_free() { if [ "$1" = zram ]; then zram_notify_free; else zstat | jnum notify_free; fi; }
+# orig_data_size and compr_data_size of a sample ($2) of KIND.
+sample_orig() { if [ "$1" = zram ]; then echo "$2" | awk '{ print $1 }'; else echo "$2" | jnum orig_data_size; fi; }
+sample_compr() { if [ "$1" = zram ]; then echo "$2" | awk '{ print $2 }'; else echo "$2" | jnum compr_data_size; fi; }
+sample_memused() { if [ "$1" = zram ]; then echo "$2" | awk '{ print $3 }'; else echo "$2" | jnum mem_used_total; fi; }
+
+# The pressure workload against the active swap device of KIND ($1): usemem
+# in a cgroup whose memory.high is ZBLK_LIMIT_MB, writing USEMEM_PROCS x
+# USEMEM_MB, so at least twice the limit has to go through swap. Every page
+# is verified by usemem. Fails the scenario on any error; otherwise sets
+# W_FIGS (figures for the result line) and W_* values, and saves the figures
+# in /tmp/figures.swap.$1 for zram-compare.
+swap_workload() {
+    kind=$1
+    CG=$(cg_make "swap-$kind" "$ZBLK_LIMIT_MB")
+    out0=$(vmstat pswpout); in0=$(vmstat pswpin)
+    rm -f /tmp/zblk-vm.peak
+    t0=$(now)
+    in_cg usemem --mb "$ZBLK_USEMEM_MB" --procs "$ZBLK_USEMEM_PROCS" --sleep 2 >/tmp/zblk-vm.usemem 2>&1 &
+    upid=$!
+    track $upid
+    sample_peak $upid "$kind"
+    wait $upid
+    urc=$?
+    W_WALL=$(elapsed "$t0")
+    uj=$(grep '"program":"usemem"' /tmp/zblk-vm.usemem | tail -1)
+    [ "$urc" = 0 ] || fail "$kind: usemem exit $urc: $(tail -c 400 /tmp/zblk-vm.usemem | tr '\n' ' ')"
+    [ "$(echo "$uj" | jget ok)" = true ] || fail "$kind: usemem not ok: $uj"
+    [ "$(echo "$uj" | jnum bad_pages)" = 0 ] || fail "$kind: usemem saw bad pages: $uj"
+    W_OUT_MB=$(( ($(vmstat pswpout) - out0) * PAGE / 1048576 ))
+    W_IN_MB=$(( ($(vmstat pswpin) - in0) * PAGE / 1048576 ))
+    [ "$W_OUT_MB" -ge $((2 * ZBLK_LIMIT_MB)) ] ||
+        fail "$kind: only ${W_OUT_MB} MB swapped out, want >= 2x the ${ZBLK_LIMIT_MB} MB limit"
+    [ "$W_IN_MB" -gt 0 ] || fail "$kind: nothing swapped in (pswpin did not grow)"
+    peak=$(cat /tmp/zblk-vm.peak 2>/dev/null)
+    [ -n "$peak" ] || fail "$kind: no stats sample taken while the workload ran"
+    if [ "$kind" = zram ]; then W_PEAK=$(( $(sample_orig zram "$peak") / PAGE )); else W_PEAK=$(echo "$peak" | jnum stored_pages); fi
+    orig=$(sample_orig "$kind" "$peak"); compr=$(sample_compr "$kind" "$peak"); mem=$(sample_memused "$kind" "$peak")
+    [ "$W_PEAK" -gt 0 ] || fail "$kind: stats never showed stored pages: $(echo "$peak" | cut -c1-300)"
+    W_RATIO=$(ratio "$orig" "$compr")
+    W_MEMRATIO=$(ratio "$orig" "$mem")
+    awk -v r="$W_RATIO" 'BEGIN { exit !(r > 1) }' || fail "$kind: compression ratio $W_RATIO not above 1 (orig $orig compr $compr)"
+    W_WRITE=$(echo "$uj" | jget write_mb_s); W_VERIFY=$(echo "$uj" | jget verify_mb_s)
+    W_FIGS="total_mb=$(echo "$uj" | jget total_mb) limit_mb=$ZBLK_LIMIT_MB wall_s=$W_WALL write_mb_s=$W_WRITE verify_mb_s=$W_VERIFY swapout_mb=$W_OUT_MB swapin_mb=$W_IN_MB peak_stored_pages=$W_PEAK ratio=$W_RATIO orig_per_mem=$W_MEMRATIO"
+    echo "$W_FIGS" >/tmp/figures.swap.$kind
+    rmdir "$CG" 2>/dev/null
+    return 0
+}
+
+# The munmap workload of $2 MB against the active swap device of KIND ($1):
+# page the region out, wait until the device holds it, unmap it, and wait for
+# stored pages and memory to fall back to where they were. Sets M_FIGS and
+# saves them in /tmp/figures.munmap.$1.$2.
+munmap_workload() {
+    kind=$1 mb=$2
+    procs=$ZBLK_MUNMAP_PROCS
+    base=$(dev_stored "$kind"); basemem=$(dev_mem "$kind"); nf0=$(dev_notify_free "$kind")
+    rm -f /tmp/zblk-vm.go
+    munmap_bench --mb "$mb" --procs "$procs" --wait-file /tmp/zblk-vm.go >/tmp/zblk-vm.mb 2>&1 &
+    bpid=$!
+    track $bpid
+    i=0
+    while ! grep -q '"procs"' /tmp/zblk-vm.mb; do
+        kill -0 $bpid 2>/dev/null || fail "$kind ${mb}MB: munmap_bench died: $(tail -c 300 /tmp/zblk-vm.mb)"
+        [ $i -lt 1200 ] || fail "$kind ${mb}MB: page-out did not finish in 120 s"
+        sleep 0.1; i=$((i + 1))
+    done
+    swap_kb=$(grep '"procs"' /tmp/zblk-vm.mb | head -1 | jnum swap_kb)
+    [ "$swap_kb" -ge $((procs * mb * 1024 * 9 / 10)) ] || fail "$kind ${mb}MB: only ${swap_kb} kB of $procs x ${mb} MB paged out"
+    # Page-out on an asynchronous device completes later: wait for the device.
+    want=$((base + swap_kb / 4 * 9 / 10))
+    i=0
+    while [ "$(dev_stored "$kind")" -lt "$want" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+    full=$(dev_stored "$kind"); fullmem=$(dev_mem "$kind")
+    [ "$full" -ge "$want" ] || fail "$kind ${mb}MB: device holds $full pages, want >= $want after page-out"
+    t0=$(now)
+    touch /tmp/zblk-vm.go
+    wait $bpid || fail "$kind ${mb}MB: munmap_bench failed: $(tail -c 300 /tmp/zblk-vm.mb)"
+    ms=$(grep '"program":"munmap_bench"' /tmp/zblk-vm.mb | jget munmap_ms_max)
+    # Back to the baseline: at most 5% of the growth left (the swap slot
+    # cache and partly used swap clusters may hold a few back).
+    grow=$((full - base)); growmem=$((fullmem - basemem))
+    i=0
+    while :; do
+        st=$(dev_stored "$kind"); mem=$(dev_mem "$kind")
+        [ $((st - base)) -le $((grow / 20)) ] && [ $((mem - basemem)) -le $((growmem / 10)) ] && break
+        [ "$(awk -v a="$(elapsed "$t0")" -v b="$ZBLK_SETTLE_S" 'BEGIN { print (a > b) }')" = 1 ] &&
+            fail "$kind ${mb}MB: no fall-back after ${ZBLK_SETTLE_S}s: stored $base -> $full -> $st pages, mem $basemem -> $fullmem -> $mem"
+        sleep 0.05
+    done
+    settle=$(elapsed "$t0")
+    nf=$(( $(dev_notify_free "$kind") - nf0 ))
+    [ "$nf" -ge $((grow * 9 / 10)) ] || fail "$kind ${mb}MB: notify_free grew by $nf, want >= 90% of $grow pages"
+    label=${mb}MB
+    [ "$procs" -gt 1 ] && label=${procs}x${mb}MB
+    M_FIGS="$label: munmap_ms=$ms settle_s=$settle stored=$base/$full/$st mem_kb=$((basemem / 1024))/$((fullmem / 1024))/$((mem / 1024)) notify_free=+$nf"
+    echo "$M_FIGS" >/tmp/figures.munmap.$kind.$mb
+    return 0
+}

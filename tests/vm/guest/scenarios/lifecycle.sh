@@ -1,0 +1,94 @@
+# lifecycle: del refuses an active swap device without --force and removes it
+# with; bad arguments fail with one clear line; kill -9 of the daemon under
+# load leaves the guest alive and a new device can be added afterwards.
+
+# Expects "$@" to fail with a non-empty message.
+refuse() {
+    out=$("$@" 2>&1) && fail "'$*' succeeded, expected an error"
+    [ -n "$out" ] || fail "'$*' failed without a message"
+    log "refused as expected: $* -> $(echo "$out" | head -1)"
+}
+
+zadd --size 256M --algo "$ZBLK_ALGO" --swap
+is_swap "$ZDEV" || fail "$ZDEV is not in /proc/swaps"
+refuse zblk del -n "$ZID"
+is_swap "$ZDEV" || fail "zblk del without --force took $ZDEV out of swap"
+[ -b "$ZDEV" ] || fail "zblk del without --force removed $ZDEV"
+# SIGTERM of the daemon of an active swap device is refused: it keeps serving.
+pid=$(zdaemon_pid "$ZID") || fail "no process holds /dev/ublkc$ZID"
+kill -TERM "$pid"
+sleep 2
+kill -0 "$pid" 2>/dev/null || fail "SIGTERM stopped the daemon of active swap $ZDEV"
+is_swap "$ZDEV" || fail "$ZDEV left swap after SIGTERM"
+must zblk del -n "$ZID" --force
+is_swap "$ZDEV" && fail "$ZDEV still swap after zblk del --force"
+i=0
+while [ -b "$ZDEV" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+[ -b "$ZDEV" ] && fail "$ZDEV still exists after zblk del --force"
+[ -e "/run/zblk/$ZID.sock" ] && fail "/run/zblk/$ZID.sock left behind after zblk del --force"
+
+# A taken id is refused; SIGTERM stops an idle device cleanly.
+zadd --size 64M --id 5
+refuse zblk add --size 64M --id 5
+pid=$(zdaemon_pid 5) || fail "no process holds /dev/ublkc5"
+kill -TERM "$pid"
+i=0
+while { kill -0 "$pid" 2>/dev/null || [ -b /dev/ublkb5 ] || [ -e /run/zblk/5.sock ]; } && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+kill -0 "$pid" 2>/dev/null && fail "daemon $pid still runs 10 s after SIGTERM"
+[ -b /dev/ublkb5 ] && fail "/dev/ublkb5 still exists after SIGTERM"
+[ -e /run/zblk/5.sock ] && fail "/run/zblk/5.sock left behind after SIGTERM"
+
+# --foreground: serves in the CLI process until zblk del.
+zblk add --size 64M --id 6 --foreground --json </dev/null >/tmp/zblk-vm.fg 2>&1 &
+fg=$!
+track $fg
+i=0
+while [ ! -b /dev/ublkb6 ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+[ -b /dev/ublkb6 ] || fail "zblk add --foreground: no /dev/ublkb6 after 10 s: $(tail -3 /tmp/zblk-vm.fg)"
+must zblk del -n 6 >/dev/null
+i=0
+while kill -0 $fg 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+kill -0 $fg 2>/dev/null && fail "zblk add --foreground still runs 10 s after zblk del"
+wait $fg || fail "zblk add --foreground exited $? after zblk del"
+
+refuse zblk add --size 0
+refuse zblk add --size 1000
+refuse zblk add --size 64M --algo no-such-algo
+refuse zblk del -n 97
+refuse zblk stat -n 97 --json
+refuse zblk frobnicate
+
+# kill -9 under load: writers and readers on the device, then the daemon dies.
+zadd --size 256M --algo "$ZBLK_ALGO"
+old=$ZID olddev=$ZDEV
+pid=$(zdaemon_pid "$ZID") || fail "no process holds /dev/ublkc$ZID"
+dd if=/dev/urandom of=/tmp/zblk-vm.src bs=1048576 count=16 2>/dev/null
+( while :; do dd if=/tmp/zblk-vm.src of="$ZDEV" bs=1048576 oflag=direct conv=notrunc 2>/dev/null || exit 0; done ) >/dev/null 2>&1 &
+w=$!; track $w
+( while :; do dd if="$ZDEV" of=/dev/null bs=1048576 count=64 iflag=direct 2>/dev/null || exit 0; done ) >/dev/null 2>&1 &
+r=$!; track $r
+sleep 2
+kill -9 "$pid"
+log "killed daemon $pid under load"
+# The loaders see I/O errors and stop; hanging for good would be the bug.
+i=0
+while { kill -0 $w 2>/dev/null || kill -0 $r 2>/dev/null; } && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+if kill -0 $w 2>/dev/null || kill -0 $r 2>/dev/null; then
+    fail "I/O on $olddev still blocked 30 s after the daemon was killed"
+fi
+# Reads now fail fast (or the disk is gone) instead of hanging.
+if [ -b "$olddev" ]; then
+    timeout 20 dd if="$olddev" of=/dev/null bs=4096 count=1 iflag=direct 2>/dev/null
+    rc=$?
+    [ "$rc" = 137 ] || [ "$rc" = 143 ] && fail "a read of $olddev hangs after the daemon died"
+fi
+zblk del -n "$old" --force >/tmp/zblk-vm.del 2>&1
+log "zblk del -n $old --force after the kill: exit $? $(head -1 /tmp/zblk-vm.del)"
+for n in /dev/ublkb$old /dev/ublkc$old; do [ -e "$n" ] && log "note: $n is still there after the daemon died"; done
+log "after kill: $(zblk list 2>&1 | tr '\n' '|')"
+zadd --size 64M --algo "$ZBLK_ALGO"
+dd if=/tmp/zblk-vm.src of="$ZDEV" bs=1048576 count=4 oflag=direct conv=notrunc 2>/dev/null || fail "write to the new $ZDEV failed"
+dd if="$ZDEV" of=/tmp/zblk-vm.back bs=1048576 count=4 iflag=direct 2>/dev/null || fail "read of the new $ZDEV failed"
+head -c 4194304 /tmp/zblk-vm.src | cmp -s - /tmp/zblk-vm.back || fail "data read back from the new $ZDEV differs"
+must zblk del -n "$ZID"
+pass "del and SIGTERM refused on active swap, del --force removed it; SIGTERM stopped an idle device; taken id refused; --foreground served until del; 6 bad commands refused; kill -9 under load: loaders stopped in $((i / 10))s, new device $ZDEV verified"
