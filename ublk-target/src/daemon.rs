@@ -272,8 +272,19 @@ pub fn delete_orphan(id: u32) -> Result<(), String> {
             UblkCtrl::new_simple(sid).map_err(|e| format!("device {id}: {}", ublk_error(&e)))?;
         // Stopping may fail when the driver already stopped it.
         let _ = ctrl.kill_dev();
-        ctrl.del_dev()
-            .map_err(|e| format!("cannot delete device {id}: {}", ublk_error(&e)))?;
+        // The synchronous delete waits for the kernel's last reference to
+        // the disk, which a swap area left behind by a killed daemon never
+        // drops: it would hang. The asynchronous one (Linux 6.9+) returns at
+        // once and the device goes when its last user lets go; older
+        // kernels get the synchronous one.
+        if let Err(e) = ctrl.del_dev_async() {
+            log::info!(
+                "asynchronous delete of device {id} refused ({}); deleting synchronously",
+                ublk_error(&e)
+            );
+            ctrl.del_dev()
+                .map_err(|e| format!("cannot delete device {id}: {}", ublk_error(&e)))?;
+        }
     }
     std::fs::remove_file(&sock).map_err(|e| format!("cannot remove {}: {e}", sock.display()))
 }
