@@ -11,7 +11,9 @@
 #   --scenario NAME     run only this scenario (repeatable; default: all, in order
 #                       swap munmap blockio stat lifecycle zram-compare; also
 #                       swapkill, by name only: kill -9 of an active swap
-#                       device's daemon, which leaves a dead swap area behind)
+#                       device's daemon, which leaves a dead swap area behind;
+#                       and bench, by name only: the device benchmarks of
+#                       tools/scripts/bench-device.sh, BENCH lines, no limits)
 #   --mem SIZE          guest memory (qemu -m syntax, default 2G)
 #   --cpus N            guest vCPUs (default 2)
 #   --keep              keep the work folder (initramfs, console log) and print it
@@ -19,6 +21,8 @@
 #                       the workload programs on PATH and guest/lib.sh sourced;
 #                       its PASS/FAIL lines are counted like a scenario's, and
 #                       it gets a PASS/FAIL "extra" line from its exit status
+#   --data FILE         host data file copied into the guest as
+#                       /lib/zblk-vm/data/<name> (repeatable): a page corpus
 #   --carry PATH        host binary copied into the guest (/usr/local/bin) with the
 #                       shared libraries `ldd` lists (repeatable): fio, stress-ng...
 #   --timeout SECS      whole-boot limit (default 900); a hang is a failure
@@ -61,13 +65,15 @@ CACHE=${ZBLK_VM_CACHE:-$REPO/.vmcache}
 WORK=${ZBLK_VM_WORK:-$REPO/tests/vm/work}
 DEFAULT_SCENARIOS="swap munmap blockio stat lifecycle zram-compare"
 # Run by name only: swapkill leaves a dead swap area the kernel cannot remove.
-ALL_SCENARIOS="$DEFAULT_SCENARIOS swapkill"
+# bench measures and is slow: run by name only (tools/scripts/bench-device.sh).
+ALL_SCENARIOS="$DEFAULT_SCENARIOS swapkill bench"
 SCENARIOS=""
 MEM=2G
 CPUS=2
 KEEP=0
 EXTRA=""
 CARRY=()
+DATA=()
 TIMEOUT=900
 TARGET=x86_64-unknown-linux-gnu
 
@@ -89,6 +95,8 @@ parse_args() {
         --carry) [ $# -ge 2 ] || die "--carry needs a path"
             local p; p=$(command -v "$2" || true); [ -n "$p" ] && [ -f "$p" ] || die "--carry: no such program '$2'"
             CARRY+=("$p"); shift 2;;
+        --data) [ $# -ge 2 ] && [ -f "$2" ] || die "--data needs an existing file"
+            DATA+=("$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"); shift 2;;
         --timeout) [ $# -ge 2 ] || die "--timeout needs seconds"; TIMEOUT=$2; shift 2;;
         -h|--help) usage; exit 0;;
         *) die "unknown option '$1' (see --help)";;
@@ -245,13 +253,13 @@ build_bins() {
     BINDIR=${tdir:-${CARGO_TARGET_DIR:-$REPO/target}}/$TARGET/release
     if [ "${ZBLK_VM_NOBUILD:-0}" != 1 ]; then
         command -v cargo >/dev/null || die "cargo not found (install Rust: https://rustup.rs)"
-        log "building static zblk, usemem, munmap_bench"
+        log "building static zblk, usemem, munmap_bench, randio"
         (cd "$REPO" && RUSTFLAGS='-C target-feature=+crt-static' \
             cargo build --release --target "$TARGET" -p zblk-tools \
-            --bin zblk --bin usemem --bin munmap_bench) >&2 || die "cargo build failed"
+            --bin zblk --bin usemem --bin munmap_bench --bin randio) >&2 || die "cargo build failed"
     fi
     local b
-    for b in zblk usemem munmap_bench; do
+    for b in zblk usemem munmap_bench randio; do
         [ -x "$BINDIR/$b" ] || die "missing $BINDIR/$b"
     done
 }
@@ -288,13 +296,17 @@ pack_initramfs() {
     cp -r "$HERE/guest/scenarios" "$root/lib/zblk-vm/scenarios"
     [ -n "$EXTRA" ] && cp "$EXTRA" "$root/lib/zblk-vm/extra.sh"
     cp "$KDIR"/modules/*.ko "$KDIR/modules/order" "$root/lib/zblk-vm/modules/"
-    for b in zblk usemem munmap_bench; do cp "$BINDIR/$b" "$root/usr/local/bin/"; done
+    for b in zblk usemem munmap_bench randio; do cp "$BINDIR/$b" "$root/usr/local/bin/"; done
     # util-linux's swap and discard tools: busybox's lack --priority and -z.
     for b in swapon swapoff mkswap blkdiscard; do
         local p; p=$(command -v "$b" || true)
         if [ -n "$p" ]; then carry_program "$p" "$root" "/usr/sbin/$b"; else log "note: no $b on this host; the guest uses busybox's"; fi
     done
     for b in "${CARRY[@]+"${CARRY[@]}"}"; do carry_program "$b" "$root"; done
+    if [ ${#DATA[@]} -gt 0 ]; then
+        mkdir -p "$root/lib/zblk-vm/data"
+        cp "${DATA[@]}" "$root/lib/zblk-vm/data/"
+    fi
     (cd "$root" && find . | cpio -o -H newc --quiet | gzip -1) >"$WORK/initrd.img"
     log "initramfs: $(du -h "$WORK/initrd.img" | cut -f1)"
 }

@@ -141,7 +141,8 @@ fn prefill(f: &File, pages: u64, seed: u64, buf: &mut AlignedPage) -> Result<f64
         f.write_all_at(buf.bytes(), p * PAGE as u64)
             .map_err(|e| format!("prefill write of page {p}: {e}"))?;
     }
-    f.sync_all().map_err(|e| format!("fsync after prefill: {e}"))?;
+    f.sync_all()
+        .map_err(|e| format!("fsync after prefill: {e}"))?;
     let secs = t.elapsed().as_secs_f64().max(1e-9);
     Ok((pages * PAGE as u64) as f64 / 1_048_576.0 / secs)
 }
@@ -155,7 +156,12 @@ struct LoopResult {
 }
 
 /// The random 4 KB loop: one synchronous operation at a time.
-fn random_loop(f: &File, args: &Args, pages: u64, buf: &mut AlignedPage) -> Result<LoopResult, String> {
+fn random_loop(
+    f: &File,
+    args: &Args,
+    pages: u64,
+    buf: &mut AlignedPage,
+) -> Result<LoopResult, String> {
     // Generation last written to each page: a read must find exactly it.
     let mut gen = vec![0u32; pages as usize];
     let mut rng = args.seed ^ 0x5241_4e44_494f; // "RANDIO"

@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""Collects the `BENCH {json}` lines of qemu guest console logs into one
+results file: every record, plus per question the median and min-max spread
+of zblk's figure, zram's figure and the zblk/zram ratio, where each ratio
+pairs zblk with zram of the same boot, round and codec pair.
+
+Python 3 standard library only.
+
+  bench_collect.py --meta meta.txt --out results.json console-1.log [...]
+"""
+
+import argparse
+import json
+import statistics
+import sys
+
+# (test, figure path inside the record, name in the summary, better)
+FIGURES = [
+    ("swap", ("wall_s",), "swap elapsed s", "lower"),
+    ("swap", ("swapout_mb_s",), "swap-out MB/s", "higher"),
+    ("swap", ("swapin_verify_mb_s",), "swap-in+verify MB/s", "higher"),
+    ("swap", ("ratio_mem",), "usemem pattern orig/mem_used_total", "higher"),
+    ("swap", ("ratio_data",), "usemem pattern orig/compr", "higher"),
+    ("munmap", ("munmap_ms",), "munmap ms", "lower"),
+    ("munmap", ("settle_s",), "stats back to baseline s", "lower"),
+    ("corpus", ("ratio_mem",), "corpus orig/mem_used_total", "higher"),
+    ("corpus", ("ratio_data",), "corpus orig/compr", "higher"),
+    ("randio", ("randio", "iops"), "random 4 KB IOPS", "higher"),
+    ("randio", ("randio", "all", "p50_us"), "random 4 KB p50 us", "lower"),
+    ("randio", ("randio", "all", "p99_us"), "random 4 KB p99 us", "lower"),
+]
+
+
+def parse_logs(paths):
+    """Every BENCH record of the logs, tagged with its boot (1-based)."""
+    records = []
+    for boot, path in enumerate(paths, 1):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                line = line.strip().replace("\r", "")
+                if not line.startswith("BENCH {"):
+                    continue
+                try:
+                    rec = json.loads(line[len("BENCH "):])
+                except json.JSONDecodeError as e:
+                    print(f"skipped a broken BENCH line of {path}: {e}", file=sys.stderr)
+                    continue
+                rec["boot"] = boot
+                records.append(rec)
+    return records
+
+
+def dig(rec, path):
+    """The number at `path` in `rec`, or None."""
+    v = rec
+    for k in path:
+        if not isinstance(v, dict) or k not in v:
+            return None
+        v = v[k]
+    return v if isinstance(v, (int, float)) else None
+
+
+def variant(rec):
+    """What splits one test into several rows (munmap size, randio mode)."""
+    if rec["test"] == "munmap":
+        return f"{rec.get('mb')} MB"
+    if rec["test"] == "randio":
+        return rec.get("mode", "")
+    if rec["test"] == "zlat":
+        return rec.get("phase", "")
+    return ""
+
+
+def spread(values):
+    """Median, min, max and count of a list (None when empty)."""
+    if not values:
+        return None
+    return {
+        "median": round(statistics.median(values), 3),
+        "min": round(min(values), 3),
+        "max": round(max(values), 3),
+        "n": len(values),
+    }
+
+
+def summarize(records):
+    """One row per (test, pair, variant, figure): zblk, zram and ratio spreads."""
+    rows = []
+    keys = sorted({(r["test"], r["pair"], variant(r)) for r in records if r["test"] != "zlat"})
+    for test, pair, var in keys:
+        for ftest, path, name, better in FIGURES:
+            if ftest != test:
+                continue
+            by_kind = {"zblk": {}, "zram": {}}
+            for r in records:
+                if (r["test"], r["pair"], variant(r)) != (test, pair, var):
+                    continue
+                v = dig(r, path)
+                if v is not None:
+                    by_kind[r["kind"]][(r["boot"], r["round"])] = (v, r["algo"])
+            same = sorted(set(by_kind["zblk"]) & set(by_kind["zram"]))
+            ratios = [by_kind["zblk"][k][0] / by_kind["zram"][k][0] for k in same if by_kind["zram"][k][0]]
+            if not same:
+                continue
+            rows.append({
+                "test": test,
+                "pair": pair,
+                "variant": var,
+                "figure": name,
+                "better": better,
+                "zblk_algo": by_kind["zblk"][same[0]][1],
+                "zram_algo": by_kind["zram"][same[0]][1],
+                "zblk": spread([by_kind["zblk"][k][0] for k in same]),
+                "zram": spread([by_kind["zram"][k][0] for k in same]),
+                "ratio": spread(ratios),
+            })
+    return rows
+
+
+def zlat_summary(records):
+    """zblk's own per-page latency percentiles, median over rounds."""
+    rows = []
+    keys = sorted({(r["pair"], variant(r)) for r in records if r["test"] == "zlat"})
+    for pair, phase in keys:
+        recs = [r for r in records if r["test"] == "zlat" and (r["pair"], variant(r)) == (pair, phase)]
+        for op in ("write", "read", "discard"):
+            row = {"pair": pair, "algo": recs[0]["algo"], "phase": phase, "op": op}
+            for k in ("count", "p50_us", "p95_us", "p99_us"):
+                row[k] = spread([v for v in (dig(r, ("latency", op, k)) for r in recs) if v is not None])
+            rows.append(row)
+    return rows
+
+
+def read_meta(path):
+    """key=value lines of bench-device.sh's meta.txt."""
+    meta = {}
+    if path:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                k, _, v = line.rstrip("\n").partition("=")
+                if k:
+                    meta[k] = v
+    return meta
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--meta")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("logs", nargs="+")
+    a = ap.parse_args()
+    records = parse_logs(a.logs)
+    if not records:
+        sys.exit("no BENCH lines in " + " ".join(a.logs))
+    result = {
+        "meta": read_meta(a.meta),
+        "summary": summarize(records),
+        "zblk_latency": zlat_summary(records),
+        "records": records,
+    }
+    with open(a.out, "w", encoding="utf-8") as f:
+        json.dump(result, f, indent=1)
+        f.write("\n")
+    for row in result["summary"]:
+        r = row["ratio"]
+        print(f"{row['test']:7} {row['pair']:13} {row['variant']:7} {row['figure']:36} "
+              f"zblk {row['zblk']['median']:>10} zram {row['zram']['median']:>10} "
+              f"zblk/zram {r['median'] if r else '-'} [{r['min'] if r else '-'}-{r['max'] if r else '-'}] n={row['zblk']['n']}")
+
+
+if __name__ == "__main__":
+    main()
