@@ -102,5 +102,6 @@ run_boots() {
 }
 
 [ "$COLLECT_ONLY" = 1 ] || run_boots
-python3 "$HERE/bench_collect.py" --meta "$OUT/meta.txt" --out "$OUT/results.json" "$OUT"/console-*.log
+python3 "$HERE/bench_collect.py" --meta "$OUT/meta.txt" --out "$OUT/results.json" \
+    --markdown "$OUT/tables.md" "$OUT"/console-*.log
 log "results: $OUT/results.json"

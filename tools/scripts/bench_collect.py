@@ -6,7 +6,10 @@ pairs zblk with zram of the same boot, round and codec pair.
 
 Python 3 standard library only.
 
-  bench_collect.py --meta meta.txt --out results.json console-1.log [...]
+  bench_collect.py --meta meta.txt --out results.json [--markdown tables.md] console-1.log [...]
+
+With --markdown it also writes the tables BENCHMARKS.md quotes, one per
+question, each cell "median (min-max)".
 """
 
 import argparse
@@ -131,6 +134,52 @@ def zlat_summary(records):
     return rows
 
 
+def cell(sp, digits=2):
+    """'median (min-max)' of a spread, '-' when missing."""
+    if not sp:
+        return "-"
+    f = lambda v: f"{v:.{digits}f}"
+    if sp["n"] == 1 or sp["min"] == sp["max"]:
+        return f(sp["median"])
+    return f"{f(sp['median'])} ({f(sp['min'])}-{f(sp['max'])})"
+
+
+# Markdown tables: (title, tests, figures or None for all of those tests).
+TABLES = [
+    ("Swap under memory.high pressure (usemem)", ("swap",),
+     ("swap elapsed s", "swap-out MB/s", "swap-in+verify MB/s")),
+    ("munmap of swapped-out memory", ("munmap",), ("munmap ms", "stats back to baseline s")),
+    ("Random 4 KB O_DIRECT, queue depth 1 (randio)", ("randio",),
+     ("random 4 KB IOPS", "random 4 KB p50 us", "random 4 KB p99 us")),
+    ("Compression ratio per codec", ("corpus", "swap"),
+     ("corpus orig/mem_used_total", "corpus orig/compr", "usemem pattern orig/mem_used_total")),
+]
+
+
+def markdown(result):
+    """The tables of BENCHMARKS.md's device section."""
+    out = []
+    for title, tests, figs in TABLES:
+        out += [f"#### {title}", "",
+                "| zblk algo | zram algo | test | figure | zblk | zram | zblk / zram |",
+                "| --- | --- | --- | --- | --- | --- | --- |"]
+        for fig in figs:
+            for r in result["summary"]:
+                if r["test"] in tests and r["figure"] == fig:
+                    d = 3 if "ratio" in fig or "orig" in fig else (0 if "IOPS" in fig or "us" in fig else 2)
+                    out.append(f"| {r['zblk_algo']} | {r['zram_algo']} | {r['test']} {r['variant']}".rstrip()
+                               + f" | {fig} | {cell(r['zblk'], d)} | {cell(r['zram'], d)} | {cell(r['ratio'])} |")
+        out.append("")
+    out += ["#### zblk's own per-page latency (`zblk stat --json`, engine time inside the daemon)", "",
+            "| zblk algo | workload | op | pages | p50 us | p95 us | p99 us |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for z in result["zblk_latency"]:
+        if z["count"] and z["count"]["median"]:
+            out.append(f"| {z['algo']} | {z['phase']} | {z['op']} | {cell(z['count'], 0)} | {cell(z['p50_us'], 1)} "
+                       f"| {cell(z['p95_us'], 1)} | {cell(z['p99_us'], 1)} |")
+    return "\n".join(out) + "\n"
+
+
 def read_meta(path):
     """key=value lines of bench-device.sh's meta.txt."""
     meta = {}
@@ -147,6 +196,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--meta")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--markdown")
     ap.add_argument("logs", nargs="+")
     a = ap.parse_args()
     records = parse_logs(a.logs)
@@ -161,6 +211,9 @@ def main():
     with open(a.out, "w", encoding="utf-8") as f:
         json.dump(result, f, indent=1)
         f.write("\n")
+    if a.markdown:
+        with open(a.markdown, "w", encoding="utf-8") as f:
+            f.write(markdown(result))
     for row in result["summary"]:
         r = row["ratio"]
         print(f"{row['test']:7} {row['pair']:13} {row['variant']:7} {row['figure']:36} "

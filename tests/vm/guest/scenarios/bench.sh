@@ -91,7 +91,7 @@ bench_raw() {
     raw_up
     if [ -n "$CORPUS" ]; then
         TEST=corpus
-        must dd if="$CORPUS" of="$RAW" bs=1M conv=fsync >/dev/null
+        must dd if="$CORPUS" of="$RAW" bs=1M oflag=direct >/dev/null
         sync
         if [ "$KIND" = zram ]; then s=$(zram_mm); else s=$(zstat); fi
         orig=$(sample_orig "$KIND" "$s"); compr=$(sample_compr "$KIND" "$s"); mem=$(sample_memused "$KIND" "$s")
