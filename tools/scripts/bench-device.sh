@@ -16,7 +16,7 @@
 #                 (default bench-out/device, git-ignored)
 #   --boots N     guest boots (default 1); rounds of all boots are pooled
 #   --rounds N    rounds per boot (default 3)
-#   --pairs P     codec pairs zblk:zram, '+' separated (default lz4:lz4+zstd:lzo-rle)
+#   --pairs P     codec pairs zblk:zram, '+' separated (default lz4:lz4+zstd:zstd)
 #   --randio-s S  seconds of each random read / write run (default 4)
 #   --collect     only re-collect the console logs already in DIR
 # Environment: ZBLK_VM_CACHE, ZBLK_VM_NOBUILD, ZBLK_VM_ACCEL as for run.sh;
@@ -29,7 +29,7 @@ REPO=$(cd "$HERE/../.." && pwd)
 OUT=$REPO/bench-out/device
 BOOTS=1
 ROUNDS=3
-PAIRS=lz4:lz4+zstd:lzo-rle
+PAIRS=lz4:lz4+zstd:zstd
 RANDIO_S=4
 MEM=2G
 COLLECT_ONLY=0

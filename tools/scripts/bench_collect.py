@@ -53,6 +53,28 @@ def parse_logs(paths):
     return records
 
 
+def corpus_written(records):
+    """Recomputes the corpus ratios over the bytes written to the device.
+
+    zram's orig_data_size counts same-filled pages, zblk's does not (it
+    reports them in same_pages), so orig/mem would understate zblk by the
+    share of same-filled pages. The numerator that means the same on both is
+    the corpus size written (`written`; in records without it, the largest
+    orig of that boot's corpus records, which is zram's: every page)."""
+    full = {}
+    for r in records:
+        if r["test"] == "corpus":
+            full[r["boot"]] = max(full.get(r["boot"], 0), r.get("written", 0), r.get("orig", 0))
+    for r in records:
+        if r["test"] == "corpus" and full.get(r["boot"]):
+            w = r.get("written", full[r["boot"]])
+            if r.get("mem_used_total"):
+                r["ratio_mem"] = round(w / r["mem_used_total"], 3)
+            if r.get("compr"):
+                r["ratio_data"] = round(w / r["compr"], 3)
+            r["ratio_basis"] = "written"
+
+
 def dig(rec, path):
     """The number at `path` in `rec`, or None."""
     v = rec
@@ -120,6 +142,34 @@ def summarize(records):
     return rows
 
 
+def cross_codec(records):
+    """Compression ratio of every zblk codec against every zram codec of the
+    other pairs, matched by boot and round (e.g. zblk zstd against zram lz4):
+    a ratio does not drift with the emulator's speed, but pairing by round
+    keeps the same pages and the same boot."""
+    rows = []
+    for test, fig in (("corpus", "ratio_mem"), ("swap", "ratio_mem")):
+        zb = {}
+        zr = {}
+        for r in records:
+            if r["test"] != test or dig(r, (fig,)) is None:
+                continue
+            side = zb if r["kind"] == "zblk" else zr
+            side.setdefault(r["algo"], {})[(r["boot"], r["round"])] = r[fig]
+        for a, av in sorted(zb.items()):
+            for b, bv in sorted(zr.items()):
+                same = sorted(set(av) & set(bv))
+                if not same:
+                    continue
+                rows.append({
+                    "test": test, "figure": fig, "zblk_algo": a, "zram_algo": b,
+                    "zblk": spread([av[k] for k in same]),
+                    "zram": spread([bv[k] for k in same]),
+                    "ratio": spread([av[k] / bv[k] for k in same if bv[k]]),
+                })
+    return rows
+
+
 def zlat_summary(records):
     """zblk's own per-page latency percentiles, median over rounds."""
     rows = []
@@ -170,6 +220,13 @@ def markdown(result):
                     out.append(f"| {r['zblk_algo']} | {r['zram_algo']} | {r['test']} {r['variant']}".rstrip()
                                + f" | {fig} | {cell(r['zblk'], d)} | {cell(r['zram'], d)} | {cell(r['ratio'])} |")
         out.append("")
+    out += ["#### Compression ratio orig/mem_used_total, every zblk codec against every zram codec", "",
+            "| data | zblk algo | zram algo | zblk | zram | zblk / zram |", "| --- | --- | --- | --- | --- | --- |"]
+    for c in result["compression_cross"]:
+        data = "real-memory corpus" if c["test"] == "corpus" else "usemem pattern"
+        out.append(f"| {data} | {c['zblk_algo']} | {c['zram_algo']} | {cell(c['zblk'], 3)} | {cell(c['zram'], 3)} "
+                   f"| {cell(c['ratio'])} |")
+    out.append("")
     out += ["#### zblk's own per-page latency (`zblk stat --json`, engine time inside the daemon)", "",
             "| zblk algo | workload | op | pages | p50 us | p95 us | p99 us |",
             "| --- | --- | --- | --- | --- | --- | --- |"]
@@ -202,10 +259,12 @@ def main():
     records = parse_logs(a.logs)
     if not records:
         sys.exit("no BENCH lines in " + " ".join(a.logs))
+    corpus_written(records)
     result = {
         "meta": read_meta(a.meta),
         "summary": summarize(records),
         "zblk_latency": zlat_summary(records),
+        "compression_cross": cross_codec(records),
         "records": records,
     }
     with open(a.out, "w", encoding="utf-8") as f:
