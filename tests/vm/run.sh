@@ -326,7 +326,7 @@ boot_until_init() {
     local try
     for try in 1 2 3; do
         boot
-        tr -d '\r' <"$WORK/console.log" | grep -q '^zblk-vm: kernel ' && return 0
+        grep -aq 'zblk-vm: kernel ' "$WORK/console.log" && return 0
         log "boot $try: the kernel died before /init (early boot oops under TCG); booting again"
         cp "$WORK/console.log" "$CACHE/early-boot-failure-$try.log" 2>/dev/null || true
     done
