@@ -14,8 +14,6 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(usize)]
 pub enum Counter {
-    /// Uncompressed bytes stored (same-filled pages excluded, as in zram).
-    OrigDataSize,
     /// Compressed bytes stored (huge pages count 4096).
     ComprDataSize,
     /// Slots holding a same-filled page.
@@ -216,7 +214,8 @@ pub struct Latencies {
 /// The counters of a set of shards, summed.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct Counters {
-    /// Uncompressed bytes stored (same-filled pages excluded).
+    /// Uncompressed bytes stored: 4 KB per stored page, same-filled pages
+    /// included, as zram's `orig_data_size` (derived from `stored_pages`).
     pub orig_data_size: u64,
     /// Compressed bytes stored.
     pub compr_data_size: u64,
@@ -283,7 +282,7 @@ pub fn merge<'a>(shards: impl IntoIterator<Item = &'a StatsShard>) -> (Counters,
         }
     };
     let counters = Counters {
-        orig_data_size: g(Counter::OrigDataSize),
+        orig_data_size: g(Counter::StoredPages) * crate::PAGE_SIZE as u64,
         compr_data_size: g(Counter::ComprDataSize),
         same_pages: g(Counter::SamePages),
         huge_pages: g(Counter::HugePages),

@@ -632,15 +632,10 @@ pub(crate) fn account(shard: &StatsShard, e: &Entry, pos: usize, sign: i64) {
         Kind::Same => shard.add(Counter::SamePages, sign),
         Kind::Huge => {
             shard.add(Counter::HugePages, sign);
-            shard.add(Counter::OrigDataSize, sign * PAGE_SIZE as i64);
             shard.add(Counter::ComprDataSize, sign * PAGE_SIZE as i64);
         }
-        Kind::Compressed => {
-            shard.add(Counter::OrigDataSize, sign * PAGE_SIZE as i64);
-            shard.add(Counter::ComprDataSize, sign * e.len as i64);
-        }
+        Kind::Compressed => shard.add(Counter::ComprDataSize, sign * e.len as i64),
         Kind::Packed => {
-            shard.add(Counter::OrigDataSize, sign * PAGE_SIZE as i64);
             shard.add(
                 Counter::ComprDataSize,
                 sign * packed::share(e.len, e.n, pos),

@@ -274,4 +274,28 @@ mod tests {
             assert_eq!(a.to_string().parse::<Algo>(), Ok(a));
         }
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+
+        /// Any bytes handed to a decoder as a stored object: an error or a
+        /// page of exactly the right length, never a panic.
+        #[test]
+        fn decoders_survive_random_objects(obj in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600)) {
+            for algo in [Algo::Lz4, Algo::Zstd(1), Algo::Deflate(1)] {
+                let mut c = algo.new_codec();
+                let mut out = vec![0u8; 4096];
+                let _ = c.decompress(&obj, &mut out);
+            }
+        }
+
+        /// Any string as an algorithm name: parsed or refused, and what
+        /// parses prints back to itself.
+        #[test]
+        fn algo_parser_survives_random_names(name in "\\PC{0,12}|(lz4|zstd|deflate|deflate-iaa)(:[0-9-]{0,4})?") {
+            if let Ok(a) = name.parse::<Algo>() {
+                proptest::prop_assert_eq!(a.to_string().parse::<Algo>(), Ok(a));
+            }
+        }
+    }
 }

@@ -50,12 +50,10 @@ fn parse_mode(s: &str) -> Result<Mode, String> {
     s.parse()
 }
 
-/// How a device is made: shared by `add` and the daemon.
+/// How pages are compressed and grouped: shared by `add`, the daemon and
+/// `bench`.
 #[derive(Debug, Clone, Args)]
-pub struct DeviceArgs {
-    /// Device size, a multiple of 4 KB (suffixes K, M, G, T).
-    #[arg(short, long, value_parser = parse_disk_size)]
-    pub size: u64,
+pub struct EngineArgs {
     /// Compression: lz4, zstd[:LEVEL], deflate[:LEVEL] or deflate-iaa.
     #[arg(short, long, default_value = "lz4", value_parser = parse_algo)]
     pub algo: Algo,
@@ -65,6 +63,17 @@ pub struct DeviceArgs {
     /// How a group is stored: per-page (one object per page) or packed.
     #[arg(short, long, default_value = "per-page", value_parser = parse_mode)]
     pub mode: Mode,
+}
+
+/// How a device is made: shared by `add` and the daemon.
+#[derive(Debug, Clone, Args)]
+pub struct DeviceArgs {
+    /// Device size, a multiple of 4 KB (suffixes K, M, G, T).
+    #[arg(short, long, value_parser = parse_disk_size)]
+    pub size: u64,
+    /// Compression and grouping.
+    #[command(flatten)]
+    pub engine: EngineArgs,
     /// Memory limit for stored data (0: none; suffixes K, M, G, T).
     #[arg(long, default_value = "0", value_parser = parse_size)]
     pub mem_limit: u64,
@@ -176,15 +185,9 @@ pub struct BenchArgs {
     /// File of 4 KB pages (.zst files are decompressed first).
     #[arg(short, long)]
     pub input: PathBuf,
-    /// Compression: lz4, zstd[:LEVEL], deflate[:LEVEL] or deflate-iaa.
-    #[arg(short, long, default_value = "lz4", value_parser = parse_algo)]
-    pub algo: Algo,
-    /// Pages per compression group.
-    #[arg(short, long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=64))]
-    pub group_pages: u16,
-    /// How a group is stored: per-page or packed.
-    #[arg(short, long, default_value = "per-page", value_parser = parse_mode)]
-    pub mode: Mode,
+    /// Compression and grouping.
+    #[command(flatten)]
+    pub engine: EngineArgs,
     /// Threads, each with its own engine context.
     #[arg(short, long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub threads: u16,
@@ -229,13 +232,13 @@ mod tests {
             panic!("not add")
         };
         assert_eq!(a.dev.size, 1 << 30);
-        assert_eq!(a.dev.algo, Algo::Lz4);
-        assert_eq!(a.dev.group_pages, 8);
+        assert_eq!(a.dev.engine.algo, Algo::Lz4);
+        assert_eq!(a.dev.engine.group_pages, 8);
         assert_eq!(a.dev.mem_limit, 0);
         assert_eq!(a.dev.queues, None);
         assert_eq!(a.dev.depth, 128);
         assert_eq!(a.dev.id, None);
-        assert_eq!(a.dev.mode, Mode::PerPage);
+        assert_eq!(a.dev.engine.mode, Mode::PerPage);
         assert_eq!(a.priority, 100);
         assert!(!a.swap && !a.foreground && !a.json);
     }
@@ -272,15 +275,15 @@ mod tests {
             panic!("not add")
         };
         assert_eq!(a.dev.size, 8 << 30);
-        assert_eq!(a.dev.algo, Algo::Zstd(3));
-        assert_eq!(a.dev.group_pages, 16);
+        assert_eq!(a.dev.engine.algo, Algo::Zstd(3));
+        assert_eq!(a.dev.engine.group_pages, 16);
         assert_eq!(a.dev.mem_limit, 2 << 30);
         assert_eq!(
             (a.dev.queues, a.dev.depth, a.dev.id),
             (Some(4), 64, Some(7))
         );
         assert_eq!(a.dev.io_buf, Some(512 << 10));
-        assert_eq!(a.dev.mode, Mode::Packed);
+        assert_eq!(a.dev.engine.mode, Mode::Packed);
         assert!(a.swap && a.foreground && a.json);
         assert_eq!(a.priority, -1);
     }
@@ -361,7 +364,10 @@ mod tests {
         else {
             panic!()
         };
-        assert_eq!((b.threads, b.group_pages, b.request_pages), (2, 8, 16));
+        assert_eq!(
+            (b.threads, b.engine.group_pages, b.request_pages),
+            (2, 8, 16)
+        );
         assert!(parse(&["bench"]).is_err());
     }
 }

@@ -9,11 +9,11 @@ use zblk::bench_discard::{discard_bench, DiscardOptions};
 pub fn bench(a: BenchArgs) -> CliResult {
     let data = bench::load_input(&a.input).map_err(CliError)?;
     let opts = BenchOptions {
-        algo: a.algo,
-        group_pages: usize::from(a.group_pages),
+        algo: a.engine.algo,
+        group_pages: usize::from(a.engine.group_pages),
         threads: usize::from(a.threads),
         request_pages: usize::from(a.request_pages),
-        mode: a.mode,
+        mode: a.engine.mode,
     };
     let report = bench::run(&opts, &data).map_err(|e| CliError(format!("bench failed: {e}")))?;
     let mut v = serde_json::to_value(&report).map_err(|e| CliError(e.to_string()))?;
