@@ -211,20 +211,21 @@ def markdown(result):
     out = []
     for title, tests, figs in TABLES:
         out += [f"#### {title}", "",
-                "| zblk algo | zram algo | test | figure | zblk | zram | zblk / zram |",
-                "| --- | --- | --- | --- | --- | --- | --- |"]
+                "| zblk algo | zram algo | test | figure | rounds | zblk | zram | zblk / zram |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for fig in figs:
             for r in result["summary"]:
                 if r["test"] in tests and r["figure"] == fig:
                     d = 3 if "ratio" in fig or "orig" in fig else (0 if "IOPS" in fig or "us" in fig else 2)
                     out.append(f"| {r['zblk_algo']} | {r['zram_algo']} | {r['test']} {r['variant']}".rstrip()
-                               + f" | {fig} | {cell(r['zblk'], d)} | {cell(r['zram'], d)} | {cell(r['ratio'])} |")
+                               + f" | {fig} | {r['zblk']['n']} | {cell(r['zblk'], d)} | {cell(r['zram'], d)} | {cell(r['ratio'])} |")
         out.append("")
     out += ["#### Compression ratio orig/mem_used_total, every zblk codec against every zram codec", "",
-            "| data | zblk algo | zram algo | zblk | zram | zblk / zram |", "| --- | --- | --- | --- | --- | --- |"]
+            "| data | zblk algo | zram algo | rounds | zblk | zram | zblk / zram |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
     for c in result["compression_cross"]:
         data = "real-memory corpus" if c["test"] == "corpus" else "usemem pattern"
-        out.append(f"| {data} | {c['zblk_algo']} | {c['zram_algo']} | {cell(c['zblk'], 3)} | {cell(c['zram'], 3)} "
+        out.append(f"| {data} | {c['zblk_algo']} | {c['zram_algo']} | {c['zblk']['n']} | {cell(c['zblk'], 3)} | {cell(c['zram'], 3)} "
                    f"| {cell(c['ratio'])} |")
     out.append("")
     out += ["#### zblk's own per-page latency (`zblk stat --json`, engine time inside the daemon)", "",
