@@ -56,9 +56,9 @@ def parse_logs(paths):
 def corpus_written(records):
     """Recomputes the corpus ratios over the bytes written to the device.
 
-    zram's orig_data_size counts same-filled pages, zblk's does not (it
-    reports them in same_pages), so orig/mem would understate zblk by the
-    share of same-filled pages. The numerator that means the same on both is
+    zram's orig_data_size counts same-filled pages; zblk's did not before
+    commit 6d29a0e (it reported them only in same_pages), so orig/mem would
+    understate an older zblk by the share of same-filled pages. The numerator that means the same on both is
     the corpus size written (`written`; in records without it, the largest
     orig of that boot's corpus records, which is zram's: every page)."""
     full = {}

@@ -13,7 +13,7 @@
 #           freeing does not depend on the codec)
 #   corpus  the page corpus /lib/zblk-vm/data/*.bin (if carried with --data)
 #           written with dd (O_DIRECT) to the raw device: orig, compr, mem_used_total
-#           and the bytes written (zram counts same-filled pages in orig, zblk not)
+#           and the bytes written (zblk before 6d29a0e left same-filled pages out of orig)
 #   randio  random 4 KB O_DIRECT reads, then writes, queue depth 1, on the
 #           raw device pre-filled over ZBLK_BENCH_RANDIO_MB
 #   zlat    zblk's own per-page latency percentiles (`zblk stat --json`) of
@@ -97,8 +97,8 @@ bench_raw() {
         if [ "$KIND" = zram ]; then s=$(zram_mm); else s=$(zstat); fi
         orig=$(sample_orig "$KIND" "$s"); compr=$(sample_compr "$KIND" "$s"); mem=$(sample_memused "$KIND" "$s")
         [ "${orig:-0}" -gt 0 ] || fail "$KIND $ALGO: corpus written but orig_data_size is ${orig:-empty}"
-        # zram counts same-filled pages in orig_data_size, zblk does not:
-        # the bytes written are the like-for-like numerator.
+        # zram counts same-filled pages in orig_data_size (zblk too since
+        # 6d29a0e, not before): the bytes written are the common numerator.
         written=$(wc -c <"$CORPUS")
         emit "\"written\":$written,\"orig\":$orig,\"compr\":$compr,\"mem_used_total\":$mem,\"ratio_data\":$(num "$(ratio "$orig" "$compr")"),\"ratio_mem\":$(num "$(ratio "$orig" "$mem")")"
         must blkdiscard "$RAW"
