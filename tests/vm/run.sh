@@ -9,10 +9,10 @@
 #
 # Usage: bash tests/vm/run.sh [options]
 #   --scenario NAME     run only this scenario (repeatable; default: all, in order
-#                       swap munmap blockio stat lifecycle zram-compare; also
-#                       swapkill, by name only: kill -9 of an active swap
-#                       device's daemon, which leaves a dead swap area behind;
-#                       and bench, by name only: the device benchmarks of
+#                       swap munmap blockio stat lifecycle zram-compare
+#                       swapkill, the last because its kill -9 of an active
+#                       swap device's daemon leaves a dead swap area behind;
+#                       also bench, by name only: the device benchmarks of
 #                       tools/scripts/bench-device.sh, BENCH lines, no limits)
 #   --mem SIZE          guest memory (qemu -m syntax, default 2G)
 #   --cpus N            guest vCPUs (default 2)
@@ -63,10 +63,10 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 CACHE=${ZBLK_VM_CACHE:-$REPO/.vmcache}
 WORK=${ZBLK_VM_WORK:-$REPO/tests/vm/work}
-DEFAULT_SCENARIOS="swap munmap blockio stat lifecycle zram-compare"
-# Run by name only: swapkill leaves a dead swap area the kernel cannot remove.
+# swapkill runs last: it leaves a dead swap area the kernel cannot remove.
+DEFAULT_SCENARIOS="swap munmap blockio stat lifecycle zram-compare swapkill"
 # bench measures and is slow: run by name only (tools/scripts/bench-device.sh).
-ALL_SCENARIOS="$DEFAULT_SCENARIOS swapkill bench"
+ALL_SCENARIOS="$DEFAULT_SCENARIOS bench"
 SCENARIOS=""
 MEM=2G
 CPUS=2
