@@ -424,8 +424,9 @@ impl Store {
         let (first, pages) = self.check_range(st, offset, buf.len() as u64)?;
         for (i, out) in buf.chunks_exact_mut(PAGE_SIZE).enumerate() {
             if let Err(e) = self.read_page(st, first + i as u64, out) {
+                // Reported by the caller (the daemon logs it rate-limited):
+                // a corrupt page read over and over must not flood the log.
                 st.shard.add(Counter::FailedReads, 1);
-                log::error!("{e}");
                 return Err(e);
             }
         }
