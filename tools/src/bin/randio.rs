@@ -6,14 +6,17 @@
 //! first `--mb` MB with the compressible page pattern of the workload
 //! programs (about 2.8:1 with lz4, so the device stores compressed objects,
 //! not same-filled pages), then issues single 4 KB `pread`/`pwrite` calls at
-//! random page offsets in that range, one at a time (queue depth 1), until
-//! `--count` operations or `--seconds` have passed.
+//! random page offsets in that range, until `--count` operations or
+//! `--seconds` have passed. `--jobs N` runs N threads, each issuing one
+//! synchronous operation at a time (queue depth N); job j owns the pages
+//! p with p % N == j, so that each job alone knows what its pages hold.
 //!
 //! Every write stores the pattern of a new generation for its page, and
 //! every read is checked against the generation last written there, so a
 //! lost or misplaced page fails the run (exit 1) instead of just being fast.
 //! The result is one JSON object on stdout: IOPS, MB/s and per-operation
-//! p50/p99/max latency (microseconds, wall clock around each system call).
+//! p50/p99/max latency (microseconds, wall clock around each system call),
+//! over the operations of all jobs.
 //!
 //! `randio --dev /dev/ublkb0 --mb 64 --write-pct 0 --seconds 5 --prefill`
 
@@ -26,6 +29,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use workload::{fill_page, page_matches, r3, PAGE};
 
@@ -55,6 +59,9 @@ struct Args {
     /// `--prefill` must use the seed the range was pre-filled with.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Threads issuing I/O at once, each on its own pages (the queue depth).
+    #[arg(long, default_value_t = 1)]
+    jobs: u32,
 }
 
 /// One page-aligned 4 KB buffer, as `O_DIRECT` requires.
@@ -152,37 +159,69 @@ struct LoopResult {
     reads: Vec<u64>,
     writes: Vec<u64>,
     bad_pages: u64,
-    elapsed: Duration,
 }
 
-/// The random 4 KB loop: one synchronous operation at a time.
+/// The pages one job owns: `job`, `job + jobs`, `job + 2 * jobs`, ... below
+/// `pages`. Owning a disjoint set is what lets every job verify each of its
+/// reads against the generation it wrote last, without sharing state.
+struct Share {
+    job: u64,
+    jobs: u64,
+    count: u64,
+}
+
+impl Share {
+    /// The share of job `job` of `jobs` over `pages` pages (never empty
+    /// while `jobs <= pages`).
+    fn new(job: u64, jobs: u64, pages: u64) -> Share {
+        Share {
+            job,
+            jobs,
+            count: (pages - job).div_ceil(jobs),
+        }
+    }
+
+    /// The device page of the share's `i`-th page.
+    fn page(&self, i: u64) -> u64 {
+        self.job + i * self.jobs
+    }
+}
+
+/// The random 4 KB loop of one job: one synchronous operation at a time
+/// over its own pages; `done` counts the operations of all jobs, for
+/// `--count`.
 fn random_loop(
     f: &File,
     args: &Args,
-    pages: u64,
-    buf: &mut AlignedPage,
+    share: &Share,
+    done: &AtomicU64,
+    start: Instant,
 ) -> Result<LoopResult, String> {
-    // Generation last written to each page: a read must find exactly it.
-    let mut gen = vec![0u32; pages as usize];
-    let mut rng = args.seed ^ 0x5241_4e44_494f; // "RANDIO"
+    let mut buf = AlignedPage::new()?;
+    // Generation last written to each page of the share: a read must find exactly it.
+    let mut gen = vec![0u32; share.count as usize];
+    // Job 0 draws the same offsets as a run with one job always did.
+    let mut rng = args.seed ^ 0x5241_4e44_494f ^ share.job.wrapping_mul(0x9e37_79b9); // "RANDIO"
     let limit = Duration::from_secs_f64(args.seconds.max(0.0));
     let (mut reads, mut writes, mut bad_pages) = (Vec::new(), Vec::new(), 0u64);
-    let start = Instant::now();
-    let mut done = 0u64;
+    let mut mine = 0u64;
     loop {
-        if args.count > 0 && done >= args.count {
+        if args.count > 0 && done.fetch_add(1, Ordering::Relaxed) >= args.count {
             break;
         }
         // Checking the clock every 64 ops keeps its cost out of the loop.
-        if args.seconds > 0.0 && done % 64 == 0 && start.elapsed() >= limit {
+        if args.seconds > 0.0 && mine % 64 == 0 && start.elapsed() >= limit {
             break;
         }
-        let p = next_rand(&mut rng) % pages;
+        mine += 1;
+        let i = next_rand(&mut rng) % share.count;
+        let p = share.page(i);
         let off = p * PAGE as u64;
         let write = (next_rand(&mut rng) % 100) < u64::from(args.write_pct);
+        let g = &mut gen[i as usize];
         if write {
-            gen[p as usize] = gen[p as usize].wrapping_add(1);
-            fill_page(buf.bytes(), args.seed, u64::from(gen[p as usize]), p);
+            *g = g.wrapping_add(1);
+            fill_page(buf.bytes(), args.seed, u64::from(*g), p);
             let t = Instant::now();
             f.write_all_at(buf.bytes(), off)
                 .map_err(|e| format!("write of page {p}: {e}"))?;
@@ -192,18 +231,51 @@ fn random_loop(
             f.read_exact_at(buf.bytes(), off)
                 .map_err(|e| format!("read of page {p}: {e}"))?;
             reads.push(t.elapsed().as_nanos() as u64);
-            if !page_matches(buf.bytes(), args.seed, u64::from(gen[p as usize]), p) {
+            if !page_matches(buf.bytes(), args.seed, u64::from(*g), p) {
                 bad_pages += 1;
             }
         }
-        done += 1;
     }
     Ok(LoopResult {
         reads,
         writes,
         bad_pages,
-        elapsed: start.elapsed(),
     })
+}
+
+/// Runs `--jobs` random loops at once (queue depth = jobs) and pools what
+/// they measured; returns it with the wall time of the slowest.
+fn run_jobs(f: &File, args: &Args, pages: u64) -> Result<(LoopResult, Duration), String> {
+    let jobs = u64::from(args.jobs);
+    let done = AtomicU64::new(0);
+    let start = Instant::now();
+    let results = std::thread::scope(|s| {
+        let mut handles = Vec::new();
+        for job in 0..jobs {
+            let (share, done) = (Share::new(job, jobs, pages), &done);
+            let h = std::thread::Builder::new()
+                .name(format!("randio-{job}"))
+                .spawn_scoped(s, move || random_loop(f, args, &share, done, start))
+                .map_err(|e| format!("cannot start job {job}: {e}"))?;
+            handles.push(h);
+        }
+        handles
+            .into_iter()
+            .map(|h| h.join().map_err(|_| "a job panicked".to_string())?)
+            .collect::<Result<Vec<_>, String>>()
+    })?;
+    let elapsed = start.elapsed();
+    let mut all = LoopResult {
+        reads: Vec::new(),
+        writes: Vec::new(),
+        bad_pages: 0,
+    };
+    for r in results {
+        all.reads.extend(r.reads);
+        all.writes.extend(r.writes);
+        all.bad_pages += r.bad_pages;
+    }
+    Ok((all, elapsed))
 }
 
 /// Runs the whole program and builds its JSON result.
@@ -218,23 +290,25 @@ fn run(args: &Args) -> Result<Value, String> {
     if pages == 0 {
         return Err("--mb must be at least 1".into());
     }
+    if args.jobs == 0 || u64::from(args.jobs) > pages {
+        return Err("--jobs must be between 1 and the pages of the range".into());
+    }
     let f = open_direct(&args.dev)?;
-    let mut buf = AlignedPage::new()?;
     let prefill_mb_s = if args.prefill {
-        Some(r3(prefill(&f, pages, args.seed, &mut buf)?))
+        Some(r3(prefill(&f, pages, args.seed, &mut AlignedPage::new()?)?))
     } else {
         None
     };
-    let r = random_loop(&f, args, pages, &mut buf)?;
+    let (r, elapsed) = run_jobs(&f, args, pages)?;
     let ops = (r.reads.len() + r.writes.len()) as f64;
-    let secs = r.elapsed.as_secs_f64().max(1e-9);
+    let secs = elapsed.as_secs_f64().max(1e-9);
     let all: Vec<u64> = r.reads.iter().chain(r.writes.iter()).copied().collect();
     Ok(json!({
         "program": "randio",
         "dev": args.dev.display().to_string(),
         "range_mb": args.mb,
         "write_pct": args.write_pct,
-        "queue_depth": 1,
+        "queue_depth": args.jobs,
         "prefill_mb_s": prefill_mb_s,
         "seconds": r3(secs),
         "iops": r3(ops / secs),
@@ -280,8 +354,25 @@ mod tests {
     }
 
     #[test]
-    fn mixed_run_on_a_file_verifies_every_read() {
-        let dir = std::env::temp_dir().join(format!("randio-test-{}", std::process::id()));
+    fn shares_cover_every_page_once() {
+        for (jobs, pages) in [(1, 10), (4, 10), (4, 4), (3, 16384)] {
+            let mut seen = vec![0u32; pages as usize];
+            for job in 0..jobs {
+                let sh = Share::new(job, jobs, pages);
+                assert!(sh.count > 0);
+                for i in 0..sh.count {
+                    assert_eq!(sh.page(i) % jobs, job);
+                    seen[sh.page(i) as usize] += 1;
+                }
+            }
+            assert!(seen.iter().all(|&n| n == 1), "jobs {jobs} pages {pages}");
+        }
+    }
+
+    /// A mixed run of `jobs` jobs on a 1 MB file; None where the file
+    /// system refuses O_DIRECT (tmpfs), as there is nothing to check then.
+    fn mixed_run(jobs: u32) -> Option<Value> {
+        let dir = std::env::temp_dir().join(format!("randio-test-{}-{jobs}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("dev");
         std::fs::write(&path, vec![0u8; 1 << 20]).unwrap();
@@ -293,20 +384,43 @@ mod tests {
             seconds: 0.0,
             prefill: true,
             seed: 3,
+            jobs,
         };
-        // Some filesystems (tmpfs) refuse O_DIRECT: nothing to check there.
         if open_direct(&path).is_err() {
             std::fs::remove_dir_all(&dir).unwrap();
             eprintln!("skipped: {} refuses O_DIRECT", dir.display());
-            return;
+            return None;
         }
         let v = run(&args);
         std::fs::remove_dir_all(&dir).unwrap();
-        let v = v.unwrap();
-        assert_eq!(v["bad_pages"], 0);
-        let reads = v["read"]["ops"].as_u64().unwrap();
-        let writes = v["write"]["ops"].as_u64().unwrap();
-        assert_eq!(reads + writes, 2000);
-        assert!(reads > 500 && writes > 500, "{v}");
+        Some(v.unwrap())
+    }
+
+    #[test]
+    fn mixed_runs_on_a_file_verify_every_read() {
+        for jobs in [1, 4] {
+            let Some(v) = mixed_run(jobs) else { return };
+            assert_eq!(v["bad_pages"], 0);
+            assert_eq!(v["queue_depth"], jobs);
+            let reads = v["read"]["ops"].as_u64().unwrap();
+            let writes = v["write"]["ops"].as_u64().unwrap();
+            assert_eq!(reads + writes, 2000);
+            assert!(reads > 500 && writes > 500, "{v}");
+        }
+    }
+
+    #[test]
+    fn more_jobs_than_pages_is_an_error() {
+        let args = Args {
+            dev: PathBuf::from("/nonexistent"),
+            mb: 1,
+            write_pct: 0,
+            count: 1,
+            seconds: 0.0,
+            prefill: false,
+            seed: 1,
+            jobs: 257,
+        };
+        assert!(run(&args).unwrap_err().contains("--jobs"));
     }
 }
