@@ -3,9 +3,10 @@
 # inside the qemu guest of tests/vm/run.sh, both in the same boot.
 #
 # Boots the guest BOOTS times with the opt-in `bench` scenario
-# (tests/vm/guest/scenarios/bench.sh: usemem swap pressure, munmap 64/256 MB,
-# the real-memory page corpus written to the raw device, random 4 KB O_DIRECT
-# reads and writes with `randio`, zblk's own latency percentiles), ROUNDS
+# (tests/vm/guest/scenarios/bench.sh: usemem swap pressure, munmap 64/256 MB
+# by one process and 2 x 128 MB by two at once, the real-memory page corpus
+# written to the raw device, random 4 KB O_DIRECT reads and writes with
+# `randio` at queue depth 1 and 4, zblk's own latency percentiles), ROUNDS
 # rounds per boot, then collects every `BENCH {json}` line of the console
 # logs into one results file with tools/scripts/bench_collect.py (medians,
 # min-max spread and the zblk/zram ratio of each round).
@@ -18,6 +19,7 @@
 #   --rounds N    rounds per boot (default 3)
 #   --pairs P     codec pairs zblk:zram, '+' separated (default lz4:lz4+zstd:zstd)
 #   --randio-s S  seconds of each random read / write run (default 4)
+#   --randio-qd Q queue depths (randio --jobs), '+' separated (default 1+4)
 #   --collect     only re-collect the console logs already in DIR
 # Environment: ZBLK_VM_CACHE, ZBLK_VM_NOBUILD, ZBLK_VM_ACCEL as for run.sh;
 # ZBLK_VM_ARGS is appended to the bench knobs. ZBLK_CORPUS: the page corpus
@@ -31,6 +33,7 @@ BOOTS=1
 ROUNDS=3
 PAIRS=lz4:lz4+zstd:zstd
 RANDIO_S=4
+RANDIO_QD=1+4
 MEM=2G
 COLLECT_ONLY=0
 CORPUS=${ZBLK_CORPUS:-$REPO/../shared/corpus/realmem-dev.bin.zst}
@@ -45,6 +48,7 @@ while [ $# -gt 0 ]; do
     --rounds) ROUNDS=$2; shift 2;;
     --pairs) PAIRS=$2; shift 2;;
     --randio-s) RANDIO_S=$2; shift 2;;
+    --randio-qd) RANDIO_QD=$2; shift 2;;
     --mem) MEM=$2; shift 2;;
     --collect) COLLECT_ONLY=1; shift;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0;;
@@ -73,6 +77,7 @@ write_meta() {
         echo "rounds_per_boot=$ROUNDS"
         echo "pairs=$PAIRS"
         echo "randio_s=$RANDIO_S"
+        echo "randio_qd=$RANDIO_QD"
         echo "vm_args=${ZBLK_VM_ARGS:-}"
     } >"$OUT/meta.txt"
 }
@@ -91,7 +96,7 @@ run_boots() {
         log "boot $b of $BOOTS: $ROUNDS rounds, pairs $PAIRS"
         # The scenario is long: lift its per-scenario limit and the boot's.
         local limit=$((ROUNDS * 900 + 300))
-        ZBLK_VM_ARGS="zblk.timeout=$limit zblk.bench_rounds=$ROUNDS zblk.bench_pairs=$PAIRS zblk.bench_randio_s=$RANDIO_S ${ZBLK_VM_ARGS:-}" \
+        ZBLK_VM_ARGS="zblk.timeout=$limit zblk.bench_rounds=$ROUNDS zblk.bench_pairs=$PAIRS zblk.bench_randio_s=$RANDIO_S zblk.bench_randio_qd=$RANDIO_QD ${ZBLK_VM_ARGS:-}" \
             bash "$REPO/tests/vm/run.sh" --scenario bench --mem "$MEM" --timeout $((limit + 120)) \
             "${data[@]+"${data[@]}"}" || die "boot $b failed (see $CACHE/last-console.log)"
         cp "$CACHE/last-console.log" "$OUT/console-$b.log"

@@ -86,11 +86,15 @@ def dig(rec, path):
 
 
 def variant(rec):
-    """What splits one test into several rows (munmap size, randio mode)."""
+    """What splits one test into several rows: munmap size and processes
+    ("64 MB", "2x128 MB"), randio mode and queue depth ("read QD4"; records
+    from before --jobs are queue depth 1)."""
     if rec["test"] == "munmap":
-        return f"{rec.get('mb')} MB"
+        procs = rec.get("procs", 1)
+        return f"{procs}x{rec.get('mb')} MB" if procs > 1 else f"{rec.get('mb')} MB"
     if rec["test"] == "randio":
-        return rec.get("mode", "")
+        qd = rec.get("jobs") or dig(rec, ("randio", "queue_depth")) or 1
+        return f"{rec.get('mode', '')} QD{qd}"
     if rec["test"] == "zlat":
         return rec.get("phase", "")
     return ""
@@ -170,6 +174,26 @@ def cross_codec(records):
     return rows
 
 
+def qd_scaling(records):
+    """Random 4 KB IOPS at each queue depth above 1 over queue depth 1, per
+    device, codec and mode, pairing the runs of one boot and round: how far
+    each device gains from requests in flight at once."""
+    iops = {}
+    for r in records:
+        v = dig(r, ("randio", "iops"))
+        if r["test"] == "randio" and v:
+            qd = r.get("jobs") or dig(r, ("randio", "queue_depth")) or 1
+            iops.setdefault((r["pair"], r["kind"], r["algo"], r.get("mode", "")), {})[(qd, r["boot"], r["round"])] = v
+    rows = []
+    for (pair, kind, algo, mode), by in sorted(iops.items()):
+        for qd in sorted({k[0] for k in by if k[0] > 1}):
+            same = [k[1:] for k in by if k[0] == qd and (1,) + k[1:] in by]
+            if same:
+                rows.append({"pair": pair, "kind": kind, "algo": algo, "mode": mode, "qd": qd,
+                             "scaling": spread([by[(qd,) + k] / by[(1,) + k] for k in same])})
+    return rows
+
+
 def zlat_summary(records):
     """zblk's own per-page latency percentiles, median over rounds."""
     rows = []
@@ -194,28 +218,29 @@ def cell(sp, digits=2):
     return f"{f(sp['median'])} ({f(sp['min'])}-{f(sp['max'])})"
 
 
-# Markdown tables: (title, tests, figures or None for all of those tests).
+# Markdown tables: (title, tests, figures, which variants: a substring, "" for all).
+RANDIO_FIGS = ("random 4 KB IOPS", "random 4 KB p50 us", "random 4 KB p99 us")
 TABLES = [
     ("Swap under memory.high pressure (usemem)", ("swap",),
-     ("swap elapsed s", "swap-out MB/s", "swap-in+verify MB/s")),
-    ("munmap of swapped-out memory", ("munmap",), ("munmap ms", "stats back to baseline s")),
-    ("Random 4 KB O_DIRECT, queue depth 1 (randio)", ("randio",),
-     ("random 4 KB IOPS", "random 4 KB p50 us", "random 4 KB p99 us")),
+     ("swap elapsed s", "swap-out MB/s", "swap-in+verify MB/s"), ""),
+    ("munmap of swapped-out memory", ("munmap",), ("munmap ms", "stats back to baseline s"), ""),
+    ("Random 4 KB O_DIRECT, queue depth 1 (randio)", ("randio",), RANDIO_FIGS, "QD1"),
+    ("Random 4 KB O_DIRECT, queue depth 4 (randio --jobs 4)", ("randio",), RANDIO_FIGS, "QD4"),
     ("Compression ratio per codec", ("corpus", "swap"),
-     ("corpus orig/mem_used_total", "corpus orig/compr", "usemem pattern orig/mem_used_total")),
+     ("corpus orig/mem_used_total", "corpus orig/compr", "usemem pattern orig/mem_used_total"), ""),
 ]
 
 
 def markdown(result):
     """The tables of BENCHMARKS.md's device section."""
     out = []
-    for title, tests, figs in TABLES:
+    for title, tests, figs, var in TABLES:
         out += [f"#### {title}", "",
                 "| zblk algo | zram algo | test | figure | rounds | zblk | zram | zblk / zram |",
                 "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for fig in figs:
             for r in result["summary"]:
-                if r["test"] in tests and r["figure"] == fig:
+                if r["test"] in tests and r["figure"] == fig and r["variant"].endswith(var):
                     d = 3 if "ratio" in fig or "orig" in fig else (0 if "IOPS" in fig or "us" in fig else 2)
                     out.append(f"| {r['zblk_algo']} | {r['zram_algo']} | {r['test']} {r['variant']}".rstrip()
                                + f" | {fig} | {r['zblk']['n']} | {cell(r['zblk'], d)} | {cell(r['zram'], d)} | {cell(r['ratio'])} |")
@@ -227,6 +252,12 @@ def markdown(result):
         data = "real-memory corpus" if c["test"] == "corpus" else "usemem pattern"
         out.append(f"| {data} | {c['zblk_algo']} | {c['zram_algo']} | {c['zblk']['n']} | {cell(c['zblk'], 3)} | {cell(c['zram'], 3)} "
                    f"| {cell(c['ratio'])} |")
+    out.append("")
+    out += ["#### Random 4 KB IOPS at queue depth N over queue depth 1 (same round)", "",
+            "| device | algo | mode | queue depth | rounds | IOPS QD N / QD 1 |",
+            "| --- | --- | --- | --- | --- | --- |"]
+    for q in result["randio_qd_scaling"]:
+        out.append(f"| {q['kind']} | {q['algo']} | {q['mode']} | {q['qd']} | {q['scaling']['n']} | {cell(q['scaling'])} |")
     out.append("")
     out += ["#### zblk's own per-page latency (`zblk stat --json`, engine time inside the daemon)", "",
             "| zblk algo | workload | op | pages | p50 us | p95 us | p99 us |",
@@ -266,6 +297,7 @@ def main():
         "summary": summarize(records),
         "zblk_latency": zlat_summary(records),
         "compression_cross": cross_codec(records),
+        "randio_qd_scaling": qd_scaling(records),
         "records": records,
     }
     with open(a.out, "w", encoding="utf-8") as f:
@@ -276,7 +308,7 @@ def main():
             f.write(markdown(result))
     for row in result["summary"]:
         r = row["ratio"]
-        print(f"{row['test']:7} {row['pair']:13} {row['variant']:7} {row['figure']:36} "
+        print(f"{row['test']:7} {row['pair']:13} {row['variant']:12} {row['figure']:36} "
               f"zblk {row['zblk']['median']:>10} zram {row['zram']['median']:>10} "
               f"zblk/zram {r['median'] if r else '-'} [{r['min'] if r else '-'}-{r['max'] if r else '-'}] n={row['zblk']['n']}")
 

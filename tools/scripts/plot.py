@@ -25,8 +25,11 @@ RATIO_ROWS = [
     ("swap", "", "swap elapsed s"),
     ("munmap", "64 MB", "munmap ms"),
     ("munmap", "256 MB", "munmap ms"),
-    ("randio", "read", "random 4 KB IOPS"),
-    ("randio", "write", "random 4 KB IOPS"),
+    ("munmap", "2x128 MB", "munmap ms"),
+    ("randio", "read QD1", "random 4 KB IOPS"),
+    ("randio", "write QD1", "random 4 KB IOPS"),
+    ("randio", "read QD4", "random 4 KB IOPS"),
+    ("randio", "write QD4", "random 4 KB IOPS"),
     ("corpus", "", "corpus orig/mem_used_total"),
 ]
 
@@ -91,32 +94,32 @@ def latency_groups(res):
     zlat = res.get("zblk_latency", [])
     pairs = sorted({r["pair"] for r in summ if r["test"] == "randio"}, key=lambda p: (p != "lz4:lz4", p))
     for pair in pairs:
-        for mode in ("read", "write"):
-            for pct in ("p50", "p99"):
-                fig = f"random 4 KB {pct} us"
-                r = next((r for r in summ if (r["pair"], r["test"], r["variant"], r["figure"]) == (pair, "randio", mode, fig)), None)
-                if not r:
-                    continue
+        for mode, qd, pct in ((m, q, p) for m in ("read", "write") for q in ("QD1", "QD4") for p in ("p50", "p99")):
+            fig = f"random 4 KB {pct} us"
+            r = next((r for r in summ if (r["pair"], r["test"], r["variant"], r["figure"]) == (pair, "randio", f"{mode} {qd}", fig)), None)
+            if r:
                 bars = [(f"zram {r['zram_algo']}", "zram", r["zram"]["median"]),
                         (f"zblk {r['zblk_algo']}", "zblk", r["zblk"]["median"])]
+                # The engine's own times pool every randio run of the device.
                 e = next((z for z in zlat if (z["pair"], z["phase"], z["op"]) == (pair, "randio", mode)), None)
                 if e and e.get(f"{pct}_us"):
                     bars.append(("zblk engine only", "engine", e[f"{pct}_us"]["median"]))
-                groups.append((f"{pair.split(':')[0]}/{pair.split(':')[1]} {mode} {pct}", bars))
+                za, ra = pair.split(":")
+                groups.append((f"{za if za == ra else za + '/' + ra} {mode}", f"{qd} {pct}", bars))
     return groups
 
 
 def latency_panel(res, top):
     """Grouped bars of random 4 KB latency, log scale; returns (elements, height)."""
     groups = latency_groups(res)
-    out = [text(20, top + 18, "random 4 KB O_DIRECT latency, queue depth 1 (median of rounds, microseconds, log scale)",
+    out = [text(20, top + 18, "random 4 KB O_DIRECT latency, queue depth 1 and 4 (median of rounds, microseconds, log scale)",
                 14, weight="bold")]
     if not groups:
         return out + [text(40, top + 50, "no randio results", 12)], 70
     h = 240
     y0, y1 = top + 40, top + 40 + h
     x0, x1 = 70, W - 20
-    vals = [v for _, bars in groups for _, _, v in bars if v and v > 0]
+    vals = [v for _, _, bars in groups for _, _, v in bars if v and v > 0]
     lo = 10 ** math.floor(math.log10(min(vals)))
     hi = 10 ** math.ceil(math.log10(max(vals)))
     sy = lambda v: y1 - (y1 - y0) * (math.log10(max(v, lo)) - math.log10(lo)) / (math.log10(hi) - math.log10(lo))
@@ -126,21 +129,22 @@ def latency_panel(res, top):
         out.append(text(x0 - 6, sy(d) + 4, f"{d:g}", 10, "end"))
         d *= 10
     gw = (x1 - x0) / len(groups)
-    for i, (label, bars) in enumerate(groups):
+    for i, (label, label2, bars) in enumerate(groups):
         bw = (gw - 16) / 3
         for j, (_, series, v) in enumerate(bars):
             bx = x0 + i * gw + 8 + j * bw
             out.append(rect(bx, sy(v), bw - 2, y1 - sy(v), COLORS[series]))
-            out.append(text(bx + bw / 2 - 1, sy(v) - 3, f"{v:.0f}", 9, "middle"))
-        out.append(text(x0 + i * gw + gw / 2, y1 + 14, label, 10, "middle"))
+            out.append(text(bx + bw / 2 - 1, sy(v) - 3, f"{v:.0f}", 8, "middle"))
+        out.append(text(x0 + i * gw + gw / 2, y1 + 13, label, 9, "middle"))
+        out.append(text(x0 + i * gw + gw / 2, y1 + 24, label2, 9, "middle"))
     out.append(line(x0, y1, x1, y1))
     lx = x0
     for name, series in (("zram (kernel)", "zram"), ("zblk end to end (randio)", "zblk"),
                          ("zblk engine only (zblk stat)", "engine")):
-        out.append(rect(lx, y1 + 26, 12, 12, COLORS[series]))
-        out.append(text(lx + 16, y1 + 37, name, 11))
+        out.append(rect(lx, y1 + 32, 12, 12, COLORS[series]))
+        out.append(text(lx + 16, y1 + 43, name, 11))
         lx += 230
-    return out, 40 + h + 50
+    return out, 40 + h + 56
 
 
 def main():

@@ -9,24 +9,30 @@
 #   swap    the usemem pressure workload of lib.sh (cgroup memory.high,
 #           every page verified): elapsed, swap-out and swap-in+verify MB/s,
 #           and the device's orig/compr and orig/mem_used_total at its peak
-#   munmap  the munmap workload of lib.sh, ZBLK_MUNMAP_SIZES (first pair only:
-#           freeing does not depend on the codec)
+#   munmap  the munmap workload of lib.sh, ZBLK_MUNMAP_SIZES by one process,
+#           then ZBLK_BENCH_MUNMAP_MULTI (PROCSxMB) by several processes at
+#           once (first pair only: freeing does not depend on the codec)
 #   corpus  the page corpus /lib/zblk-vm/data/*.bin (if carried with --data)
 #           written with dd (O_DIRECT) to the raw device: orig, compr, mem_used_total
 #           and the bytes written (zblk before 6d29a0e left same-filled pages out of orig)
-#   randio  random 4 KB O_DIRECT reads, then writes, queue depth 1, on the
-#           raw device pre-filled over ZBLK_BENCH_RANDIO_MB
+#   randio  random 4 KB O_DIRECT reads, then writes, at each queue depth of
+#           ZBLK_BENCH_RANDIO_QD (randio --jobs), on the raw device pre-filled
+#           over ZBLK_BENCH_RANDIO_MB
 #   zlat    zblk's own per-page latency percentiles (`zblk stat --json`) of
 #           the swap device after swap+munmap, and of the raw device after randio
 # Each figure is one line `BENCH {json}` on the console; the host script
 # pairs zblk with zram of the same round and pair.
 #
 # Knobs (zblk.<knob>=VALUE): bench_rounds=1, bench_pairs=lz4:lz4+zstd:zstd,
-# bench_randio_mb=32, bench_randio_s=4, and lib.sh's dev_mb, limit_mb,
-# usemem_procs, usemem_mb, munmap_sizes.
+# bench_randio_mb=32, bench_randio_s=4, bench_randio_qd=1+4,
+# bench_munmap_multi=2x128 ('+' separated, empty for none), and lib.sh's
+# dev_mb, limit_mb, usemem_procs, usemem_mb, munmap_sizes.
 : "${ZBLK_BENCH_ROUNDS:=1}" "${ZBLK_BENCH_PAIRS:=lz4:lz4+zstd:zstd}"
-: "${ZBLK_BENCH_RANDIO_MB:=32}" "${ZBLK_BENCH_RANDIO_S:=4}"
+: "${ZBLK_BENCH_RANDIO_MB:=32}" "${ZBLK_BENCH_RANDIO_S:=4}" "${ZBLK_BENCH_RANDIO_QD:=1+4}"
+: "${ZBLK_BENCH_MUNMAP_MULTI=2x128}"
 PAIRS=$(echo "$ZBLK_BENCH_PAIRS" | tr '+,' '  ')
+RANDIO_QD=$(echo "$ZBLK_BENCH_RANDIO_QD" | tr '+,' '  ')
+MUNMAP_RUNS="$(for mb in $ZBLK_MUNMAP_SIZES; do printf '1x%s ' "$mb"; done)$(echo "$ZBLK_BENCH_MUNMAP_MULTI" | tr '+,' '  ')"
 CORPUS=$(ls /lib/zblk-vm/data/*.bin 2>/dev/null | head -1)
 
 # Prints one result line: BENCH {"round":..,"pair":..,"kind":..,"algo":..,"test":..,<$1>}.
@@ -74,12 +80,16 @@ bench_swap() {
     emit "\"wall_s\":$(num "$W_WALL"),\"swapout_mb_s\":$(num "$W_WRITE"),\"swapin_verify_mb_s\":$(num "$W_VERIFY"),\"swapout_mb\":$W_OUT_MB,\"swapin_mb\":$W_IN_MB,\"ratio_data\":$(num "$W_RATIO"),\"ratio_mem\":$(num "$W_MEMRATIO")"
     if [ "$MUNMAP" = 1 ]; then
         TEST=munmap
-        for mb in $ZBLK_MUNMAP_SIZES; do
+        procs0=$ZBLK_MUNMAP_PROCS
+        for run in $MUNMAP_RUNS; do
+            procs=${run%%x*} mb=${run#*x}
+            ZBLK_MUNMAP_PROCS=$procs
             munmap_workload "$KIND" "$mb"
             ms=$(echo "$M_FIGS" | grep -o 'munmap_ms=[0-9.]*' | cut -d= -f2)
             st=$(echo "$M_FIGS" | grep -o 'settle_s=[0-9.]*' | cut -d= -f2)
-            emit "\"mb\":$mb,\"munmap_ms\":$(num "$ms"),\"settle_s\":$(num "$st")"
+            emit "\"mb\":$mb,\"procs\":$procs,\"munmap_ms\":$(num "$ms"),\"settle_s\":$(num "$st")"
         done
+        ZBLK_MUNMAP_PROCS=$procs0
     fi
     if [ "$KIND" = zblk ]; then
         TEST=zlat
@@ -104,13 +114,20 @@ bench_raw() {
         must blkdiscard "$RAW"
     fi
     TEST=randio
+    # All reads first: they check every page against generation 0 of the
+    # pre-fill, which the writes would move on.
+    pf=--prefill
     for mode in read write; do
-        if [ $mode = read ]; then wp=0; pf=--prefill; else wp=100; pf=; fi
-        randio --dev "$RAW" --mb "$ZBLK_BENCH_RANDIO_MB" --write-pct $wp --seconds "$ZBLK_BENCH_RANDIO_S" $pf \
-            >/tmp/zblk-vm.randio 2>&1 || fail "$KIND $ALGO randio $mode: $(tail -c 300 /tmp/zblk-vm.randio)"
-        j=$(grep '"program":"randio"' /tmp/zblk-vm.randio | tail -1)
-        [ -n "$j" ] || fail "$KIND $ALGO randio $mode: no result: $(tail -c 300 /tmp/zblk-vm.randio)"
-        emit "\"mode\":\"$mode\",\"randio\":$j"
+        wp=0; [ $mode = write ] && wp=100
+        for qd in $RANDIO_QD; do
+            randio --dev "$RAW" --mb "$ZBLK_BENCH_RANDIO_MB" --write-pct $wp --seconds "$ZBLK_BENCH_RANDIO_S" \
+                --jobs "$qd" $pf >/tmp/zblk-vm.randio 2>&1 ||
+                fail "$KIND $ALGO randio $mode qd $qd: $(tail -c 300 /tmp/zblk-vm.randio)"
+            pf=
+            j=$(grep '"program":"randio"' /tmp/zblk-vm.randio | tail -1)
+            [ -n "$j" ] || fail "$KIND $ALGO randio $mode qd $qd: no result: $(tail -c 300 /tmp/zblk-vm.randio)"
+            emit "\"mode\":\"$mode\",\"jobs\":$qd,\"randio\":$j"
+        done
     done
     if [ "$KIND" = zblk ]; then
         TEST=zlat
