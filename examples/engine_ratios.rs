@@ -2,7 +2,7 @@
 //! process with its baseline interleaved round by round, so machine noise
 //! hits both alike. Usage:
 //!
-//!     engine_ratios FILE [--rounds N] [ALGO...]
+//!     engine_ratios FILE [--rounds N] [--scaling-only] [ALGO...]
 //!
 //! Prints markdown tables: the store path against the bare codec (per
 //! algorithm, group size and mode), random single-page read latency (the
@@ -16,6 +16,14 @@ use zblk::{Algo, Mode, Store, StoreConfig, PAGE_SIZE};
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
+}
+
+fn min(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
+fn max(v: &[f64]) -> f64 {
+    v.iter().copied().fold(0.0, f64::max)
 }
 
 /// Percentile of a sorted sample.
@@ -103,14 +111,49 @@ fn store_vs_codec(algos: &[Algo], rounds: usize, data: &[u8]) -> Result<(), Stri
     Ok(())
 }
 
+/// The bare codec on two threads at once, each over every other 16-page
+/// request (as the bench deals requests out): the machine's own scaling
+/// limit (shared caches, memory bandwidth, the hypervisor). Returns the
+/// (compress, decompress) scaling against one thread over all the pages.
+fn codec_scaling(algo: Algo, data: &[u8]) -> Result<(f64, f64), String> {
+    let req = 16 * PAGE_SIZE;
+    let mut halves = [Vec::new(), Vec::new()];
+    for (i, chunk) in data.chunks(req).enumerate() {
+        halves[i % 2].extend_from_slice(chunk);
+    }
+    let one = codec_ceiling(algo, data).map_err(|e| e.to_string())?;
+    let two: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = halves
+            .iter()
+            .map(|h| s.spawn(move || codec_ceiling(algo, h)))
+            .collect();
+        hs.into_iter().map(|h| h.join()).collect()
+    });
+    let mb = data.len() as f64 / 1e6;
+    let (mut c2, mut d2) = (0.0f64, 0.0f64);
+    for (r, h) in two.into_iter().zip(&halves) {
+        let c = r
+            .map_err(|_| "codec thread panicked")?
+            .map_err(|e| e.to_string())?;
+        let hmb = h.len() as f64 / 1e6;
+        c2 = c2.max(hmb / c.compress_mb_s);
+        d2 = d2.max(hmb / c.decompress_mb_s);
+    }
+    Ok((mb / c2 / one.compress_mb_s, mb / d2 / one.decompress_mb_s))
+}
+
 fn scaling(algos: &[Algo], rounds: usize, data: &[u8]) -> Result<(), String> {
     println!();
-    println!("| algo | write MB/s 1 thread | 2 threads | write scaling | read MB/s 1 thread | 2 threads | read scaling |");
-    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    println!("| algo | write MB/s 1 thread | 2 threads | write scaling | codec compress scaling | read MB/s 1 thread | 2 threads | read scaling | codec decompress scaling |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for &algo in algos {
         let (mut w1, mut w2, mut r1, mut r2, mut ws, mut rs) =
             (vec![], vec![], vec![], vec![], vec![], vec![]);
+        let (mut cs, mut ds) = (vec![], vec![]);
         for _ in 0..rounds {
+            let (c, d) = codec_scaling(algo, data)?;
+            cs.push(c);
+            ds.push(d);
             let one = bench(
                 &BenchOptions {
                     algo,
@@ -135,19 +178,26 @@ fn scaling(algos: &[Algo], rounds: usize, data: &[u8]) -> Result<(), String> {
             r2.push(two.read_mb_s);
         }
         println!(
-            "| {algo} | {:.0} | {:.0} | {:.2}x | {:.0} | {:.0} | {:.2}x |",
+            "| {algo} | {:.0} | {:.0} | {:.2}x ({:.2}-{:.2}) | {:.2}x | {:.0} | {:.0} | {:.2}x ({:.2}-{:.2}) | {:.2}x |",
             median(w1),
             median(w2),
-            median(ws),
+            median(ws.clone()),
+            min(&ws),
+            max(&ws),
+            median(cs),
             median(r1),
             median(r2),
-            median(rs)
+            median(rs.clone()),
+            min(&rs),
+            max(&rs),
+            median(ds)
         );
     }
     Ok(())
 }
 
 fn main() -> Result<(), String> {
+    let scaling_only = std::env::args().any(|a| a == "--scaling-only");
     let mut args = std::env::args().skip(1);
     let path = PathBuf::from(
         args.next()
@@ -156,6 +206,9 @@ fn main() -> Result<(), String> {
     let mut algos = Vec::new();
     let mut rounds = 5;
     while let Some(a) = args.next() {
+        if a == "--scaling-only" {
+            continue;
+        }
         if a == "--rounds" {
             rounds = args
                 .next()
@@ -169,7 +222,9 @@ fn main() -> Result<(), String> {
         algos = vec![Algo::Lz4, Algo::Zstd(1), Algo::Zstd(3), Algo::Deflate(1)];
     }
     let data = load_input(&path)?;
-    store_vs_codec(&algos, rounds, &data)?;
+    if !scaling_only {
+        store_vs_codec(&algos, rounds, &data)?;
+    }
     scaling(&algos, rounds, &data)?;
     Ok(())
 }

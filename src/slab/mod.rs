@@ -303,16 +303,16 @@ impl SlabAllocator {
                 id
             }
         };
-        if self.mlock {
-            let addr = class.dir.zspage_addr(id);
-            if !vm::lock_range(addr, class.spec.zspage_bytes())
-                && !self.mlock_warned.swap(true, Relaxed)
-            {
-                log::warn!(
-                    "slab: mlock failed ({}); stored pages may be swapped out",
-                    std::io::Error::last_os_error()
-                );
-            }
+        let addr = class.dir.zspage_addr(id);
+        if !self.mlock {
+            vm::populate_range(addr, class.spec.zspage_bytes());
+        } else if !vm::lock_range(addr, class.spec.zspage_bytes())
+            && !self.mlock_warned.swap(true, Relaxed)
+        {
+            log::warn!(
+                "slab: mlock failed ({}); stored pages may be swapped out",
+                std::io::Error::last_os_error()
+            );
         }
         let objs = class.spec.objs;
         let owners: Box<[u64]> = (0..objs)
