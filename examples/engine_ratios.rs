@@ -119,6 +119,26 @@ fn without_fresh_pages(rep: &BenchReport, ceil_mb_s: f64, page_us: f64, bytes: u
     mb / rest_s / ceil_mb_s
 }
 
+/// The physical limit: MB/s of copying the pages one by one into memory
+/// written before the clock starts (what a store that did not compress at
+/// all could at best do), median of `rounds`.
+fn memcpy_mb_s(data: &[u8], rounds: usize) -> f64 {
+    let mut dst = vec![1u8; data.len()];
+    let mut v = Vec::with_capacity(rounds);
+    for _ in 0..rounds.max(1) {
+        let t0 = Instant::now();
+        for (d, s) in dst
+            .chunks_exact_mut(PAGE_SIZE)
+            .zip(data.chunks_exact(PAGE_SIZE))
+        {
+            d.copy_from_slice(std::hint::black_box(s));
+        }
+        std::hint::black_box(&dst);
+        v.push(data.len() as f64 / 1e6 / t0.elapsed().as_secs_f64());
+    }
+    median(v)
+}
+
 /// Steady-state writes: MB/s of overwriting every page of a full store
 /// with other content (the corpus rotated by 7 requests), twice, as a device
 /// that has been running sees writes: old objects die while new ones are
@@ -192,6 +212,10 @@ fn store_vs_codec(algos: &[Algo], rounds: usize, data: &[u8]) -> Result<(), Stri
         }
     }
     println!();
+    println!(
+        "memcpy of the same pages, page by page (the physical limit): {:.0} MB/s.",
+        memcpy_mb_s(data, rounds)
+    );
     println!(
         "A fresh page from the OS (mmap + MADV_POPULATE_WRITE, 2 pages a call): {:.2} µs median over {} samples.",
         median(page_us.clone()),
