@@ -11,7 +11,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 use zblk::bench::{codec_ceiling, load_input, run, BenchOptions, BenchReport};
-use zblk::{Algo, Mode, Store, StoreConfig, PAGE_SIZE};
+use zblk::{Algo, Mode, QueueCtx, Store, StoreConfig, PAGE_SIZE};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -40,19 +40,30 @@ fn bench(opts: &BenchOptions, data: &[u8]) -> Result<BenchReport, String> {
     Ok(rep)
 }
 
-/// Random single-page reads of a full store: per-read latency in µs
-/// (p50, p99), as a swap-in of one page sees it.
-fn random_reads(algo: Algo, g: usize, mode: Mode, data: &[u8]) -> Result<(f64, f64), String> {
+/// A context on a new store of `data`'s size.
+fn new_store(algo: Algo, g: usize, mode: Mode, data: &[u8]) -> Result<QueueCtx, String> {
     let mut cfg = StoreConfig::new(data.len() as u64);
     cfg.algo = algo;
     cfg.group_pages = g;
     cfg.mode = mode;
     let store = Store::new(cfg).map_err(|e| e.to_string())?;
-    let mut ctx = store.new_ctx();
+    Ok(store.new_ctx())
+}
+
+/// Writes `data` from offset 0 in 16-page requests.
+fn write_all(ctx: &mut QueueCtx, data: &[u8]) -> Result<(), String> {
     for (i, req) in data.chunks(16 * PAGE_SIZE).enumerate() {
         ctx.write((i * 16 * PAGE_SIZE) as u64, req)
             .map_err(|e| e.to_string())?;
     }
+    Ok(())
+}
+
+/// Random single-page reads of a full store: per-read latency in µs
+/// (p50, p99), as a swap-in of one page sees it.
+fn random_reads(algo: Algo, g: usize, mode: Mode, data: &[u8]) -> Result<(f64, f64), String> {
+    let mut ctx = new_store(algo, g, mode, data)?;
+    write_all(&mut ctx, data)?;
     let pages = (data.len() / PAGE_SIZE) as u64;
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     let mut buf = vec![0u8; PAGE_SIZE];
@@ -144,22 +155,13 @@ fn memcpy_mb_s(data: &[u8], rounds: usize) -> f64 {
 /// that has been running sees writes: old objects die while new ones are
 /// born, so the slab reuses memory instead of asking the OS for fresh pages.
 fn overwrite_mb_s(algo: Algo, g: usize, mode: Mode, data: &[u8]) -> Result<f64, String> {
-    let req = 16 * PAGE_SIZE;
-    let mut cfg = StoreConfig::new(data.len() as u64);
-    cfg.algo = algo;
-    cfg.group_pages = g;
-    cfg.mode = mode;
-    let store = Store::new(cfg).map_err(|e| e.to_string())?;
-    let mut ctx = store.new_ctx();
-    let split = (7 * req).min(data.len());
+    let mut ctx = new_store(algo, g, mode, data)?;
+    let split = (7 * 16 * PAGE_SIZE).min(data.len());
     let rotated = [&data[split..], &data[..split]].concat();
     let mut secs = 0.0;
     for (pass, d) in [data, &rotated, data].into_iter().enumerate() {
         let t0 = Instant::now();
-        for (i, chunk) in d.chunks(req).enumerate() {
-            ctx.write((i * req) as u64, chunk)
-                .map_err(|e| e.to_string())?;
-        }
+        write_all(&mut ctx, d)?;
         if pass > 0 {
             secs += t0.elapsed().as_secs_f64();
         }
