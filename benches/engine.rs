@@ -1,6 +1,7 @@
 //! Criterion benches of the engine on real memory pages (the test fixture):
 //! the store's write and read paths against the bare codec on the same
-//! pages, per codec, group size and mode. For whole-corpus ratios in one
+//! pages, per codec, group size and mode, and memcpy of the same pages as
+//! the physical limit. For whole-corpus ratios in one
 //! process see `examples/engine_ratios.rs`.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -20,7 +21,19 @@ fn engine(c: &mut Criterion) {
     g.measurement_time(Duration::from_secs(3))
         .warm_up_time(Duration::from_secs(1))
         .sample_size(20);
-    for algo in [Algo::Lz4, Algo::Zstd(1)] {
+    // The physical limit: copying the pages without compressing them.
+    let mut dst = vec![1u8; data.len()];
+    g.bench_function("memcpy", |b| {
+        b.iter(|| {
+            for (d, s) in dst
+                .chunks_exact_mut(PAGE_SIZE)
+                .zip(data.chunks_exact(PAGE_SIZE))
+            {
+                d.copy_from_slice(std::hint::black_box(s));
+            }
+        })
+    });
+    for algo in [Algo::Lz4, Algo::Zstd(1), Algo::Zstd(3), Algo::Deflate(1)] {
         g.bench_function(BenchmarkId::new("codec_roundtrip", algo), |b| {
             b.iter(|| codec_ceiling(algo, &data).expect("codec runs"))
         });

@@ -2,7 +2,7 @@
 //! process with its baseline interleaved round by round, so machine noise
 //! hits both alike. Usage:
 //!
-//!     engine_ratios FILE [--rounds N] [ALGO...]
+//!     engine_ratios FILE [--rounds N] [--scaling-only] [ALGO...]
 //!
 //! Prints markdown tables: the store path against the bare codec (per
 //! algorithm, group size and mode), random single-page read latency (the
@@ -11,11 +11,19 @@
 use std::path::PathBuf;
 use std::time::Instant;
 use zblk::bench::{codec_ceiling, load_input, run, BenchOptions, BenchReport};
-use zblk::{Algo, Mode, Store, StoreConfig, PAGE_SIZE};
+use zblk::{Algo, Mode, QueueCtx, Store, StoreConfig, PAGE_SIZE};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
+}
+
+fn min(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
+fn max(v: &[f64]) -> f64 {
+    v.iter().copied().fold(0.0, f64::max)
 }
 
 /// Percentile of a sorted sample.
@@ -32,19 +40,30 @@ fn bench(opts: &BenchOptions, data: &[u8]) -> Result<BenchReport, String> {
     Ok(rep)
 }
 
-/// Random single-page reads of a full store: per-read latency in µs
-/// (p50, p99), as a swap-in of one page sees it.
-fn random_reads(algo: Algo, g: usize, mode: Mode, data: &[u8]) -> Result<(f64, f64), String> {
+/// A context on a new store of `data`'s size.
+fn new_store(algo: Algo, g: usize, mode: Mode, data: &[u8]) -> Result<QueueCtx, String> {
     let mut cfg = StoreConfig::new(data.len() as u64);
     cfg.algo = algo;
     cfg.group_pages = g;
     cfg.mode = mode;
     let store = Store::new(cfg).map_err(|e| e.to_string())?;
-    let mut ctx = store.new_ctx();
+    Ok(store.new_ctx())
+}
+
+/// Writes `data` from offset 0 in 16-page requests.
+fn write_all(ctx: &mut QueueCtx, data: &[u8]) -> Result<(), String> {
     for (i, req) in data.chunks(16 * PAGE_SIZE).enumerate() {
         ctx.write((i * 16 * PAGE_SIZE) as u64, req)
             .map_err(|e| e.to_string())?;
     }
+    Ok(())
+}
+
+/// Random single-page reads of a full store: per-read latency in µs
+/// (p50, p99), as a swap-in of one page sees it.
+fn random_reads(algo: Algo, g: usize, mode: Mode, data: &[u8]) -> Result<(f64, f64), String> {
+    let mut ctx = new_store(algo, g, mode, data)?;
+    write_all(&mut ctx, data)?;
     let pages = (data.len() / PAGE_SIZE) as u64;
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     let mut buf = vec![0u8; PAGE_SIZE];
@@ -67,9 +86,93 @@ fn random_reads(algo: Algo, g: usize, mode: Mode, data: &[u8]) -> Result<(f64, f
     Ok((pct(&lat, 0.5), pct(&lat, 0.99)))
 }
 
+/// What the OS charges for one fresh page of memory on this machine, in µs:
+/// a new anonymous mapping backed two pages per `MADV_POPULATE_WRITE`, as
+/// the slab backs a new zspage. The bare codec writes into memory it
+/// already has; a fresh store must get every page it fills from the OS.
+fn fresh_page_us() -> Result<f64, String> {
+    let len = 64 << 20;
+    // SAFETY: a fresh private anonymous mapping, unmapped before returning.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        );
+        if p == libc::MAP_FAILED {
+            return Err("mmap failed".into());
+        }
+        let step = 2 * PAGE_SIZE;
+        let t0 = Instant::now();
+        for off in (0..len).step_by(step) {
+            libc::madvise(
+                p.cast::<u8>().add(off).cast(),
+                step,
+                libc::MADV_POPULATE_WRITE,
+            );
+        }
+        let us = t0.elapsed().as_secs_f64() * 1e6 / (len / PAGE_SIZE) as f64;
+        libc::munmap(p, len);
+        Ok(us)
+    }
+}
+
+/// The write / codec ratio with the store's fresh pages taken out: the
+/// slab's pages (mem_used_total / 4 KB) times what the OS charges for one.
+fn without_fresh_pages(rep: &BenchReport, ceil_mb_s: f64, page_us: f64, bytes: usize) -> f64 {
+    let mb = bytes as f64 / 1e6;
+    let write_s = mb / rep.write_mb_s;
+    let pages = bytes as f64 / rep.ratio_mem / PAGE_SIZE as f64;
+    let rest_s = (write_s - pages * page_us / 1e6).max(1e-9);
+    mb / rest_s / ceil_mb_s
+}
+
+/// The physical limit: MB/s of copying the pages one by one into memory
+/// written before the clock starts (what a store that did not compress at
+/// all could at best do), median of `rounds`.
+fn memcpy_mb_s(data: &[u8], rounds: usize) -> f64 {
+    let mut dst = vec![1u8; data.len()];
+    let mut v = Vec::with_capacity(rounds);
+    for _ in 0..rounds.max(1) {
+        let t0 = Instant::now();
+        for (d, s) in dst
+            .chunks_exact_mut(PAGE_SIZE)
+            .zip(data.chunks_exact(PAGE_SIZE))
+        {
+            d.copy_from_slice(std::hint::black_box(s));
+        }
+        std::hint::black_box(&dst);
+        v.push(data.len() as f64 / 1e6 / t0.elapsed().as_secs_f64());
+    }
+    median(v)
+}
+
+/// Steady-state writes: MB/s of overwriting every page of a full store
+/// with other content (the corpus rotated by 7 requests), twice, as a device
+/// that has been running sees writes: old objects die while new ones are
+/// born, so the slab reuses memory instead of asking the OS for fresh pages.
+fn overwrite_mb_s(algo: Algo, g: usize, mode: Mode, data: &[u8]) -> Result<f64, String> {
+    let mut ctx = new_store(algo, g, mode, data)?;
+    let split = (7 * 16 * PAGE_SIZE).min(data.len());
+    let rotated = [&data[split..], &data[..split]].concat();
+    let mut secs = 0.0;
+    for (pass, d) in [data, &rotated, data].into_iter().enumerate() {
+        let t0 = Instant::now();
+        write_all(&mut ctx, d)?;
+        if pass > 0 {
+            secs += t0.elapsed().as_secs_f64();
+        }
+    }
+    Ok(2.0 * data.len() as f64 / 1e6 / secs)
+}
+
 fn store_vs_codec(algos: &[Algo], rounds: usize, data: &[u8]) -> Result<(), String> {
-    println!("| algo | group | mode | ratio_mem | write MB/s | codec compress MB/s | write / codec | read MB/s | codec decompress MB/s | read / codec | write p99 µs | rand read p50 µs | rand read p99 µs |");
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!("| algo | group | mode | ratio_mem | write MB/s | codec compress MB/s | write / codec | same, fresh pages excluded (est.) | overwrite / codec | read MB/s | codec decompress MB/s | read / codec | write p99 µs | rand read p50 µs | rand read p99 µs |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    let mut page_us = vec![];
     for &algo in algos {
         for (g, mode) in [(1, Mode::PerPage), (8, Mode::PerPage), (8, Mode::Packed)] {
             let opts = BenchOptions {
@@ -80,11 +183,21 @@ fn store_vs_codec(algos: &[Algo], rounds: usize, data: &[u8]) -> Result<(), Stri
             };
             let (mut w, mut r, mut c, mut d, mut wr, mut rr) =
                 (vec![], vec![], vec![], vec![], vec![], vec![]);
+            let (mut wx, mut ow) = (vec![], vec![]);
             let mut last = None;
             for _ in 0..rounds {
                 let ceil = codec_ceiling(algo, data).map_err(|e| e.to_string())?;
                 let rep = bench(&opts, data)?;
+                let us = fresh_page_us()?;
+                page_us.push(us);
+                wx.push(without_fresh_pages(
+                    &rep,
+                    ceil.compress_mb_s,
+                    us,
+                    data.len(),
+                ));
                 wr.push(rep.write_mb_s / ceil.compress_mb_s);
+                ow.push(overwrite_mb_s(algo, g, mode, data)? / ceil.compress_mb_s);
                 rr.push(rep.read_mb_s / ceil.decompress_mb_s);
                 c.push(ceil.compress_mb_s);
                 d.push(ceil.decompress_mb_s);
@@ -95,22 +208,67 @@ fn store_vs_codec(algos: &[Algo], rounds: usize, data: &[u8]) -> Result<(), Stri
             let rep = last.ok_or("no rounds")?;
             let (p50, p99) = random_reads(algo, g, mode, data)?;
             println!(
-                "| {algo} | {g} | {mode} | {:.2} | {:.0} | {:.0} | {:.2} | {:.0} | {:.0} | {:.2} | {:.1} | {p50:.1} | {p99:.1} |",
-                rep.ratio_mem, median(w), median(c), median(wr), median(r), median(d), median(rr), rep.write_p99_us
+                "| {algo} | {g} | {mode} | {:.2} | {:.0} | {:.0} | {:.2} | {:.2} | {:.2} | {:.0} | {:.0} | {:.2} | {:.1} | {p50:.1} | {p99:.1} |",
+                rep.ratio_mem, median(w), median(c), median(wr), median(wx), median(ow), median(r), median(d), median(rr), rep.write_p99_us
             );
         }
     }
+    println!();
+    println!(
+        "memcpy of the same pages, page by page (the physical limit): {:.0} MB/s.",
+        memcpy_mb_s(data, rounds)
+    );
+    println!(
+        "A fresh page from the OS (mmap + MADV_POPULATE_WRITE, 2 pages a call): {:.2} µs median over {} samples.",
+        median(page_us.clone()),
+        page_us.len()
+    );
     Ok(())
+}
+
+/// The bare codec on two threads at once, each over every other 16-page
+/// request (as the bench deals requests out): the machine's own scaling
+/// limit (shared caches, memory bandwidth, the hypervisor). Returns the
+/// (compress, decompress) scaling against one thread over all the pages.
+fn codec_scaling(algo: Algo, data: &[u8]) -> Result<(f64, f64), String> {
+    let req = 16 * PAGE_SIZE;
+    let mut halves = [Vec::new(), Vec::new()];
+    for (i, chunk) in data.chunks(req).enumerate() {
+        halves[i % 2].extend_from_slice(chunk);
+    }
+    let one = codec_ceiling(algo, data).map_err(|e| e.to_string())?;
+    let two: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = halves
+            .iter()
+            .map(|h| s.spawn(move || codec_ceiling(algo, h)))
+            .collect();
+        hs.into_iter().map(|h| h.join()).collect()
+    });
+    let mb = data.len() as f64 / 1e6;
+    let (mut c2, mut d2) = (0.0f64, 0.0f64);
+    for (r, h) in two.into_iter().zip(&halves) {
+        let c = r
+            .map_err(|_| "codec thread panicked")?
+            .map_err(|e| e.to_string())?;
+        let hmb = h.len() as f64 / 1e6;
+        c2 = c2.max(hmb / c.compress_mb_s);
+        d2 = d2.max(hmb / c.decompress_mb_s);
+    }
+    Ok((mb / c2 / one.compress_mb_s, mb / d2 / one.decompress_mb_s))
 }
 
 fn scaling(algos: &[Algo], rounds: usize, data: &[u8]) -> Result<(), String> {
     println!();
-    println!("| algo | write MB/s 1 thread | 2 threads | write scaling | read MB/s 1 thread | 2 threads | read scaling |");
-    println!("| --- | --- | --- | --- | --- | --- | --- |");
+    println!("| algo | write MB/s 1 thread | 2 threads | write scaling | codec compress scaling | read MB/s 1 thread | 2 threads | read scaling | codec decompress scaling |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for &algo in algos {
         let (mut w1, mut w2, mut r1, mut r2, mut ws, mut rs) =
             (vec![], vec![], vec![], vec![], vec![], vec![]);
+        let (mut cs, mut ds) = (vec![], vec![]);
         for _ in 0..rounds {
+            let (c, d) = codec_scaling(algo, data)?;
+            cs.push(c);
+            ds.push(d);
             let one = bench(
                 &BenchOptions {
                     algo,
@@ -135,19 +293,26 @@ fn scaling(algos: &[Algo], rounds: usize, data: &[u8]) -> Result<(), String> {
             r2.push(two.read_mb_s);
         }
         println!(
-            "| {algo} | {:.0} | {:.0} | {:.2}x | {:.0} | {:.0} | {:.2}x |",
+            "| {algo} | {:.0} | {:.0} | {:.2}x ({:.2}-{:.2}) | {:.2}x | {:.0} | {:.0} | {:.2}x ({:.2}-{:.2}) | {:.2}x |",
             median(w1),
             median(w2),
-            median(ws),
+            median(ws.clone()),
+            min(&ws),
+            max(&ws),
+            median(cs),
             median(r1),
             median(r2),
-            median(rs)
+            median(rs.clone()),
+            min(&rs),
+            max(&rs),
+            median(ds)
         );
     }
     Ok(())
 }
 
 fn main() -> Result<(), String> {
+    let scaling_only = std::env::args().any(|a| a == "--scaling-only");
     let mut args = std::env::args().skip(1);
     let path = PathBuf::from(
         args.next()
@@ -156,6 +321,9 @@ fn main() -> Result<(), String> {
     let mut algos = Vec::new();
     let mut rounds = 5;
     while let Some(a) = args.next() {
+        if a == "--scaling-only" {
+            continue;
+        }
         if a == "--rounds" {
             rounds = args
                 .next()
@@ -169,7 +337,9 @@ fn main() -> Result<(), String> {
         algos = vec![Algo::Lz4, Algo::Zstd(1), Algo::Zstd(3), Algo::Deflate(1)];
     }
     let data = load_input(&path)?;
-    store_vs_codec(&algos, rounds, &data)?;
+    if !scaling_only {
+        store_vs_codec(&algos, rounds, &data)?;
+    }
     scaling(&algos, rounds, &data)?;
     Ok(())
 }

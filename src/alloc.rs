@@ -95,6 +95,13 @@ pub trait ObjAllocator: Send + Sync {
     fn compactable_pages(&self) -> u64 {
         0
     }
+
+    /// Gives back memory kept for reuse that was not reused since the
+    /// previous call (run about once a second by the idle drain). Returns
+    /// the 4 KB pages given back.
+    fn trim(&self) -> u64 {
+        0
+    }
 }
 
 /// Memory accounting every allocator keeps: bytes held, their peak, and

@@ -311,16 +311,19 @@ impl Store {
     /// ([`AUTO_COMPACT_PERCENT`] of `mem_used_total` and at least
     /// [`AUTO_COMPACT_MIN_PAGES`] could be given back). The drain thread
     /// calls this about once a second while idle; a daemon without deferred
-    /// free calls it from its idle timer. Returns the pages given back.
+    /// free calls it from its idle timer. Empty zspages kept for reuse that
+    /// were not reused since the previous call are given back first.
+    /// Returns the pages given back.
     pub fn maybe_compact(&self) -> u64 {
+        let trimmed = self.alloc.trim();
         let pages = self.alloc.compactable_pages();
         let used = self.alloc.mem_used_total();
         if pages >= AUTO_COMPACT_MIN_PAGES
             && pages * PAGE_SIZE_U64 * 100 >= used * AUTO_COMPACT_PERCENT
         {
-            self.compact_now()
+            trimmed + self.compact_now()
         } else {
-            0
+            trimmed
         }
     }
 

@@ -20,7 +20,13 @@ impl SlabAllocator {
         let Some(class) = self.classes.get(c) else {
             return 0;
         };
-        let mut freed = 0;
+        // Compaction is there to give memory back: spares go first.
+        let mut freed = {
+            let mut st = lock(class);
+            let pages = (st.spare.len() * class.spec.pages as usize) as u64;
+            self.release_dead_keeping(class, &mut st, 0);
+            pages
+        };
         // Zspages whose remaining objects are all waiting to be freed: they
         // cannot be emptied now, so later steps look past them.
         let mut pinned: Vec<u64> = Vec::new();
@@ -33,7 +39,8 @@ impl SlabAllocator {
                 break;
             };
             let (pages, _moved) = self.empty_zspage(class, &mut st, src, relocate);
-            self.release_dead(class, &mut st);
+            // Compaction is there to give memory back: keep no spares.
+            self.release_dead_keeping(class, &mut st, 0);
             drop(st);
             freed += pages;
             if pages == 0 {

@@ -334,3 +334,53 @@ fn concurrent_alloc_free_across_classes() {
     assert_eq!(a.mem_used_total(), 0);
     assert_eq!(a.objects(), 0);
 }
+
+/// An emptied zspage of a class that still holds objects is kept as a
+/// spare (charged, pages kept) and is what the next new zspage reuses; the
+/// idle trim gives back spares that saw no reuse, compaction gives back
+/// all of them, and a class that empties keeps none.
+#[test]
+fn emptied_zspages_are_kept_as_spares_then_trimmed() {
+    let a = SlabAllocator::default();
+    let c = a.class_of(1000).unwrap();
+    let objs = a.classes[c].spec.objs as usize;
+    let cost = a.classes[c].cost;
+    let alloc = |n: usize| {
+        let mut hs = Vec::new();
+        a.alloc_bulk(&vec![1000; n], &vec![0; n], &mut hs).unwrap();
+        hs
+    };
+    let keep = alloc(objs); // zspage 0 stays in use
+    let second = alloc(objs); // zspage 1, emptied next
+    assert_eq!(a.mem_used_total(), 2 * cost);
+    a.free_bulk(&second);
+    assert_eq!(a.zspages(), 1);
+    assert_eq!(
+        a.mem_used_total(),
+        2 * cost,
+        "the emptied zspage is a spare"
+    );
+    let again = alloc(objs);
+    assert_eq!(a.mem_used_total(), 2 * cost, "the spare was reused");
+    assert_eq!(unpack(again[0]).1, unpack(second[0]).1, "same zspage id");
+    fill(&a, again[0], 1000, 7);
+    check(&a, again[0], 1000, 7);
+    a.free_bulk(&again);
+    // Reused since the last trim: kept once, given back the next time.
+    assert_eq!(a.trim(), 0);
+    assert_eq!(a.mem_used_total(), 2 * cost);
+    assert_eq!(a.trim(), a.classes[c].spec.pages as u64);
+    assert_eq!(a.mem_used_total(), cost);
+    // Compaction gives spares back at once.
+    let third = alloc(objs);
+    a.free_bulk(&third);
+    assert_eq!(a.mem_used_total(), 2 * cost);
+    let table = Table(Vec::new());
+    assert_eq!(a.compact(&table), a.classes[c].spec.pages as u64);
+    assert_eq!(a.mem_used_total(), cost);
+    // A class left with no objects keeps no spare.
+    let fourth = alloc(objs);
+    a.free_bulk(&fourth);
+    a.free_bulk(&keep);
+    assert_eq!(a.mem_used_total(), 0);
+}
