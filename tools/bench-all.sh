@@ -4,9 +4,10 @@
 # Engine level (native): the commands of BENCHMARKS.md's engine sections, their
 # output saved under bench-out/engine/. Device level (qemu guest, zblk against
 # kernel zram in the same boot): tools/scripts/bench-device.sh, then the plot
-# tools/scripts/plot.py. The tables in BENCHMARKS.md are written by hand from
-# these outputs; copy bench-out/device/results.json and the SVG to
-# benches/results/ when they are quoted.
+# tools/scripts/plot.py. The engine tables in BENCHMARKS.md are written by
+# hand from these outputs, the device tables are bench-out/device/tables.md;
+# copy bench-out/device/results.json and the SVG to benches/results/ when
+# they are quoted.
 #
 # Usage: tools/bench-all.sh [--engine-only | --device-only] [bench-device.sh options]
 #   e.g. tools/bench-all.sh --device-only --rounds 3 --boots 2
