@@ -6,7 +6,7 @@
 //! write-zeroes walk their slots one lock at a time.
 
 use crate::alloc::{Handle, HeapAllocator, ObjAllocator, Relocate};
-use crate::codec::Algo;
+use crate::codec::{Algo, Codec};
 use crate::ctx::{CtxState, QueueCtx};
 use crate::error::{Error, Result};
 use crate::free::{FreeConfig, Freer, DEFAULT_MAX_PENDING_BATCHES};
@@ -89,6 +89,21 @@ pub struct StoreConfig {
     pub deferred_free_max_batches: usize,
     /// Lock the slab's memory in RAM (for swap devices).
     pub mlock: bool,
+    /// Makes each context's codec instead of `algo.new_codec()`: an
+    /// accelerator codec on a chosen set of work queues (tests run
+    /// `deflate-iaa` on the device model this way). Its codecs must
+    /// implement `algo`.
+    pub codecs: Option<CodecFactory>,
+}
+
+/// Makes one codec per queue context (see [`StoreConfig::codecs`]).
+#[derive(Clone)]
+pub struct CodecFactory(pub Arc<dyn Fn() -> Box<dyn Codec> + Send + Sync>);
+
+impl std::fmt::Debug for CodecFactory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CodecFactory")
+    }
 }
 
 /// The object allocator a store is built with.
@@ -124,6 +139,7 @@ impl StoreConfig {
             deferred_free: true,
             deferred_free_max_batches: DEFAULT_MAX_PENDING_BATCHES,
             mlock: false,
+            codecs: None,
         }
     }
 
@@ -151,6 +167,15 @@ impl StoreConfig {
                 "huge threshold {} is not in 64..={PAGE_SIZE}",
                 self.huge_threshold
             )));
+        }
+        if let Some(make) = &self.codecs {
+            let made = (make.0)().algo();
+            if made != self.algo {
+                return Err(Error::InvalidConfig(format!(
+                    "the codec factory makes {made} codecs, the store is configured for {}",
+                    self.algo
+                )));
+            }
         }
         Ok(())
     }
