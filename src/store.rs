@@ -203,6 +203,9 @@ pub struct StoreStats {
     pub mem_limit: u64,
     /// Pages given back by compaction since creation.
     pub pages_compacted: u64,
+    /// Bytes of `mem_used_total` held as empty zspages kept for reuse
+    /// (given back after a second without reuse, or by compaction).
+    pub mem_spare: u64,
     /// Handles detached but not yet freed.
     pub deferred_free_pending: u64,
     /// Bytes of slot table (16 per page of device size).
@@ -389,6 +392,7 @@ impl Store {
             mem_used_max: self.alloc.mem_used_max(),
             mem_limit: self.alloc.mem_limit(),
             pages_compacted: self.pages_compacted.load(Relaxed),
+            mem_spare: self.alloc.spare_pages() * PAGE_SIZE_U64,
             deferred_free_pending,
             slot_table_bytes: (self.slots.len() * std::mem::size_of::<Slot>()) as u64,
             latency,
