@@ -102,6 +102,11 @@ pub trait ObjAllocator: Send + Sync {
     fn trim(&self) -> u64 {
         0
     }
+
+    /// 4 KB pages held for reuse (what [`ObjAllocator::trim`] may give back).
+    fn spare_pages(&self) -> u64 {
+        0
+    }
 }
 
 /// Memory accounting every allocator keeps: bytes held, their peak, and

@@ -4,12 +4,12 @@
 //! its statistics shard, its batch of handles to free. Nothing in it is
 //! shared on the I/O path, which is what keeps the hot path free of locks.
 
-use crate::codec::Codec;
+use crate::codec::{AccelEvents, Codec};
 use crate::free::FreeBatch;
 use crate::group::GroupPlan;
 use crate::packed::PackCache;
 use crate::page::PAGE_SIZE;
-use crate::stats::StatsShard;
+use crate::stats::{Counter, StatsShard};
 use crate::store::{Mode, Store, StoreConfig};
 use std::sync::Arc;
 
@@ -36,7 +36,10 @@ impl CtxState {
         let g = cfg.group_pages;
         let packed = cfg.mode == Mode::Packed;
         CtxState {
-            codec: cfg.algo.new_codec(),
+            codec: match &cfg.codecs {
+                Some(make) => (make.0)(),
+                None => cfg.algo.new_codec(),
+            },
             scratch: vec![0u8; g * PAGE_SIZE],
             shard,
             free: FreeBatch::new(),
@@ -74,12 +77,32 @@ impl QueueCtx {
 
     /// Writes `data` (a multiple of 4 KB) at byte `offset`.
     pub fn write(&mut self, offset: u64, data: &[u8]) -> crate::Result<()> {
-        self.store.write(&mut self.st, offset, data)
+        let r = self.store.write(&mut self.st, offset, data);
+        self.count_accel_events();
+        r
     }
 
     /// Reads `buf.len()` bytes (a multiple of 4 KB) at byte `offset`.
     pub fn read(&mut self, offset: u64, buf: &mut [u8]) -> crate::Result<()> {
-        self.store.read(&mut self.st, offset, buf)
+        let r = self.store.read(&mut self.st, offset, buf);
+        self.count_accel_events();
+        r
+    }
+
+    /// Adds what the codec's accelerator went through to this queue's
+    /// statistics (software codecs report nothing).
+    fn count_accel_events(&mut self) {
+        let ev = self.st.codec.take_accel_events();
+        if ev == AccelEvents::default() {
+            return;
+        }
+        let sh = &self.st.shard;
+        sh.add(Counter::AccelPageFaults, ev.page_faults as i64);
+        sh.add(Counter::AccelTimeouts, ev.timeouts as i64);
+        sh.add(Counter::AccelVerifyFailures, ev.verify_failures as i64);
+        sh.add(Counter::AccelDeviceErrors, ev.device_errors as i64);
+        sh.add(Counter::AccelSubmitFailures, ev.submit_failures as i64);
+        sh.add(Counter::AccelDecompressed, ev.decompressed as i64);
     }
 
     /// Discards `len` bytes at `offset`: the pages read as zeros afterwards

@@ -55,9 +55,21 @@ pub enum Counter {
     PackedDeadBytes,
     /// Pages moved out of sparse packed groups by the compactor.
     PackedPagesRewritten,
+    /// Accelerator: pages redone in software after a page fault.
+    AccelPageFaults,
+    /// Accelerator: pages redone in software after a timeout.
+    AccelTimeouts,
+    /// Accelerator: pages redone in software because verify failed.
+    AccelVerifyFailures,
+    /// Accelerator: pages redone in software after another device error.
+    AccelDeviceErrors,
+    /// Accelerator: pages done in software because no queue took them.
+    AccelSubmitFailures,
+    /// Accelerator: pages the device decompressed.
+    AccelDecompressed,
 }
 
-const NUM_COUNTERS: usize = Counter::PackedPagesRewritten as usize + 1;
+const NUM_COUNTERS: usize = Counter::AccelDecompressed as usize + 1;
 
 /// The operations whose per-page latency is recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -257,6 +269,18 @@ pub struct Counters {
     pub packed_dead_bytes: u64,
     /// Pages moved out of sparse packed groups by the compactor.
     pub packed_pages_rewritten: u64,
+    /// Accelerator: pages redone in software after a page fault.
+    pub accel_page_faults: u64,
+    /// Accelerator: pages redone in software after a timeout.
+    pub accel_timeouts: u64,
+    /// Accelerator: pages redone in software because verify failed.
+    pub accel_verify_failures: u64,
+    /// Accelerator: pages redone in software after another device error.
+    pub accel_device_errors: u64,
+    /// Accelerator: pages done in software because no work queue took them.
+    pub accel_submit_failures: u64,
+    /// Accelerator: pages the device decompressed.
+    pub accel_decompressed: u64,
 }
 
 /// Merges shards into counters and latency percentiles.
@@ -303,6 +327,12 @@ pub fn merge<'a>(shards: impl IntoIterator<Item = &'a StatsShard>) -> (Counters,
         deferred_frees: g(Counter::DeferredFrees),
         packed_dead_bytes: g(Counter::PackedDeadBytes),
         packed_pages_rewritten: g(Counter::PackedPagesRewritten),
+        accel_page_faults: g(Counter::AccelPageFaults),
+        accel_timeouts: g(Counter::AccelTimeouts),
+        accel_verify_failures: g(Counter::AccelVerifyFailures),
+        accel_device_errors: g(Counter::AccelDeviceErrors),
+        accel_submit_failures: g(Counter::AccelSubmitFailures),
+        accel_decompressed: g(Counter::AccelDecompressed),
     };
     let lat = Latencies {
         write: Latency::from_buckets(&hist[Op::Write as usize]),

@@ -6,7 +6,7 @@
 //! write-zeroes walk their slots one lock at a time.
 
 use crate::alloc::{Handle, HeapAllocator, ObjAllocator, Relocate};
-use crate::codec::Algo;
+use crate::codec::{Algo, Codec};
 use crate::ctx::{CtxState, QueueCtx};
 use crate::error::{Error, Result};
 use crate::free::{FreeConfig, Freer, DEFAULT_MAX_PENDING_BATCHES};
@@ -89,6 +89,21 @@ pub struct StoreConfig {
     pub deferred_free_max_batches: usize,
     /// Lock the slab's memory in RAM (for swap devices).
     pub mlock: bool,
+    /// Makes each context's codec instead of `algo.new_codec()`: an
+    /// accelerator codec on a chosen set of work queues (tests run
+    /// `deflate-iaa` on the device model this way). Its codecs must
+    /// implement `algo`.
+    pub codecs: Option<CodecFactory>,
+}
+
+/// Makes one codec per queue context (see [`StoreConfig::codecs`]).
+#[derive(Clone)]
+pub struct CodecFactory(pub Arc<dyn Fn() -> Box<dyn Codec> + Send + Sync>);
+
+impl std::fmt::Debug for CodecFactory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CodecFactory")
+    }
 }
 
 /// The object allocator a store is built with.
@@ -124,6 +139,7 @@ impl StoreConfig {
             deferred_free: true,
             deferred_free_max_batches: DEFAULT_MAX_PENDING_BATCHES,
             mlock: false,
+            codecs: None,
         }
     }
 
@@ -152,6 +168,15 @@ impl StoreConfig {
                 self.huge_threshold
             )));
         }
+        if let Some(make) = &self.codecs {
+            let made = (make.0)().algo();
+            if made != self.algo {
+                return Err(Error::InvalidConfig(format!(
+                    "the codec factory makes {made} codecs, the store is configured for {}",
+                    self.algo
+                )));
+            }
+        }
         Ok(())
     }
 }
@@ -178,6 +203,9 @@ pub struct StoreStats {
     pub mem_limit: u64,
     /// Pages given back by compaction since creation.
     pub pages_compacted: u64,
+    /// Bytes of `mem_used_total` held as empty zspages kept for reuse
+    /// (given back after a second without reuse, or by compaction).
+    pub mem_spare: u64,
     /// Handles detached but not yet freed.
     pub deferred_free_pending: u64,
     /// Bytes of slot table (16 per page of device size).
@@ -364,6 +392,7 @@ impl Store {
             mem_used_max: self.alloc.mem_used_max(),
             mem_limit: self.alloc.mem_limit(),
             pages_compacted: self.pages_compacted.load(Relaxed),
+            mem_spare: self.alloc.spare_pages() * PAGE_SIZE_U64,
             deferred_free_pending,
             slot_table_bytes: (self.slots.len() * std::mem::size_of::<Slot>()) as u64,
             latency,

@@ -478,3 +478,62 @@ fn store_with_deflate_iaa_round_trips_in_both_modes() {
         }
     }
 }
+
+/// A store whose queue contexts compress on the device model: pages the
+/// device compressed count as `accel_pages`, a page fault and a corrupt
+/// output show up in `zblk stat`'s accelerator counters, the device's
+/// decompressions too, and every page reads back intact.
+#[test]
+fn store_counts_accelerator_pages_and_fallbacks() {
+    use zblk::store::{CodecFactory, Mode};
+    use zblk::{Store, StoreConfig};
+    let rig = setup(Exec::Inline, &shared(16));
+    let router = Arc::new(rig.router);
+    let data: Vec<u8> = fixture_pages().concat();
+    let mut cfg = StoreConfig::new(data.len() as u64);
+    cfg.algo = Algo::DeflateIaa;
+    cfg.mode = Mode::PerPage;
+    let r = router.clone();
+    cfg.codecs = Some(CodecFactory(Arc::new(move || {
+        Box::new(IaaCodec::with_router(&r, opts())) as Box<dyn Codec>
+    })));
+    let store = Store::new(cfg).unwrap();
+    let mut ctx = store.new_ctx();
+    rig.model
+        .inject(Some(IAX_OPCODE_COMPRESS), Fault::PageFault);
+    ctx.write(0, &data[..8 * PAGE_SIZE]).unwrap();
+    rig.model
+        .inject(Some(IAX_OPCODE_COMPRESS), Fault::CorruptOutput);
+    ctx.write(8 * PAGE_SIZE as u64, &data[8 * PAGE_SIZE..])
+        .unwrap();
+    let mut back = vec![0u8; data.len()];
+    ctx.read(0, &mut back).unwrap();
+    assert!(back == data, "a page did not read back");
+    let c = store.stats().counters;
+    assert_eq!(
+        (c.accel_page_faults, c.accel_verify_failures),
+        (1, 1),
+        "{c:?}"
+    );
+    assert_eq!(
+        c.accel_timeouts + c.accel_device_errors + c.accel_submit_failures,
+        0
+    );
+    // 96 pages: 4 same-filled, 2 redone in software, 90 through the device,
+    // 32 of which did not fit the budget (stored raw); the device
+    // decompresses every compressed page, software-made ones included.
+    assert_eq!(
+        (c.same_pages, c.sw_pages, c.accel_pages),
+        (4, 2, 90),
+        "{c:?}"
+    );
+    assert_eq!(c.huge_pages, 32, "{c:?}");
+    assert_eq!(c.accel_decompressed, 60, "{c:?}");
+    // A factory that makes another algorithm's codecs is refused.
+    let mut bad = StoreConfig::new(data.len() as u64);
+    bad.algo = Algo::Lz4;
+    bad.codecs = Some(CodecFactory(Arc::new(move || {
+        Box::new(IaaCodec::with_router(&router, opts())) as Box<dyn Codec>
+    })));
+    assert!(Store::new(bad).is_err());
+}

@@ -19,7 +19,7 @@
 use super::desc::*;
 use super::portal::Submit;
 use super::router::{Router, WorkQueue};
-use crate::codec::{Algo, Codec, CodecError, DeflateCodec, DEFLATE_DEFAULT_LEVEL};
+use crate::codec::{AccelEvents, Algo, Codec, CodecError, DeflateCodec, DEFLATE_DEFAULT_LEVEL};
 use crate::PAGE_SIZE;
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -260,6 +260,8 @@ pub struct IaaCodec {
     next_wq: usize,
     results: Vec<Option<Option<usize>>>,
     stats: IaaStats,
+    /// `stats` as last handed out by `take_accel_events`.
+    reported: IaaStats,
     warned_stale: bool,
 }
 
@@ -290,6 +292,7 @@ impl IaaCodec {
             next_wq: 0,
             results: Vec::with_capacity(IAA_MAX_BATCH),
             stats: IaaStats::default(),
+            reported: IaaStats::default(),
             warned_stale: false,
         }
     }
@@ -640,6 +643,21 @@ impl Default for IaaCodec {
 impl Codec for IaaCodec {
     fn algo(&self) -> Algo {
         Algo::DeflateIaa
+    }
+
+    fn take_accel_events(&mut self) -> AccelEvents {
+        let (now, was) = (
+            self.stats,
+            std::mem::replace(&mut self.reported, self.stats),
+        );
+        AccelEvents {
+            page_faults: now.page_faults - was.page_faults,
+            timeouts: now.timeouts - was.timeouts,
+            verify_failures: now.verify_failures - was.verify_failures,
+            device_errors: now.device_errors - was.device_errors,
+            submit_failures: now.submit_failures - was.submit_failures,
+            decompressed: now.hw_decompress - was.hw_decompress,
+        }
     }
 
     fn compress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<Option<usize>, CodecError> {

@@ -72,6 +72,31 @@ pub trait Codec: Send {
         }
         Ok(0)
     }
+
+    /// What an accelerator went through since the previous call (software
+    /// codecs: nothing). The queue context adds it to its statistics after
+    /// each request, so `zblk stat` shows why pages fell back to software.
+    fn take_accel_events(&mut self) -> AccelEvents {
+        AccelEvents::default()
+    }
+}
+
+/// Accelerator events of one codec since it was last asked: pages redone in
+/// software, and by what cause, and pages the device decompressed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AccelEvents {
+    /// Pages redone in software after a page fault.
+    pub page_faults: u64,
+    /// Pages redone in software after a timeout.
+    pub timeouts: u64,
+    /// Pages redone in software because verify failed.
+    pub verify_failures: u64,
+    /// Pages redone in software after another device error.
+    pub device_errors: u64,
+    /// Pages done in software because no work queue took the descriptor.
+    pub submit_failures: u64,
+    /// Pages the device decompressed.
+    pub decompressed: u64,
 }
 
 /// A compression algorithm and its parameters, as named on the command line.

@@ -646,6 +646,13 @@ impl ObjAllocator for SlabAllocator {
         SlabAllocator::compactable_pages(self)
     }
 
+    fn spare_pages(&self) -> u64 {
+        self.classes
+            .iter()
+            .map(|c| (lock(c).spare.len() * c.spec.pages as usize) as u64)
+            .sum()
+    }
+
     fn trim(&self) -> u64 {
         let mut pages = 0;
         for class in self.classes.iter() {

@@ -360,8 +360,10 @@ fn emptied_zspages_are_kept_as_spares_then_trimmed() {
         2 * cost,
         "the emptied zspage is a spare"
     );
+    assert_eq!(a.spare_pages(), a.classes[c].spec.pages as u64);
     let again = alloc(objs);
     assert_eq!(a.mem_used_total(), 2 * cost, "the spare was reused");
+    assert_eq!(a.spare_pages(), 0);
     assert_eq!(unpack(again[0]).1, unpack(second[0]).1, "same zspage id");
     fill(&a, again[0], 1000, 7);
     check(&a, again[0], 1000, 7);

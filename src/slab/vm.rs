@@ -130,10 +130,19 @@ fn map_anon(len: usize) -> Option<usize> {
 }
 
 /// Locks a new zspage's pages in RAM (swap use: a swap device must never
-/// need to be swapped in itself). Returns false if the OS refused.
+/// need to be swapped in itself) and backs them. Returns false if the OS
+/// refused the lock.
+///
+/// `mlock2(MLOCK_ONFAULT)` and then populating, rather than `mlock`: under
+/// the daemon's `mlockall(MCL_FUTURE | MCL_ONFAULT)` every chunk is already
+/// lock-on-fault, so this changes no mapping flags, where `mlock` would
+/// turn each zspage into a mapping of its own (a VMA split under the
+/// address-space write lock, and more when it is given back).
 pub fn lock_range(addr: usize, len: usize) -> bool {
     // SAFETY: the range lies inside a chunk this allocator mapped.
-    unsafe { libc::mlock(addr as *const libc::c_void, len) == 0 }
+    let ok = unsafe { libc::syscall(libc::SYS_mlock2, addr, len, libc::MLOCK_ONFAULT) == 0 };
+    populate_range(addr, len);
+    ok
 }
 
 /// Backs a new zspage with physical pages in one call, as zsmalloc
@@ -152,28 +161,33 @@ pub fn populate_range(addr: usize, len: usize) {
 /// Gives a dead zspage's pages back to the OS. The range stays mapped and
 /// reads as zeros until reused.
 ///
-/// `MADV_DONTNEED` refuses locked pages, whether this slab locked them
-/// (`locked`) or the whole process did (`mlockall(MCL_FUTURE)`, as the
-/// daemon does for swap): such a range is unlocked first; the slab locks a
-/// zspage again when it reuses the range if it was configured to lock.
+/// `MADV_DONTNEED` refuses locked ranges, whether this slab locked them
+/// (`locked`) or the whole process did (`mlockall`, as the daemon does for
+/// swap). `MADV_DONTNEED_LOCKED` (Linux 5.18) drops their pages and keeps
+/// the range lock-on-fault, so a reused zspage is locked again as it is
+/// backed; only on older kernels is the range unlocked first.
 pub fn release_range(addr: usize, len: usize, locked: bool) {
+    let p = addr as *mut libc::c_void;
     // SAFETY: the range lies inside a chunk this allocator mapped and no
     // live object remains in it (the caller holds the class lock and the
     // zspages are empty).
-    unsafe {
-        let p = addr as *mut libc::c_void;
-        if locked {
-            libc::munlock(p, len);
-        }
-        if libc::madvise(p, len, libc::MADV_DONTNEED) != 0 && !locked {
-            libc::munlock(p, len);
-            if libc::madvise(p, len, libc::MADV_DONTNEED) != 0 {
-                log::warn!(
-                    "slab: cannot give {len} bytes back to the OS: {}",
-                    std::io::Error::last_os_error()
-                );
-            }
-        }
+    let advise = |advice| unsafe { libc::madvise(p, len, advice) == 0 };
+    // Try first what most likely works: one failed call less.
+    let (first, second) = if locked {
+        (libc::MADV_DONTNEED_LOCKED, libc::MADV_DONTNEED)
+    } else {
+        (libc::MADV_DONTNEED, libc::MADV_DONTNEED_LOCKED)
+    };
+    if advise(first) || advise(second) {
+        return;
+    }
+    // SAFETY: as above.
+    unsafe { libc::munlock(p, len) };
+    if !advise(libc::MADV_DONTNEED) {
+        log::warn!(
+            "slab: cannot give {len} bytes back to the OS: {}",
+            std::io::Error::last_os_error()
+        );
     }
 }
 

@@ -148,13 +148,14 @@ pub fn list(a: ListArgs) -> CliResult {
 }
 
 /// Fields shown with a human size next to the byte count.
-const BYTE_FIELDS: [&str; 7] = [
+const BYTE_FIELDS: [&str; 8] = [
     "disksize",
     "orig_data_size",
     "compr_data_size",
     "mem_used_total",
     "mem_used_max",
     "mem_limit",
+    "mem_spare",
     "slot_table_bytes",
 ];
 
