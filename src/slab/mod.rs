@@ -449,6 +449,14 @@ impl SlabAllocator {
         self.release_dead_keeping(class, st, st.spare_cap());
     }
 
+    /// Gives every spare zspage of the class back to the OS; returns the
+    /// 4 KB pages given back.
+    fn release_spares(&self, class: &SizeClass, st: &mut ClassState) -> u64 {
+        let pages = spare_pages(class, st);
+        self.release_dead_keeping(class, st, 0);
+        pages
+    }
+
     /// [`Self::release_dead`], keeping up to `cap` empty zspages as spares
     /// (and giving back spares beyond `cap`).
     fn release_dead_keeping(&self, class: &SizeClass, st: &mut ClassState, cap: usize) {
@@ -499,6 +507,11 @@ impl SlabAllocator {
         let hs: Vec<Handle> = order.iter().map(|&(_, i)| out[i as usize]).collect();
         self.free_bulk(&hs);
     }
+}
+
+/// 4 KB pages held by the class's spare zspages.
+fn spare_pages(class: &SizeClass, st: &ClassState) -> u64 {
+    (st.spare.len() * class.spec.pages as usize) as u64
 }
 
 fn lock(class: &SizeClass) -> MutexGuard<'_, ClassState> {
@@ -648,19 +661,15 @@ impl ObjAllocator for SlabAllocator {
     }
 
     fn spare_pages(&self) -> u64 {
-        self.classes
-            .iter()
-            .map(|c| (lock(c).spare.len() * c.spec.pages as usize) as u64)
-            .sum()
+        self.classes.iter().map(|c| spare_pages(c, &lock(c))).sum()
     }
 
     fn trim(&self) -> u64 {
         let mut pages = 0;
         for class in self.classes.iter() {
             let mut st = lock(class);
-            if !std::mem::take(&mut st.spare_used) && !st.spare.is_empty() {
-                pages += (st.spare.len() * class.spec.pages as usize) as u64;
-                self.release_dead_keeping(class, &mut st, 0);
+            if !std::mem::take(&mut st.spare_used) {
+                pages += self.release_spares(class, &mut st);
             }
         }
         pages

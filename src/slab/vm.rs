@@ -165,8 +165,8 @@ pub fn populate_range(addr: usize, len: usize) {
 /// `MADV_DONTNEED` refuses locked ranges, whether this slab locked them
 /// (`locked`) or the whole process did (`mlockall`, as the daemon does for
 /// swap). `MADV_DONTNEED_LOCKED` (Linux 5.18) drops their pages and keeps
-/// the range lock-on-fault, so a reused zspage is locked again as it is
-/// backed; only on older kernels is the range unlocked first.
+/// the range locked, so giving a zspage back and reusing it change no
+/// mapping flags; only on older kernels is the range unlocked first.
 pub fn release_range(addr: usize, len: usize, locked: bool) {
     let p = addr as *mut libc::c_void;
     // SAFETY: the range lies inside a chunk this allocator mapped and no
