@@ -27,5 +27,5 @@ pub mod store;
 pub use codec::Algo;
 pub use ctx::QueueCtx;
 pub use error::{Error, Result};
-pub use page::PAGE_SIZE;
-pub use store::{Mode, Store, StoreConfig, StoreStats};
+pub use page::{PAGE_SIZE, PAGE_SIZE_U64};
+pub use store::{AllocatorKind, CodecFactory, Mode, Store, StoreConfig, StoreStats};

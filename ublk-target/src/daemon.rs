@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use zblk::store::Mode;
+use zblk::Mode;
 use zblk::{Algo, QueueCtx, Store, StoreConfig};
 
 /// How a device is created.

@@ -3,8 +3,8 @@
 use super::size::{parse_disk_size, parse_size};
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
-use zblk::store::Mode;
 use zblk::Algo;
+use zblk::Mode;
 
 /// zblk: compressed RAM block devices (like zram) served through ublk.
 #[derive(Debug, Parser)]
