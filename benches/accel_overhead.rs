@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 use zblk::accel::model::{Exec, ModelDevice, ModelWqConfig};
 use zblk::accel::sysfs::WqMode;
-use zblk::accel::{IaaCodec, IaaOptions, Router};
-use zblk::codec::{Algo, Codec, DeflateCodec};
+use zblk::accel::Router;
+use zblk::codec::{Algo, Codec, DeflateCodec, IaaCodec, IaaOptions};
 use zblk::PAGE_SIZE;
 
 const BUDGET: usize = 3071;

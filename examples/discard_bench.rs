@@ -19,7 +19,7 @@ fn main() -> Result<(), String> {
     let mut threads = vec![1, 2, 4];
     let mut churn = false;
     let mut huge = None;
-    let mut mode = zblk::store::Mode::PerPage;
+    let mut mode = zblk::Mode::PerPage;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--threads" => {

@@ -48,13 +48,60 @@ pub trait ObjAllocator: Send + Sync {
     /// Frees every handle in `handles`.
     fn free_bulk(&self, handles: &[Handle]);
 
-    /// The object's bytes: `len` must be the size it was allocated with.
+    /// Where the object's bytes start. Access goes through the three views
+    /// below, never through this pointer directly.
     ///
     /// # Safety
-    /// `h` must be live and neither freed nor moved while the slice is used:
-    /// the caller holds the lock of the slot that owns it.
-    #[allow(clippy::mut_from_ref)]
-    unsafe fn object(&self, h: Handle, len: usize) -> &mut [u8];
+    /// `h` must be a live handle of this allocator, and `len` at most the
+    /// size it was allocated with.
+    unsafe fn object_ptr(&self, h: Handle, len: usize) -> *mut u8;
+
+    /// A shared view of `len` bytes at offset `at` of a published object.
+    ///
+    /// # Safety
+    /// `h` is live and is neither freed nor moved while the view is used
+    /// (the caller holds the lock of a slot that references it), `at + len`
+    /// is within its allocated size, and nobody writes those bytes
+    /// meanwhile: a published object's bytes never change, except a packed
+    /// object's live mask, which is reached only through
+    /// [`ObjAllocator::atomic_word`] and must not be inside the range.
+    unsafe fn bytes(&self, h: Handle, at: usize, len: usize) -> &[u8] {
+        // SAFETY: the caller's contract above: the range is allocated,
+        // stays put and is not written while the shared slice lives.
+        unsafe { std::slice::from_raw_parts(self.object_ptr(h, at + len).add(at), len) }
+    }
+
+    /// Copies `src` to offset `at` of an object not yet published: fresh
+    /// from [`ObjAllocator::alloc_bulk`], its handle not yet in any slot.
+    ///
+    /// # Safety
+    /// `h` is live, `at + src.len()` is within its allocated size, and no
+    /// other thread can reach the object yet (its handle is the caller's
+    /// alone), so nothing else reads or writes those bytes meanwhile.
+    unsafe fn write_fresh(&self, h: Handle, at: usize, src: &[u8]) {
+        // SAFETY: the caller's contract above: the range is allocated and
+        // only this thread knows the handle; `src` cannot overlap an
+        // object nobody else can reach.
+        unsafe {
+            let dst = self.object_ptr(h, at + src.len()).add(at);
+            std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len());
+        }
+    }
+
+    /// The 8-byte word at offset `at` of an object, as an atomic: a packed
+    /// object's live mask, which slots holding different locks update.
+    ///
+    /// # Safety
+    /// `h` is live and stays put while the reference is used (the caller
+    /// holds the lock of a slot that references it), `at + 8` is within its
+    /// allocated size, the word is 8-byte aligned (checked when the object
+    /// was stored), and every access to it while the object is published
+    /// is atomic.
+    unsafe fn atomic_word(&self, h: Handle, at: usize) -> &AtomicU64 {
+        // SAFETY: the caller's contract above; AtomicU64 has the size and
+        // (given the alignment check) the alignment of the u64 there.
+        unsafe { AtomicU64::from_ptr(self.object_ptr(h, at + 8).add(at).cast::<u64>()) }
+    }
 
     /// The allocator's memory accounting (bytes held, peak, limit).
     fn mem(&self) -> &MemAccount;
@@ -222,8 +269,10 @@ impl ObjAllocator for HeapAllocator {
         self.mem.uncharge(freed);
     }
 
-    unsafe fn object(&self, h: Handle, len: usize) -> &mut [u8] {
-        std::slice::from_raw_parts_mut((h as *mut u8).add(HEAP_HEADER), len)
+    unsafe fn object_ptr(&self, h: Handle, _len: usize) -> *mut u8 {
+        // SAFETY: a live handle is the address of a boxed slice of its size
+        // plus the header, so skipping the header stays inside it.
+        unsafe { (h as *mut u8).add(HEAP_HEADER) }
     }
 
     fn mem(&self) -> &MemAccount {
@@ -242,10 +291,12 @@ mod tests {
         a.alloc_bulk(&[10, 3000, 1], &[0, 1, 2], &mut hs).unwrap();
         assert_eq!(hs.len(), 3);
         for (i, &h) in hs.iter().enumerate() {
-            unsafe { a.object(h, 1).fill(i as u8) };
+            // SAFETY: fresh objects of at least one byte, this thread's only.
+            unsafe { a.write_fresh(h, 0, &[i as u8]) };
         }
         for (i, &h) in hs.iter().enumerate() {
-            assert_eq!(unsafe { a.object(h, 1) }[0], i as u8);
+            // SAFETY: live objects nobody writes any more.
+            assert_eq!(unsafe { a.bytes(h, 0, 1) }[0], i as u8);
         }
         assert!(a.mem_used_total() >= 3011);
         a.free_bulk(&hs);

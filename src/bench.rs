@@ -8,8 +8,8 @@
 use crate::codec::Algo;
 use crate::error::{Error, Result};
 use crate::page::PAGE_SIZE;
-use crate::store::{Mode, Store, StoreConfig, StoreStats};
 use crate::QueueCtx;
+use crate::{Mode, Store, StoreConfig, StoreStats};
 use serde::Serialize;
 use std::path::Path;
 use std::sync::{Arc, Barrier};
@@ -67,7 +67,7 @@ impl Default for BenchOptions {
     fn default() -> Self {
         BenchOptions {
             algo: Algo::Lz4,
-            group_pages: crate::store::DEFAULT_GROUP_PAGES,
+            group_pages: crate::DEFAULT_GROUP_PAGES,
             threads: 1,
             request_pages: DEFAULT_REQUEST_PAGES,
             mode: Mode::PerPage,
@@ -271,7 +271,7 @@ fn report(
 /// store skips them.
 pub fn codec_ceiling(algo: Algo, data: &[u8]) -> Result<CodecCeiling> {
     let mut codec = algo.new_codec();
-    let budget = crate::store::DEFAULT_HUGE_THRESHOLD - 1;
+    let budget = crate::DEFAULT_HUGE_THRESHOLD - 1;
     // Compressed pages are kept back to back in one arena, written once
     // before the clock starts, so the ceiling pays no allocation and no
     // first-touch page fault: only the codec and one copy per page.

@@ -14,7 +14,7 @@
 use crate::codec::Algo;
 use crate::error::{Error, Result};
 use crate::page::{PAGE_SIZE, PAGE_SIZE_U64};
-use crate::store::{AllocatorKind, Mode, Store, StoreConfig};
+use crate::{AllocatorKind, Mode, Store, StoreConfig};
 use serde::Serialize;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -41,7 +41,7 @@ impl Default for DiscardOptions {
     fn default() -> Self {
         DiscardOptions {
             algo: Algo::Lz4,
-            group_pages: crate::store::DEFAULT_GROUP_PAGES,
+            group_pages: crate::DEFAULT_GROUP_PAGES,
             discard_threads: 1,
             request_pages: 16,
             copies: 1,
@@ -300,7 +300,7 @@ pub fn churn_bench(opts: &ChurnOptions, data: &[u8]) -> Result<ChurnReport> {
     check_input(data, 1, 1, opts.copies)?;
     let len = data.len() * opts.copies;
     let pages = len / PAGE_SIZE;
-    let group = crate::store::DEFAULT_GROUP_PAGES;
+    let group = crate::DEFAULT_GROUP_PAGES;
     let s = store_with(len, opts.algo, group, true, opts.huge_threshold, opts.mode)?;
     fill(&s, data, opts.copies)?;
     let st = s.stats();

@@ -1,16 +1,19 @@
-//! `QueueCtx`: everything one queue thread owns.
+//! `CtxState`: everything one queue thread owns.
 //!
 //! One per ublk queue (per CPU): its codec instance with context and scratch,
-//! its statistics shard, its batch of handles to free. Nothing in it is
-//! shared on the I/O path, which is what keeps the hot path free of locks.
+//! its statistics shard, its batch of handles to free, the plan of the group
+//! it is writing, and in packed mode its gather buffer and read cache.
+//! Nothing in it is shared on the I/O path, which is what keeps the hot path
+//! free of locks. The operations below the store take it by `&mut`; the
+//! public face of it is [`crate::QueueCtx`].
 
-use crate::codec::{AccelEvents, Codec};
+use crate::alloc::Handle;
+use crate::codec::Codec;
+use crate::config::{Mode, StoreConfig};
 use crate::free::FreeBatch;
-use crate::group::GroupPlan;
-use crate::packed::PackCache;
 use crate::page::PAGE_SIZE;
-use crate::stats::{Counter, StatsShard};
-use crate::store::{Mode, Store, StoreConfig};
+use crate::slot::Entry;
+use crate::stats::StatsShard;
 use std::sync::Arc;
 
 /// The mutable state of one queue thread, passed to the store's operations.
@@ -31,15 +34,12 @@ pub(crate) struct CtxState {
 }
 
 impl CtxState {
-    /// Fresh state for a thread of `cfg`'s store, writing into `shard`.
+    /// Fresh state for thread `id` of `cfg`'s store, writing into `shard`.
     pub(crate) fn new(cfg: &StoreConfig, id: usize, shard: Arc<StatsShard>) -> Self {
         let g = cfg.group_pages;
         let packed = cfg.mode == Mode::Packed;
         CtxState {
-            codec: match &cfg.codecs {
-                Some(make) => (make.0)(),
-                None => cfg.algo.new_codec(),
-            },
+            codec: cfg.new_codec(),
             scratch: vec![0u8; g * PAGE_SIZE],
             shard,
             free: FreeBatch::new(),
@@ -52,83 +52,82 @@ impl CtxState {
     }
 }
 
-/// The per-thread context every store operation runs with.
-pub struct QueueCtx {
-    store: Arc<Store>,
-    st: CtxState,
-    id: usize,
+/// The planned content of each page of the group being written, and the
+/// reused buffers of its pipeline (see `crate::write`).
+#[derive(Debug, Default)]
+pub(crate) struct GroupPlan {
+    /// Per page of the group: what its slot will hold.
+    pub(crate) entries: Vec<Entry>,
+    /// Per object to allocate: its size...
+    pub(crate) sizes: Vec<u32>,
+    /// ...and its owner (slot index).
+    pub(crate) owners: Vec<u64>,
+    /// The objects allocated, in the order of `sizes`.
+    pub(crate) handles: Vec<Handle>,
+    /// Per page compressed: its compressed length, `None` if huge.
+    pub(crate) results: Vec<Option<usize>>,
 }
 
-impl QueueCtx {
-    pub(crate) fn new(store: Arc<Store>, id: usize, shard: Arc<StatsShard>) -> Self {
-        let st = CtxState::new(store.config(), id, shard);
-        QueueCtx { store, st, id }
-    }
-
-    /// This context's index (its queue number).
-    pub fn id(&self) -> usize {
-        self.id
-    }
-
-    /// The store this context serves.
-    pub fn store(&self) -> &Arc<Store> {
-        &self.store
-    }
-
-    /// Writes `data` (a multiple of 4 KB) at byte `offset`.
-    pub fn write(&mut self, offset: u64, data: &[u8]) -> crate::Result<()> {
-        let r = self.store.write(&mut self.st, offset, data);
-        self.count_accel_events();
-        r
-    }
-
-    /// Reads `buf.len()` bytes (a multiple of 4 KB) at byte `offset`.
-    pub fn read(&mut self, offset: u64, buf: &mut [u8]) -> crate::Result<()> {
-        let r = self.store.read(&mut self.st, offset, buf);
-        self.count_accel_events();
-        r
-    }
-
-    /// Adds what the codec's accelerator went through to this queue's
-    /// statistics (software codecs report nothing).
-    fn count_accel_events(&mut self) {
-        let ev = self.st.codec.take_accel_events();
-        if ev == AccelEvents::default() {
-            return;
+impl GroupPlan {
+    /// Creates a plan with room for `g` pages.
+    fn with_capacity(g: usize) -> Self {
+        GroupPlan {
+            entries: Vec::with_capacity(g),
+            sizes: Vec::with_capacity(g),
+            owners: Vec::with_capacity(g),
+            handles: Vec::with_capacity(g),
+            results: Vec::with_capacity(g),
         }
-        let sh = &self.st.shard;
-        sh.add(Counter::AccelPageFaults, ev.page_faults as i64);
-        sh.add(Counter::AccelTimeouts, ev.timeouts as i64);
-        sh.add(Counter::AccelVerifyFailures, ev.verify_failures as i64);
-        sh.add(Counter::AccelDeviceErrors, ev.device_errors as i64);
-        sh.add(Counter::AccelSubmitFailures, ev.submit_failures as i64);
-        sh.add(Counter::AccelDecompressed, ev.decompressed as i64);
     }
 
-    /// Discards `len` bytes at `offset`: the pages read as zeros afterwards
-    /// and their memory is freed.
-    pub fn discard(&mut self, offset: u64, len: u64) -> crate::Result<()> {
-        self.store.discard(&mut self.st, offset, len)
-    }
-
-    /// Zeroes `len` bytes at `offset` (same effect as discard in zblk).
-    pub fn write_zeroes(&mut self, offset: u64, len: u64) -> crate::Result<()> {
-        self.store.write_zeroes(&mut self.st, offset, len)
-    }
-
-    /// Frees the handles this context has batched (idle timer, stat, exit).
-    pub fn flush_frees(&mut self) {
-        self.st.free.flush(self.store.frees());
-    }
-
-    /// Handles batched in this context and not yet freed.
-    pub fn pending_frees(&self) -> usize {
-        self.st.free.pending()
+    /// Empties the plan for the next group, keeping its capacity.
+    pub(crate) fn clear(&mut self) {
+        self.entries.clear();
+        self.sizes.clear();
+        self.owners.clear();
+        self.handles.clear();
+        self.results.clear();
     }
 }
 
-impl Drop for QueueCtx {
-    fn drop(&mut self) {
-        self.flush_frees();
+/// A per-thread cache of the last packed group decompressed, so that a read
+/// of several pages of one group decompresses it once.
+#[derive(Debug, Default)]
+pub(crate) struct PackCache {
+    id: u64,
+    pages: Vec<u8>,
+}
+
+impl PackCache {
+    /// Creates a cache with room for `g` pages.
+    fn with_capacity(g: usize) -> Self {
+        PackCache {
+            id: 0,
+            pages: vec![0; g * PAGE_SIZE],
+        }
+    }
+
+    /// The cached page at `pos` if the cache holds object `id`.
+    pub(crate) fn get(&self, id: u64, pos: usize) -> Option<&[u8]> {
+        if id != 0 && self.id == id {
+            self.pages.get(pos * PAGE_SIZE..(pos + 1) * PAGE_SIZE)
+        } else {
+            None
+        }
+    }
+
+    /// The buffer to decompress `n` pages into; invalidates the cache until
+    /// [`PackCache::set`] names what it now holds.
+    pub(crate) fn buffer(&mut self, n: usize) -> &mut [u8] {
+        self.id = 0;
+        if self.pages.len() < n * PAGE_SIZE {
+            self.pages.resize(n * PAGE_SIZE, 0);
+        }
+        &mut self.pages[..n * PAGE_SIZE]
+    }
+
+    /// Records that the buffer now holds object `id`.
+    pub(crate) fn set(&mut self, id: u64) {
+        self.id = id;
     }
 }

@@ -23,13 +23,6 @@ pub enum Error {
         /// Length of the request in bytes.
         len: u64,
     },
-    /// The caller's buffer length does not match the range.
-    BufferLength {
-        /// Bytes the operation needs.
-        expected: u64,
-        /// Bytes the caller gave.
-        got: u64,
-    },
     /// A stored object failed to decompress: the page is not returned.
     Corrupt {
         /// Page index of the slot whose object is corrupt.
@@ -53,10 +46,9 @@ impl Error {
     /// The negative errno a block device answers this error with.
     pub fn errno(&self) -> i32 {
         match self {
-            Error::OutOfRange { .. }
-            | Error::Misaligned { .. }
-            | Error::BufferLength { .. }
-            | Error::InvalidConfig(_) => -libc::EINVAL,
+            Error::OutOfRange { .. } | Error::Misaligned { .. } | Error::InvalidConfig(_) => {
+                -libc::EINVAL
+            }
             Error::NoSpace { .. } => -libc::ENOSPC,
             Error::Corrupt { .. } | Error::Codec(_) => -libc::EIO,
         }
@@ -74,9 +66,6 @@ impl fmt::Display for Error {
                 f,
                 "range {offset}+{len} is not 4096-byte aligned (zblk stores whole pages)"
             ),
-            Error::BufferLength { expected, got } => {
-                write!(f, "buffer is {got} bytes, the range needs {expected}")
-            }
             Error::Corrupt { page, detail } => {
                 write!(f, "stored page {page} is corrupt: {detail}")
             }

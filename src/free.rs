@@ -231,18 +231,14 @@ impl Freer {
         self.deferred
     }
 
-    /// The allocator objects are freed into.
-    pub fn allocator(&self) -> &dyn ObjAllocator {
-        &*self.shared.alloc
-    }
-
     /// Handles freed so far.
     pub fn freed(&self) -> u64 {
         self.shared.freed.load(Ordering::Relaxed)
     }
 
     /// Handles handed to the drain and not yet freed.
-    pub fn queued(&self) -> u64 {
+    #[cfg(test)]
+    fn queued(&self) -> u64 {
         self.shared.queued.load(Ordering::Relaxed)
     }
 

@@ -4,7 +4,20 @@
 //! A [`Store`] holds a slot per 4 KB page of a fixed-size device. Each queue
 //! thread gets a [`QueueCtx`] (its codec, scratch, statistics shard and
 //! free batch) and calls `write`, `read`, `discard` and `write_zeroes` on
-//! page-aligned byte ranges. See `design.md` in the project's shared notes.
+//! page-aligned byte ranges.
+//!
+//! # Layers
+//!
+//! Modules import only from the layers below them:
+//!
+//! 1. `store`: [`Store`] and [`QueueCtx`], the four operations and stats;
+//! 2. `compact` (packed groups), then `write` and `read`, the two paths;
+//! 3. `table`: the slot table and what entering or leaving a slot does;
+//! 4. `packed`: the packed object format, packing and unpacking a group;
+//! 5. `ctx`: one queue thread's state; `config`: how a store is built;
+//! 6. the parts: `slot` (entry encoding and lock), `codec` (with the IAA
+//!    codec), `accel` (the IAA device interface), `alloc` and `slab` (the
+//!    object allocator), `free` (deferred free), `stats`, `error`, `page`.
 
 #![warn(missing_docs)]
 
@@ -13,19 +26,29 @@ pub mod alloc;
 pub mod bench;
 pub mod bench_discard;
 pub mod codec;
-pub mod ctx;
-pub mod error;
-pub mod free;
-pub mod group;
-pub mod packed;
-pub mod page;
+mod compact;
+mod config;
+mod ctx;
+mod error;
+mod free;
+mod packed;
+mod page;
+mod read;
 pub mod slab;
-pub mod slot;
-pub mod stats;
-pub mod store;
+mod slot;
+mod stats;
+mod store;
+mod table;
+#[cfg(any(test, feature = "test-support"))]
+pub mod testing;
+mod write;
 
 pub use codec::Algo;
-pub use ctx::QueueCtx;
+pub use config::{
+    AllocatorKind, CodecFactory, Mode, StoreConfig, AUTO_COMPACT_MIN_PAGES, AUTO_COMPACT_PERCENT,
+    DEFAULT_GROUP_PAGES, DEFAULT_HUGE_THRESHOLD, MAX_GROUP_PAGES,
+};
 pub use error::{Error, Result};
 pub use page::{PAGE_SIZE, PAGE_SIZE_U64};
-pub use store::{AllocatorKind, CodecFactory, Mode, Store, StoreConfig, StoreStats};
+pub use stats::{Counters, Latencies, Latency};
+pub use store::{debug_corrupt_object, QueueCtx, Store, StoreStats};

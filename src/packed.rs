@@ -13,53 +13,215 @@
 //! `orig` (offsets present in the blob), `base` (the group's first page, the
 //! object's owner for compaction) and `id` (unique per object, the key of
 //! the read cache). A slot clears its bit under its own lock; the slot that
-//! clears the last bit frees the object.
+//! clears the last bit frees the object. Only `live` ever changes after the
+//! object is published, and only atomically (see the allocator's rules in
+//! `crate::slab`); everything else is read through shared views that start
+//! after it.
+//!
+//! This module is all that knows the format: the write path asks it to pack
+//! a group ([`pack_group`]), the read path to produce a page
+//! ([`read_page`]), the slot table to let go of one ([`clear_live`],
+//! [`share`]) and the compactor whether a group is sparse ([`is_sparse`]).
 
 use crate::alloc::{Handle, ObjAllocator};
-use crate::page::PAGE_SIZE;
+use crate::ctx::CtxState;
+use crate::error::{Error, Result};
+use crate::page::{same_filled, PAGE_SIZE};
+use crate::slot::{Entry, Kind};
+use crate::stats::Counter;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Bytes of header in front of a packed blob.
-pub const PACK_HEADER: usize = 32;
+pub(crate) const PACK_HEADER: usize = 32;
+/// Offset of the atomic live mask in the header.
+const LIVE_AT: usize = 0;
+/// Offset of the fixed fields (`orig`, `base`, `id`), which follow it.
+const FIELDS_AT: usize = 8;
 
 /// The fixed fields of a packed object's header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PackHeader {
+struct PackHeader {
     /// Offsets (within the group) whose pages are in the blob, in order.
-    pub orig: u64,
+    orig: u64,
     /// The group's first page.
-    pub base: u64,
+    base: u64,
     /// Unique object id.
-    pub id: u64,
+    id: u64,
 }
 
 impl PackHeader {
-    /// Writes a new header (all pages live) at the start of `obj`.
-    pub fn write(&self, obj: &mut [u8]) {
-        obj[0..8].copy_from_slice(&self.orig.to_ne_bytes());
-        obj[8..16].copy_from_slice(&self.orig.to_ne_bytes());
-        obj[16..24].copy_from_slice(&self.base.to_ne_bytes());
-        obj[24..32].copy_from_slice(&self.id.to_ne_bytes());
+    /// The header of a new object: every page live.
+    fn to_bytes(self) -> [u8; PACK_HEADER] {
+        let mut b = [0u8; PACK_HEADER];
+        b[LIVE_AT..LIVE_AT + 8].copy_from_slice(&self.orig.to_ne_bytes());
+        for (i, v) in [self.orig, self.base, self.id].into_iter().enumerate() {
+            let at = FIELDS_AT + 8 * i;
+            b[at..at + 8].copy_from_slice(&v.to_ne_bytes());
+        }
+        b
     }
 
-    /// Reads the fixed fields of `obj`'s header.
-    pub fn read(obj: &[u8]) -> PackHeader {
+    /// Parses the fixed fields (the 24 bytes from [`FIELDS_AT`]).
+    fn parse(fields: &[u8]) -> PackHeader {
         let word = |i: usize| {
             let mut b = [0u8; 8];
-            b.copy_from_slice(&obj[i..i + 8]);
+            b.copy_from_slice(&fields[8 * i..8 * i + 8]);
             u64::from_ne_bytes(b)
         };
         PackHeader {
-            orig: word(8),
-            base: word(16),
-            id: word(24),
+            orig: word(0),
+            base: word(1),
+            id: word(2),
         }
     }
 
+    /// Reads the fixed fields of the object at `h`.
+    ///
+    /// # Safety
+    /// `h` is a live packed object of `alloc` that stays put while this
+    /// runs: the caller holds the lock of a slot that references it.
+    unsafe fn read(alloc: &dyn ObjAllocator, h: Handle) -> PackHeader {
+        // SAFETY: the caller's contract; the fixed fields are never written
+        // after publication and do not include the live mask.
+        PackHeader::parse(unsafe { alloc.bytes(h, FIELDS_AT, PACK_HEADER - FIELDS_AT) })
+    }
+
     /// The page's position in the blob, from its group offset.
-    pub fn position(&self, idx: u8) -> usize {
+    fn position(&self, idx: u8) -> usize {
         (self.orig & ((1u64 << idx) - 1)).count_ones() as usize
     }
+}
+
+/// Packs the group `data` (pages from `first`): classifies every page,
+/// compresses the pages that are not same-filled together, allocates one
+/// object and writes header and blob into it, leaving in `st.plan.entries`
+/// what each slot of the group is to hold. Returns false, having allocated
+/// nothing, when packing does not apply (fewer than two such pages, or they
+/// do not compress below the huge threshold together): the caller then
+/// stores the group page by page.
+pub(crate) fn pack_group(
+    st: &mut CtxState,
+    alloc: &dyn ObjAllocator,
+    huge_threshold: usize,
+    first: u64,
+    data: &[u8],
+) -> Result<bool> {
+    let (orig, k) = gather(st, data);
+    if k < 2 {
+        return Ok(false);
+    }
+    let budget = (k * huge_threshold - 1).min(st.scratch.len());
+    let Some(clen) = st
+        .codec
+        .compress(&st.gather[..k * PAGE_SIZE], &mut st.scratch[..budget])?
+    else {
+        return Ok(false);
+    };
+    st.shard.add(Counter::SwPages, k as i64);
+    let Some(h) = allocate(st, alloc, first, clen)? else {
+        return Ok(false);
+    };
+    let hdr = PackHeader {
+        orig,
+        base: first,
+        id: st.next_pack_id,
+    };
+    st.next_pack_id += 1;
+    // SAFETY: the object is fresh, of PACK_HEADER + clen bytes, and its
+    // handle is in no slot yet.
+    unsafe {
+        alloc.write_fresh(h, 0, &hdr.to_bytes());
+        alloc.write_fresh(h, PACK_HEADER, &st.scratch[..clen]);
+    }
+    for (i, e) in st.plan.entries.iter_mut().enumerate() {
+        if orig & (1 << i) != 0 {
+            *e = Entry {
+                kind: Kind::Packed,
+                len: clen as u32,
+                val: h,
+                idx: i as u8,
+                n: k as u8,
+            };
+        }
+    }
+    Ok(true)
+}
+
+/// Plans same-filled pages as such and gathers the others contiguously.
+/// Returns the mask of gathered group offsets and their count.
+fn gather(st: &mut CtxState, data: &[u8]) -> (u64, usize) {
+    let mut orig = 0u64;
+    let mut k = 0;
+    for (i, page) in data.chunks_exact(PAGE_SIZE).enumerate() {
+        if let Some(word) = same_filled(page) {
+            st.plan.entries.push(Entry::new(Kind::Same, 0, word));
+        } else {
+            st.gather[k * PAGE_SIZE..(k + 1) * PAGE_SIZE].copy_from_slice(page);
+            st.plan.entries.push(Entry::EMPTY);
+            orig |= 1 << i;
+            k += 1;
+        }
+    }
+    (orig, k)
+}
+
+/// Allocates a packed object; `None` (object freed again) if the allocator
+/// handed out memory not aligned for the header's atomic live mask.
+fn allocate(
+    st: &mut CtxState,
+    alloc: &dyn ObjAllocator,
+    first: u64,
+    clen: usize,
+) -> Result<Option<Handle>> {
+    st.plan.handles.clear();
+    alloc
+        .alloc_bulk(
+            &[(PACK_HEADER + clen) as u32],
+            &[first],
+            &mut st.plan.handles,
+        )
+        .map_err(|e| Error::NoSpace { limit: e.limit })?;
+    let h = st.plan.handles[0];
+    // SAFETY: the object is fresh and this thread's alone; only its
+    // address is looked at.
+    let addr = unsafe { alloc.object_ptr(h, PACK_HEADER) } as usize;
+    if addr % std::mem::align_of::<AtomicU64>() == 0 {
+        return Ok(Some(h));
+    }
+    log::warn!("allocator returned an unaligned object: storing the group per page");
+    alloc.free_bulk(&[h]);
+    Ok(None)
+}
+
+/// Produces the packed page `e` into `out`, from the thread's cache of the
+/// last group it decompressed or by decompressing the group into that
+/// cache. The caller holds the slot's lock.
+pub(crate) fn read_page(
+    st: &mut CtxState,
+    alloc: &dyn ObjAllocator,
+    e: &Entry,
+    out: &mut [u8],
+) -> std::result::Result<(), String> {
+    // SAFETY: the caller holds the lock of a slot referencing the object,
+    // so it is live and stays put.
+    let hdr = unsafe { PackHeader::read(alloc, e.val) };
+    let pos = hdr.position(e.idx);
+    if hdr.orig.count_ones() != e.n as u32 || pos >= e.n as usize {
+        return Err("packed group header does not match its slot".into());
+    }
+    if let Some(p) = st.pack_cache.get(hdr.id, pos) {
+        out.copy_from_slice(p);
+        return Ok(());
+    }
+    // SAFETY: as above; the blob after the header is never written again.
+    let blob = unsafe { alloc.bytes(e.val, PACK_HEADER, e.len as usize) };
+    let buf = st.pack_cache.buffer(e.n as usize);
+    st.codec
+        .decompress(blob, buf)
+        .map_err(|err| err.to_string())?;
+    out.copy_from_slice(&buf[pos * PAGE_SIZE..(pos + 1) * PAGE_SIZE]);
+    st.pack_cache.set(hdr.id);
+    Ok(())
 }
 
 /// The live mask of the packed object at `h`.
@@ -68,84 +230,65 @@ impl PackHeader {
 /// `h` must be a live packed object of `alloc` (the caller holds the lock of
 /// a slot that references it), 8-byte aligned (checked when it was stored).
 unsafe fn live_mask(alloc: &dyn ObjAllocator, h: Handle) -> &AtomicU64 {
-    let p = alloc.object(h, PACK_HEADER).as_mut_ptr() as *mut u64;
-    AtomicU64::from_ptr(p)
+    // SAFETY: the caller's contract; the live mask is only ever accessed
+    // through this atomic.
+    unsafe { alloc.atomic_word(h, LIVE_AT) }
 }
 
-/// Whether an object is aligned well enough to hold the atomic live mask.
-pub fn aligned(alloc: &dyn ObjAllocator, h: Handle) -> bool {
-    // SAFETY: only the address is taken.
-    let p = unsafe { alloc.object(h, PACK_HEADER).as_ptr() };
-    (p as usize) % std::mem::align_of::<AtomicU64>() == 0
-}
-
-/// Clears page `idx`'s live bit; returns true when it was the last one (the
+/// Clears the live bit of the packed page `e` is leaving; returns the
+/// page's position in its blob and whether it was the last live page (the
 /// caller then frees the object).
 ///
 /// # Safety
-/// As [`live_mask`]; the caller holds the lock of the slot referencing page
-/// `idx`, which it is emptying.
-pub unsafe fn clear_live(alloc: &dyn ObjAllocator, h: Handle, idx: u8) -> bool {
-    let bit = 1u64 << idx;
-    let prev = live_mask(alloc, h).fetch_and(!bit, Ordering::AcqRel);
-    prev & !bit == 0
+/// `e` was until now the content of a slot whose lock the caller holds, so
+/// its object is live and stays put.
+pub(crate) unsafe fn clear_live(alloc: &dyn ObjAllocator, e: &Entry) -> (usize, bool) {
+    // SAFETY: the caller's contract.
+    let pos = unsafe { PackHeader::read(alloc, e.val) }.position(e.idx);
+    let bit = 1u64 << e.idx;
+    // SAFETY: as above; the object was checked aligned when it was stored.
+    let prev = unsafe { live_mask(alloc, e.val) }.fetch_and(!bit, Ordering::AcqRel);
+    (pos, prev & !bit == 0)
 }
 
 /// Pages still live in the object.
 ///
 /// # Safety
 /// As [`live_mask`].
-pub unsafe fn live_count(alloc: &dyn ObjAllocator, h: Handle) -> u32 {
-    live_mask(alloc, h).load(Ordering::Acquire).count_ones()
+pub(crate) unsafe fn live_count(alloc: &dyn ObjAllocator, h: Handle) -> u32 {
+    // SAFETY: the caller's contract.
+    unsafe { live_mask(alloc, h) }
+        .load(Ordering::Acquire)
+        .count_ones()
+}
+
+/// Whether `e` is a page of a packed group with fewer than half its pages
+/// live, which the compactor stores again on its own.
+///
+/// # Safety
+/// The caller holds the lock of the slot `e` was read from.
+pub(crate) unsafe fn is_sparse(alloc: &dyn ObjAllocator, e: &Entry) -> bool {
+    // SAFETY: the caller's contract.
+    e.kind == Kind::Packed && unsafe { live_count(alloc, e.val) } * 2 < e.n as u32
+}
+
+/// The id of the packed object `e` references (0 for anything else).
+///
+/// # Safety
+/// The caller holds the lock of the slot `e` was read from.
+pub(crate) unsafe fn object_id(alloc: &dyn ObjAllocator, e: &Entry) -> u64 {
+    if e.kind != Kind::Packed {
+        return 0;
+    }
+    // SAFETY: the caller's contract.
+    unsafe { PackHeader::read(alloc, e.val) }.id
 }
 
 /// Page `pos`'s share of a blob of `len` bytes holding `n` pages: the shares
 /// of all pages add up to `len` exactly.
-pub fn share(len: u32, n: u8, pos: usize) -> i64 {
+pub(crate) fn share(len: u32, n: u8, pos: usize) -> i64 {
     let n = n.max(1) as u32;
     (len / n + u32::from((pos as u32) < len % n)) as i64
-}
-
-/// A per-thread cache of the last packed group decompressed, so that a read
-/// of several pages of one group decompresses it once.
-#[derive(Debug, Default)]
-pub struct PackCache {
-    id: u64,
-    pages: Vec<u8>,
-}
-
-impl PackCache {
-    /// Creates a cache with room for `g` pages.
-    pub fn with_capacity(g: usize) -> Self {
-        PackCache {
-            id: 0,
-            pages: vec![0; g * PAGE_SIZE],
-        }
-    }
-
-    /// The cached page at `pos` if the cache holds object `id`.
-    pub fn get(&self, id: u64, pos: usize) -> Option<&[u8]> {
-        if id != 0 && self.id == id {
-            self.pages.get(pos * PAGE_SIZE..(pos + 1) * PAGE_SIZE)
-        } else {
-            None
-        }
-    }
-
-    /// The buffer to decompress `n` pages into; invalidates the cache until
-    /// [`PackCache::set`] names what it now holds.
-    pub fn buffer(&mut self, n: usize) -> &mut [u8] {
-        self.id = 0;
-        if self.pages.len() < n * PAGE_SIZE {
-            self.pages.resize(n * PAGE_SIZE, 0);
-        }
-        &mut self.pages[..n * PAGE_SIZE]
-    }
-
-    /// Records that the buffer now holds object `id`.
-    pub fn set(&mut self, id: u64) {
-        self.id = id;
-    }
 }
 
 #[cfg(test)]
@@ -169,9 +312,9 @@ mod tests {
             base: 99,
             id: 7,
         };
-        let mut obj = [0u8; PACK_HEADER];
-        h.write(&mut obj);
-        assert_eq!(PackHeader::read(&obj), h);
+        let b = h.to_bytes();
+        assert_eq!(b[..8], h.orig.to_ne_bytes(), "every page starts live");
+        assert_eq!(PackHeader::parse(&b[FIELDS_AT..]), h);
         assert_eq!(h.position(1), 0);
         assert_eq!(h.position(2), 1);
         assert_eq!(h.position(4), 2);

@@ -166,11 +166,6 @@ impl StatsShard {
     pub fn record(&self, op: Op, ns_per_page: u64, pages: u64) {
         self.hist[op as usize].record(ns_per_page, pages);
     }
-
-    /// This shard's value of `c` (a delta: may be "negative" as u64).
-    pub fn get(&self, c: Counter) -> u64 {
-        self.counters[c as usize].load(Relaxed)
-    }
 }
 
 /// Percentiles of one operation's per-page latency, in microseconds.
@@ -306,7 +301,7 @@ pub fn merge<'a>(shards: impl IntoIterator<Item = &'a StatsShard>) -> (Counters,
         }
     };
     let counters = Counters {
-        orig_data_size: g(Counter::StoredPages) * crate::PAGE_SIZE as u64,
+        orig_data_size: g(Counter::StoredPages) * crate::page::PAGE_SIZE as u64,
         compr_data_size: g(Counter::ComprDataSize),
         same_pages: g(Counter::SamePages),
         huge_pages: g(Counter::HugePages),

@@ -1,185 +1,41 @@
-//! `Store`: the slot table and the four operations over page-aligned ranges.
+//! `Store`: the device's pages, and the four operations over page-aligned
+//! ranges.
 //!
-//! This is the zram_drv.c of zblk: one function per operation (write, read,
-//! discard, write-zeroes), each taking the caller's per-thread state. Writes
-//! go through compression groups (`group.rs`); reads, discards and
-//! write-zeroes walk their slots one lock at a time.
+//! This is the zram_drv.c of zblk: one function per operation, each taking
+//! the caller's per-thread state and going down, never back up:
+//!
+//! - write: [`Store::write`] -> `write::write_group` (per group) ->
+//!   `packed::pack_group` or `write::plan_per_page` -> `alloc_bulk` ->
+//!   `SlotTable::install_group`;
+//! - read: [`Store::read`] -> `read::read_page` (per page, under its lock)
+//!   -> the codec;
+//! - discard and write-zeroes: [`Store::discard`] -> `SlotTable::install`
+//!   of an empty entry -> `SlotTable::release` -> the queue's free batch;
+//! - compaction: [`Store::compact`] -> `compact::rewrite_sparse_groups`,
+//!   then the allocator's own compaction through `SlotTable`'s `Relocate`.
+//!
+//! Each queue thread calls them through its [`QueueCtx`].
 
-use crate::alloc::{Handle, HeapAllocator, ObjAllocator, Relocate};
-use crate::codec::{Algo, Codec};
-use crate::ctx::{CtxState, QueueCtx};
+use crate::alloc::{HeapAllocator, ObjAllocator};
+use crate::codec::AccelEvents;
+use crate::config::{
+    AllocatorKind, Mode, StoreConfig, AUTO_COMPACT_MIN_PAGES, AUTO_COMPACT_PERCENT,
+};
+use crate::ctx::CtxState;
 use crate::error::{Error, Result};
-use crate::free::{FreeConfig, Freer, DEFAULT_MAX_PENDING_BATCHES};
-use crate::packed::{self, PackHeader, PACK_HEADER};
-use crate::page::{fill_word, PAGE_SIZE, PAGE_SIZE_U64};
+use crate::free::FreeConfig;
+use crate::page::{PAGE_SIZE, PAGE_SIZE_U64};
 use crate::slab::{SlabAllocator, SlabConfig};
-use crate::slot::{Entry, Kind, Slot, SlotGuard};
+use crate::slot::{Entry, Kind};
 use crate::stats::{self, Counter, Counters, Latencies, Op, StatsShard};
+use crate::table::SlotTable;
 use serde::Serialize;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Default compressed size at or above which a page is stored raw: 3/4 of a
-/// page, near zram's huge_class_size. Storing such a page compressed would
-/// save little memory and cost a decompression on every read.
-pub const DEFAULT_HUGE_THRESHOLD: usize = PAGE_SIZE * 3 / 4;
-
-/// Default pages per compression group (zswap's batch size).
-pub const DEFAULT_GROUP_PAGES: usize = 8;
-
-/// Largest compression group.
-pub const MAX_GROUP_PAGES: usize = 64;
-
-/// How the pages of a compression group are stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Mode {
-    /// Each page its own object: best for random swap-in.
-    #[default]
-    PerPage,
-    /// A group's pages compressed together as one object: better ratio and
-    /// faster writes, reads decompress the whole group.
-    Packed,
-}
-
-impl std::str::FromStr for Mode {
-    type Err = String;
-
-    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
-        match s {
-            "per-page" => Ok(Mode::PerPage),
-            "packed" => Ok(Mode::Packed),
-            _ => Err(format!("unknown mode '{s}': expected per-page or packed")),
-        }
-    }
-}
-
-impl std::fmt::Display for Mode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Mode::PerPage => "per-page",
-            Mode::Packed => "packed",
-        })
-    }
-}
-
-/// How a store is built.
-#[derive(Debug, Clone)]
-pub struct StoreConfig {
-    /// Device size in bytes; a non-zero multiple of 4 KB.
-    pub size: u64,
-    /// Compression algorithm.
-    pub algo: Algo,
-    /// Pages per compression group (1 disables grouping).
-    pub group_pages: usize,
-    /// Per-page or packed objects.
-    pub mode: Mode,
-    /// Compressed size at or above which a page is stored raw.
-    pub huge_threshold: usize,
-    /// Memory limit in bytes (0: none).
-    pub mem_limit: u64,
-    /// Which object allocator stores compressed pages.
-    pub allocator: AllocatorKind,
-    /// Free detached objects on the store's drain thread (true) or on the
-    /// queue thread at the end of each request (false).
-    pub deferred_free: bool,
-    /// Full free batches the drain may fall behind by before queue threads
-    /// free synchronously (see `crate::free`).
-    pub deferred_free_max_batches: usize,
-    /// Lock the slab's memory in RAM (for swap devices).
-    pub mlock: bool,
-    /// Makes each context's codec instead of `algo.new_codec()`: an
-    /// accelerator codec on a chosen set of work queues (tests run
-    /// `deflate-iaa` on the device model this way). Its codecs must
-    /// implement `algo`.
-    pub codecs: Option<CodecFactory>,
-}
-
-/// Makes one codec per queue context (see [`StoreConfig::codecs`]).
-#[derive(Clone)]
-pub struct CodecFactory(pub Arc<dyn Fn() -> Box<dyn Codec> + Send + Sync>);
-
-impl std::fmt::Debug for CodecFactory {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("CodecFactory")
-    }
-}
-
-/// The object allocator a store is built with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum AllocatorKind {
-    /// The size-class slab (`crate::slab`): zsmalloc's design, compaction.
-    #[default]
-    Slab,
-    /// One heap allocation per object: the simple reference.
-    Heap,
-}
-
-/// Fragmentation at which the store compacts by itself: when compaction
-/// could give back this share (percent) of `mem_used_total`...
-pub const AUTO_COMPACT_PERCENT: u64 = 10;
-/// ...and at least this many pages (so small stores are left alone).
-pub const AUTO_COMPACT_MIN_PAGES: u64 = 256;
-
 /// Longest a stat waits for the drain thread to free what is queued.
 const STATS_SETTLE: Duration = Duration::from_millis(200);
-
-impl StoreConfig {
-    /// A configuration with defaults for everything but the size.
-    pub fn new(size: u64) -> Self {
-        StoreConfig {
-            size,
-            algo: Algo::Lz4,
-            group_pages: DEFAULT_GROUP_PAGES,
-            mode: Mode::PerPage,
-            huge_threshold: DEFAULT_HUGE_THRESHOLD,
-            mem_limit: 0,
-            allocator: AllocatorKind::Slab,
-            deferred_free: true,
-            deferred_free_max_batches: DEFAULT_MAX_PENDING_BATCHES,
-            mlock: false,
-            codecs: None,
-        }
-    }
-
-    fn validate(&self) -> Result<()> {
-        if self.size == 0 || self.size % PAGE_SIZE_U64 != 0 {
-            return Err(Error::InvalidConfig(format!(
-                "size {} is not a non-zero multiple of 4096 bytes",
-                self.size
-            )));
-        }
-        if usize::try_from(self.size / PAGE_SIZE_U64).is_err() {
-            return Err(Error::InvalidConfig(format!(
-                "size {} is too large",
-                self.size
-            )));
-        }
-        if !(1..=MAX_GROUP_PAGES).contains(&self.group_pages) {
-            return Err(Error::InvalidConfig(format!(
-                "group pages {} is not in 1..={MAX_GROUP_PAGES}",
-                self.group_pages
-            )));
-        }
-        if !(64..=PAGE_SIZE).contains(&self.huge_threshold) {
-            return Err(Error::InvalidConfig(format!(
-                "huge threshold {} is not in 64..={PAGE_SIZE}",
-                self.huge_threshold
-            )));
-        }
-        if let Some(make) = &self.codecs {
-            let made = (make.0)().algo();
-            if made != self.algo {
-                return Err(Error::InvalidConfig(format!(
-                    "the codec factory makes {made} codecs, the store is configured for {}",
-                    self.algo
-                )));
-            }
-        }
-        Ok(())
-    }
-}
 
 /// Everything `zblk stat` shows about a store, merged from all shards.
 #[derive(Debug, Clone, Serialize)]
@@ -219,21 +75,11 @@ pub struct StoreStats {
 /// The compressed page store.
 pub struct Store {
     cfg: StoreConfig,
-    slots: Box<[Slot]>,
-    alloc: Arc<dyn ObjAllocator>,
-    frees: Freer,
+    table: SlotTable,
     shards: Mutex<Vec<Arc<StatsShard>>>,
     pages_compacted: AtomicU64,
     /// The compactor's own thread state (codec, shard, free batch).
     compactor: Mutex<Option<CtxState>>,
-}
-
-/// What leaving a slot gave back: the old entry, its position in its packed
-/// blob, and whether its object is now unreferenced and must be freed.
-pub(crate) struct Released {
-    old: Entry,
-    pos: usize,
-    free: bool,
 }
 
 impl Store {
@@ -251,18 +97,13 @@ impl Store {
         cfg.validate()?;
         let pages = (cfg.size / PAGE_SIZE_U64) as usize;
         alloc.set_mem_limit(cfg.mem_limit);
-        let alloc: Arc<dyn ObjAllocator> = Arc::from(alloc);
-        let frees = Freer::new(
-            alloc.clone(),
-            FreeConfig {
-                deferred: cfg.deferred_free,
-                max_pending_batches: cfg.deferred_free_max_batches,
-            },
-        );
+        let free = FreeConfig {
+            deferred: cfg.deferred_free,
+            max_pending_batches: cfg.deferred_free_max_batches,
+        };
+        let table = SlotTable::new(pages, Arc::from(alloc), free, cfg.object_span())?;
         let store = Arc::new(Store {
-            slots: new_slot_table(pages)?,
-            alloc,
-            frees,
+            table,
             shards: Mutex::new(Vec::new()),
             pages_compacted: AtomicU64::new(0),
             compactor: Mutex::new(None),
@@ -270,7 +111,7 @@ impl Store {
         });
         // The drain thread compacts when fragmentation passes the threshold.
         let weak = Arc::downgrade(&store);
-        store.frees.set_idle_hook(Box::new(move || {
+        store.table.frees().set_idle_hook(Box::new(move || {
             if let Some(s) = weak.upgrade() {
                 s.maybe_compact();
             }
@@ -281,7 +122,12 @@ impl Store {
     /// Creates a per-thread context (one per queue).
     pub fn new_ctx(self: &Arc<Self>) -> QueueCtx {
         let (id, shard) = self.new_shard();
-        QueueCtx::new(self.clone(), id, shard)
+        let st = CtxState::new(&self.cfg, id, shard);
+        QueueCtx {
+            store: self.clone(),
+            st,
+            id,
+        }
     }
 
     /// Registers a statistics shard; returns its index and the shard.
@@ -304,12 +150,12 @@ impl Store {
 
     /// The object allocator.
     pub fn allocator(&self) -> &dyn ObjAllocator {
-        &*self.alloc
+        self.table.allocator()
     }
 
     /// Sets the memory limit in bytes (0: none), at run time.
     pub fn set_mem_limit(&self, bytes: u64) {
-        self.alloc.set_mem_limit(bytes);
+        self.allocator().set_mem_limit(bytes);
     }
 
     /// Runs compaction now: rewrites sparse packed groups, lets the drain
@@ -322,15 +168,15 @@ impl Store {
                 let (id, shard) = self.new_shard();
                 CtxState::new(&self.cfg, id, shard)
             });
-            crate::group::rewrite_sparse_groups(self, st);
-            st.free.flush(&self.frees);
+            crate::compact::rewrite_sparse_groups(&self.table, &self.cfg, st);
+            st.free.flush(self.table.frees());
         }
         self.settle_frees(Duration::from_secs(5));
         self.compact_now()
     }
 
     fn compact_now(&self) -> u64 {
-        let n = self.alloc.compact(self);
+        let n = self.allocator().compact(&self.table);
         self.pages_compacted.fetch_add(n, Relaxed);
         n
     }
@@ -343,9 +189,10 @@ impl Store {
     /// were not reused since the previous call are given back first.
     /// Returns the pages given back.
     pub fn maybe_compact(&self) -> u64 {
-        let trimmed = self.alloc.trim();
-        let pages = self.alloc.compactable_pages();
-        let used = self.alloc.mem_used_total();
+        let alloc = self.allocator();
+        let trimmed = alloc.trim();
+        let pages = alloc.compactable_pages();
+        let used = alloc.mem_used_total();
         if pages >= AUTO_COMPACT_MIN_PAGES
             && pages * PAGE_SIZE_U64 * 100 >= used * AUTO_COMPACT_PERCENT
         {
@@ -359,19 +206,14 @@ impl Store {
     /// handed to it (partial batches live in each `QueueCtx`: see
     /// `QueueCtx::flush_frees`). Returns whether it settled.
     pub fn settle_frees(&self, timeout: Duration) -> bool {
-        self.frees.settle(timeout)
-    }
-
-    /// The freeing machinery (the queue contexts hand their batches to it).
-    pub(crate) fn frees(&self) -> &Freer {
-        &self.frees
+        self.table.frees().settle(timeout)
     }
 
     /// Merges every queue's statistics into one snapshot.
     pub fn stats(&self) -> StoreStats {
         // A stat asks for the truth: let the drain free what is queued
         // (bounded, so a stat never hangs behind a very long queue).
-        self.frees.settle(STATS_SETTLE);
+        self.settle_frees(STATS_SETTLE);
         let shards = self
             .shards
             .lock()
@@ -381,40 +223,32 @@ impl Store {
         let queues = shards.iter().map(|s| stats::merge([&**s]).0).collect();
         // Handles detached (counted per queue) minus those freed so far:
         // partial batches in contexts plus what the drain has not reached.
-        let deferred_free_pending = counters.deferred_frees.saturating_sub(self.frees.freed());
+        let freed = self.table.frees().freed();
+        let deferred_free_pending = counters.deferred_frees.saturating_sub(freed);
+        let alloc = self.allocator();
         StoreStats {
             disksize: self.cfg.size,
             algorithm: self.cfg.algo.to_string(),
             group_pages: self.cfg.group_pages,
             mode: self.cfg.mode,
             counters,
-            mem_used_total: self.alloc.mem_used_total(),
-            mem_used_max: self.alloc.mem_used_max(),
-            mem_limit: self.alloc.mem_limit(),
+            mem_used_total: alloc.mem_used_total(),
+            mem_used_max: alloc.mem_used_max(),
+            mem_limit: alloc.mem_limit(),
             pages_compacted: self.pages_compacted.load(Relaxed),
-            mem_spare: self.alloc.spare_pages() * PAGE_SIZE_U64,
+            mem_spare: alloc.spare_pages() * PAGE_SIZE_U64,
             deferred_free_pending,
-            slot_table_bytes: (self.slots.len() * std::mem::size_of::<Slot>()) as u64,
+            slot_table_bytes: self.table.bytes(),
             latency,
             queues,
         }
     }
 
-    pub(crate) fn slot(&self, page: u64) -> &Slot {
-        &self.slots[page as usize]
-    }
-
-    /// Pages of device.
-    pub(crate) fn pages(&self) -> u64 {
-        self.slots.len() as u64
-    }
-
     /// Checks a byte range and returns its first page and page count.
     fn check_range(&self, st: &CtxState, offset: u64, len: u64) -> Result<(u64, usize)> {
-        let r = (|| {
-            if offset % PAGE_SIZE_U64 != 0 || len % PAGE_SIZE_U64 != 0 {
-                return Err(Error::Misaligned { offset, len });
-            }
+        let r = if offset % PAGE_SIZE_U64 != 0 || len % PAGE_SIZE_U64 != 0 {
+            Err(Error::Misaligned { offset, len })
+        } else {
             match offset.checked_add(len) {
                 Some(end) if end <= self.cfg.size => {
                     Ok((offset / PAGE_SIZE_U64, (len / PAGE_SIZE_U64) as usize))
@@ -425,7 +259,7 @@ impl Store {
                     size: self.cfg.size,
                 }),
             }
-        })();
+        };
         if r.is_err() {
             st.shard.add(Counter::InvalidIo, 1);
         }
@@ -433,17 +267,18 @@ impl Store {
     }
 
     /// Writes whole pages at `offset`, one compression group at a time.
-    pub(crate) fn write(&self, st: &mut CtxState, offset: u64, data: &[u8]) -> Result<()> {
+    fn write(&self, st: &mut CtxState, offset: u64, data: &[u8]) -> Result<()> {
         let t0 = Instant::now();
         let (first, pages) = self.check_range(st, offset, data.len() as u64)?;
         let g = self.cfg.group_pages;
         for (i, chunk) in data.chunks(g * PAGE_SIZE).enumerate() {
-            if let Err(e) = crate::group::write_group(self, st, first + (i * g) as u64, chunk) {
+            let at = first + (i * g) as u64;
+            if let Err(e) = crate::write::write_group(&self.table, &self.cfg, st, at, chunk) {
                 st.shard.add(Counter::FailedWrites, 1);
                 return Err(e);
             }
         }
-        st.free.end_request(&self.frees);
+        st.free.end_request(self.table.frees());
         st.shard.add(Counter::NumWrites, 1);
         st.shard.add(Counter::PagesWritten, pages as i64);
         record_latency(st, Op::Write, t0, pages);
@@ -451,11 +286,11 @@ impl Store {
     }
 
     /// Reads whole pages at `offset` into `buf`.
-    pub(crate) fn read(&self, st: &mut CtxState, offset: u64, buf: &mut [u8]) -> Result<()> {
+    fn read(&self, st: &mut CtxState, offset: u64, buf: &mut [u8]) -> Result<()> {
         let t0 = Instant::now();
         let (first, pages) = self.check_range(st, offset, buf.len() as u64)?;
         for (i, out) in buf.chunks_exact_mut(PAGE_SIZE).enumerate() {
-            if let Err(e) = self.read_page(st, first + i as u64, out) {
+            if let Err(e) = crate::read::read_page(&self.table, st, first + i as u64, out) {
                 // Reported by the caller (the daemon logs it rate-limited):
                 // a corrupt page read over and over must not flood the log.
                 st.shard.add(Counter::FailedReads, 1);
@@ -468,85 +303,14 @@ impl Store {
         Ok(())
     }
 
-    /// Reads one page under its slot's lock, so it sees one whole version.
-    fn read_page(&self, st: &mut CtxState, page: u64, out: &mut [u8]) -> Result<()> {
-        let guard = self.slot(page).lock();
-        self.read_entry(st, page, &guard.entry(), out)
-    }
-
-    /// Produces the page `e` stores. The caller holds the slot's lock.
-    pub(crate) fn read_entry(
-        &self,
-        st: &mut CtxState,
-        page: u64,
-        e: &Entry,
-        out: &mut [u8],
-    ) -> Result<()> {
-        let r = match e.kind {
-            Kind::Empty => {
-                out.fill(0);
-                Ok(())
-            }
-            Kind::Same => {
-                fill_word(out, e.val);
-                Ok(())
-            }
-            Kind::Huge => {
-                // SAFETY: the slot lock keeps the object from being freed or moved.
-                out.copy_from_slice(unsafe { self.alloc.object(e.val, PAGE_SIZE) });
-                Ok(())
-            }
-            Kind::Compressed => {
-                // SAFETY: as above.
-                let obj = unsafe { self.alloc.object(e.val, e.len as usize) };
-                st.codec.decompress(obj, out).map_err(|err| err.to_string())
-            }
-            Kind::Packed => self.read_packed(st, e, out),
-        };
-        r.map_err(|detail| {
-            // Never hand out a partly decoded page.
-            out.fill(0);
-            Error::Corrupt { page, detail }
-        })
-    }
-
-    /// Serves a packed page from the thread's cache of the last group it
-    /// decompressed, or decompresses the group into that cache.
-    fn read_packed(
-        &self,
-        st: &mut CtxState,
-        e: &Entry,
-        out: &mut [u8],
-    ) -> std::result::Result<(), String> {
-        // SAFETY: the caller holds the slot lock, so the object stays alive.
-        let obj = unsafe { self.alloc.object(e.val, PACK_HEADER + e.len as usize) };
-        let hdr = PackHeader::read(obj);
-        let pos = hdr.position(e.idx);
-        if hdr.orig.count_ones() != e.n as u32 || pos >= e.n as usize {
-            return Err("packed group header does not match its slot".into());
-        }
-        if let Some(p) = st.pack_cache.get(hdr.id, pos) {
-            out.copy_from_slice(p);
-            return Ok(());
-        }
-        let buf = st.pack_cache.buffer(e.n as usize);
-        st.codec
-            .decompress(&obj[PACK_HEADER..], buf)
-            .map_err(|err| err.to_string())?;
-        out.copy_from_slice(&buf[pos * PAGE_SIZE..(pos + 1) * PAGE_SIZE]);
-        st.pack_cache.set(hdr.id);
-        Ok(())
-    }
-
     /// Discards whole pages: they read as zeros and their objects are freed.
-    pub(crate) fn discard(&self, st: &mut CtxState, offset: u64, len: u64) -> Result<()> {
+    fn discard(&self, st: &mut CtxState, offset: u64, len: u64) -> Result<()> {
         let t0 = Instant::now();
         let (first, pages) = self.check_range(st, offset, len)?;
         for page in first..first + pages as u64 {
-            let r = self.swap_slot(page, Entry::EMPTY);
-            self.release(st, r);
+            self.table.install(st, page, Entry::EMPTY, 0);
         }
-        st.free.end_request(&self.frees);
+        st.free.end_request(self.table.frees());
         st.shard.add(Counter::NotifyFree, pages as i64);
         st.shard.add(Counter::NumDiscards, 1);
         record_latency(st, Op::Discard, t0, pages);
@@ -555,127 +319,9 @@ impl Store {
 
     /// Zeroes whole pages. An empty slot reads as zeros and costs nothing,
     /// so this is a discard, as in zram.
-    pub(crate) fn write_zeroes(&self, st: &mut CtxState, offset: u64, len: u64) -> Result<()> {
+    fn write_zeroes(&self, st: &mut CtxState, offset: u64, len: u64) -> Result<()> {
         self.discard(st, offset, len)
     }
-
-    /// Puts `new` into the slot of `page` and takes out what it held. A
-    /// packed page's live bit is cleared under the slot lock, so that the
-    /// object cannot move or be freed in between.
-    pub(crate) fn swap_slot(&self, page: u64, new: Entry) -> Released {
-        let mut guard = self.slot(page).lock();
-        self.take_locked(&mut guard, new)
-    }
-
-    /// As [`Store::swap_slot`] with the slot already locked.
-    pub(crate) fn take_locked(&self, guard: &mut SlotGuard<'_>, new: Entry) -> Released {
-        let old = guard.replace(new);
-        match old.kind {
-            Kind::Packed => {
-                // SAFETY: the slot referenced the object until now and we
-                // hold its lock: the object is alive and was checked aligned.
-                let (pos, free) = unsafe {
-                    let hdr = PackHeader::read(self.alloc.object(old.val, PACK_HEADER));
-                    (
-                        hdr.position(old.idx),
-                        packed::clear_live(&*self.alloc, old.val, old.idx),
-                    )
-                };
-                Released { old, pos, free }
-            }
-            _ => Released {
-                old,
-                pos: 0,
-                free: old.handle().is_some(),
-            },
-        }
-    }
-
-    /// Accounts for an entry that left its slot and hands its object, once
-    /// unreferenced, to the queue's free batch.
-    pub(crate) fn release(&self, st: &mut CtxState, r: Released) {
-        let old = &r.old;
-        account(&st.shard, old, r.pos, -1);
-        if old.kind == Kind::Packed {
-            let mine = packed::share(old.len, old.n, r.pos);
-            // Dead bytes: this page's share while the object lives on; the
-            // shares of the pages that died before, once it is freed.
-            let dead = if r.free {
-                -(old.len as i64 - mine)
-            } else {
-                mine
-            };
-            st.shard.add(Counter::PackedDeadBytes, dead);
-        }
-        if r.free {
-            if let Some(h) = old.handle() {
-                st.shard.add(Counter::DeferredFrees, 1);
-                st.free.push(h, &self.frees);
-            }
-        }
-    }
-}
-
-impl Relocate for Store {
-    /// Locks every slot that may reference the object (the owner alone, or
-    /// in packed mode the owner's whole group, in ascending order, the one
-    /// order in which anyone holds more than one slot lock) and points those
-    /// that do at the new copy.
-    fn relocate(&self, owner: u64, old: Handle, mv: &mut dyn FnMut() -> Option<Handle>) -> bool {
-        let span = match self.cfg.mode {
-            Mode::PerPage => 1,
-            Mode::Packed => self.cfg.group_pages as u64,
-        };
-        let end = owner.saturating_add(span).min(self.pages());
-        let mut guards: Vec<SlotGuard<'_>> = (owner..end).map(|p| self.slot(p).lock()).collect();
-        let holders: Vec<usize> = (0..guards.len())
-            .filter(|&i| guards[i].entry().handle() == Some(old))
-            .collect();
-        if holders.is_empty() {
-            return false;
-        }
-        if guards[holders[0]].entry().kind == Kind::Packed {
-            // A group is installed slot by slot: until every live page
-            // references the object, moving it would leave the pages still
-            // to be installed pointing at the freed copy. Live bits are only
-            // cleared by holders under their lock, so equal counts mean the
-            // install is complete.
-            // SAFETY: the holders reference `old` and we hold their locks.
-            let live = unsafe { packed::live_count(&*self.alloc, old) };
-            if live as usize != holders.len() {
-                return false;
-            }
-        }
-        let Some(new) = mv() else {
-            return false;
-        };
-        for i in holders {
-            let e = guards[i].entry();
-            guards[i].replace(Entry { val: new, ..e });
-        }
-        true
-    }
-}
-
-/// Adds (`sign` 1) or removes (`sign` -1) an entry's share of the gauges;
-/// `pos` is a packed page's position in its blob.
-pub(crate) fn account(shard: &StatsShard, e: &Entry, pos: usize, sign: i64) {
-    match e.kind {
-        Kind::Empty => return,
-        Kind::Same => shard.add(Counter::SamePages, sign),
-        Kind::Huge => {
-            shard.add(Counter::HugePages, sign);
-            shard.add(Counter::ComprDataSize, sign * PAGE_SIZE as i64);
-        }
-        Kind::Compressed => shard.add(Counter::ComprDataSize, sign * e.len as i64),
-        Kind::Packed => {
-            shard.add(
-                Counter::ComprDataSize,
-                sign * packed::share(e.len, e.n, pos),
-            );
-        }
-    }
-    shard.add(Counter::StoredPages, sign);
 }
 
 fn record_latency(st: &CtxState, op: Op, t0: Instant, pages: usize) {
@@ -685,31 +331,113 @@ fn record_latency(st: &CtxState, op: Op, t0: Instant, pages: usize) {
     }
 }
 
-/// Allocates a zeroed slot table without touching it: the OS hands out zero
-/// pages lazily, so a large sparse device costs nothing until it is written.
-fn new_slot_table(pages: usize) -> Result<Box<[Slot]>> {
-    let layout = std::alloc::Layout::array::<Slot>(pages)
-        .map_err(|_| Error::InvalidConfig(format!("{pages} pages is too many")))?;
-    // SAFETY: the layout is non-zero (pages > 0 was validated); a zeroed
-    // Slot is a valid Slot (two zero atomics: empty, unlocked).
-    unsafe {
-        let p = std::alloc::alloc_zeroed(layout) as *mut Slot;
-        if p.is_null() {
-            return Err(Error::NoSpace { limit: 0 });
+/// The per-thread context every store operation runs with: one per queue
+/// thread, holding its codec, scratch, statistics shard and free batch.
+pub struct QueueCtx {
+    store: Arc<Store>,
+    st: CtxState,
+    id: usize,
+}
+
+impl QueueCtx {
+    /// This context's index (its queue number).
+    pub fn id(&self) -> usize {
+        self.id
+    }
+
+    /// The store this context serves.
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    /// Writes `data` (a multiple of 4 KB) at byte `offset`.
+    pub fn write(&mut self, offset: u64, data: &[u8]) -> Result<()> {
+        let r = self.store.write(&mut self.st, offset, data);
+        self.count_accel_events();
+        r
+    }
+
+    /// Reads `buf.len()` bytes (a multiple of 4 KB) at byte `offset`.
+    pub fn read(&mut self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let r = self.store.read(&mut self.st, offset, buf);
+        self.count_accel_events();
+        r
+    }
+
+    /// Adds what the codec's accelerator went through to this queue's
+    /// statistics (software codecs report nothing).
+    fn count_accel_events(&mut self) {
+        let ev = self.st.codec.take_accel_events();
+        if ev == AccelEvents::default() {
+            return;
         }
-        Ok(Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, pages)))
+        let sh = &self.st.shard;
+        sh.add(Counter::AccelPageFaults, ev.page_faults as i64);
+        sh.add(Counter::AccelTimeouts, ev.timeouts as i64);
+        sh.add(Counter::AccelVerifyFailures, ev.verify_failures as i64);
+        sh.add(Counter::AccelDeviceErrors, ev.device_errors as i64);
+        sh.add(Counter::AccelSubmitFailures, ev.submit_failures as i64);
+        sh.add(Counter::AccelDecompressed, ev.decompressed as i64);
+    }
+
+    /// Discards `len` bytes at `offset`: the pages read as zeros afterwards
+    /// and their memory is freed.
+    pub fn discard(&mut self, offset: u64, len: u64) -> Result<()> {
+        self.store.discard(&mut self.st, offset, len)
+    }
+
+    /// Zeroes `len` bytes at `offset` (same effect as discard in zblk).
+    pub fn write_zeroes(&mut self, offset: u64, len: u64) -> Result<()> {
+        self.store.write_zeroes(&mut self.st, offset, len)
+    }
+
+    /// Frees the handles this context has batched (idle timer, stat, exit).
+    pub fn flush_frees(&mut self) {
+        self.st.free.flush(self.store.table.frees());
+    }
+
+    /// Handles batched in this context and not yet freed.
+    pub fn pending_frees(&self) -> usize {
+        self.st.free.pending()
     }
 }
 
-/// The handle and length of the object behind `page`, if it has one: for
-/// tests that need to reach a stored object (to corrupt it, say).
+impl Drop for QueueCtx {
+    fn drop(&mut self) {
+        self.flush_frees();
+    }
+}
+
+/// Overwrites the bytes of the object behind `page`, from offset `at` to
+/// its end, with `byte`, as a bit flip in RAM would: for tests of how
+/// corrupt objects are handled. Returns false when the page has no object
+/// or `at` is past its end.
+///
+/// # Safety
+/// No other thread uses the store meanwhile: the object is published, and
+/// readers of other slots of its packed group would see the bytes change.
 #[doc(hidden)]
-pub fn debug_handle(store: &Store, page: u64) -> Option<(Handle, u32)> {
-    let e = store.slots.get(page as usize)?.lock().entry();
-    let header = if e.kind == Kind::Packed {
-        PACK_HEADER as u32
-    } else {
-        0
+pub unsafe fn debug_corrupt_object(store: &Store, page: u64, at: usize, byte: u8) -> bool {
+    if page >= store.table.pages() {
+        return false;
+    }
+    let guard = store.table.lock(page);
+    let e = guard.entry();
+    let len = e.len as usize
+        + if e.kind == Kind::Packed {
+            crate::packed::PACK_HEADER
+        } else {
+            0
+        };
+    let Some(h) = e.handle().filter(|_| at < len) else {
+        return false;
     };
-    e.handle().map(|h| (h, e.len + header))
+    // SAFETY: the slot lock keeps the object alive and in place, `at..len`
+    // lies inside it, and the caller guarantees nobody else reads or writes
+    // it meanwhile. A raw write forms no reference to published bytes.
+    unsafe {
+        let p = store.allocator().object_ptr(h, len).add(at);
+        std::ptr::write_bytes(p, byte, len - at);
+    }
+    true
 }

@@ -10,8 +10,8 @@ use std::path::Path;
 use zblk::accel::desc::*;
 use zblk::accel::model::{Exec, ModelDevice, ModelWqConfig};
 use zblk::accel::sysfs::WqMode;
-use zblk::accel::IaaCodec;
 use zblk::codec::Codec;
+use zblk::codec::IaaCodec;
 use zblk::PAGE_SIZE;
 
 #[test]

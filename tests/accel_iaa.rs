@@ -9,8 +9,9 @@ use std::time::Duration;
 use zblk::accel::desc::{IAA_ERROR_WATCHDOG_EXPIRED, IAX_OPCODE_COMPRESS, IAX_OPCODE_DECOMPRESS};
 use zblk::accel::model::{Exec, Fault, ModelDevice, ModelWqConfig};
 use zblk::accel::sysfs::WqMode;
-use zblk::accel::{IaaCodec, IaaOptions, Router};
+use zblk::accel::Router;
 use zblk::codec::{Algo, Codec};
+use zblk::codec::{IaaCodec, IaaOptions};
 use zblk::PAGE_SIZE;
 
 const BUDGET: usize = 3072;
@@ -220,7 +221,7 @@ fn a_group_keeps_eight_descriptors_in_flight() {
 /// Runs one group of 8 real compressible pages with `fault` injected into
 /// the first compress descriptor; returns the codec stats after checking
 /// all data.
-fn one_fault(fault: Fault, opts: IaaOptions, exec: Exec) -> (zblk::accel::IaaStats, Rig) {
+fn one_fault(fault: Fault, opts: IaaOptions, exec: Exec) -> (zblk::codec::IaaStats, Rig) {
     let rig = setup(exec, &shared(16));
     rig.model.inject(Some(IAX_OPCODE_COMPRESS), fault);
     let mut codec = IaaCodec::with_router(&rig.router, opts);
@@ -458,7 +459,7 @@ fn independent_deflate_streams_decode_on_both_paths() {
 
 #[test]
 fn store_with_deflate_iaa_round_trips_in_both_modes() {
-    use zblk::store::Mode;
+    use zblk::Mode;
     use zblk::{Store, StoreConfig};
     let pages = fixture_pages();
     let data: Vec<u8> = pages.concat();
@@ -485,7 +486,7 @@ fn store_with_deflate_iaa_round_trips_in_both_modes() {
 /// decompressions too, and every page reads back intact.
 #[test]
 fn store_counts_accelerator_pages_and_fallbacks() {
-    use zblk::store::{CodecFactory, Mode};
+    use zblk::{CodecFactory, Mode};
     use zblk::{Store, StoreConfig};
     let rig = setup(Exec::Inline, &shared(16));
     let router = Arc::new(rig.router);

@@ -5,33 +5,11 @@
 //! compaction moved it.
 
 use proptest::prelude::*;
-use std::sync::Mutex;
-use zblk::alloc::{Handle, ObjAllocator, Relocate};
+use zblk::alloc::{Handle, ObjAllocator};
 use zblk::slab::{SlabAllocator, SlabConfig};
+use zblk::testing::OwnerTable as Table;
 
 const SLOTS: usize = 400;
-
-/// The slot table: each owner's current handle (0: none).
-struct Table(Vec<Mutex<Handle>>);
-
-impl Relocate for Table {
-    fn relocate(&self, owner: u64, old: Handle, mv: &mut dyn FnMut() -> Option<Handle>) -> bool {
-        let Some(slot) = self.0.get(owner as usize) else {
-            return false;
-        };
-        let mut g = slot.lock().unwrap();
-        if *g != old {
-            return false;
-        }
-        match mv() {
-            Some(new) => {
-                *g = new;
-                true
-            }
-            None => false,
-        }
-    }
-}
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -95,7 +73,8 @@ impl Model {
         for (i, e) in self.live.iter().enumerate() {
             if let Some((size, seed)) = *e {
                 let h = *self.table.0[i].lock().unwrap();
-                let got = unsafe { self.a.object(h, size as usize) }.to_vec();
+                // SAFETY: the slot's live object of `size` bytes; nothing writes it.
+                let got = unsafe { self.a.bytes(h, 0, size as usize) }.to_vec();
                 assert!(got == pattern(seed, size as usize), "slot {i} corrupted");
             }
         }
@@ -131,8 +110,8 @@ impl Model {
                 for ((&slot, &size), &h) in free.iter().zip(sizes).zip(&hs) {
                     self.next_seed += 1;
                     let seed = self.next_seed;
-                    unsafe { self.a.object(h, size as usize) }
-                        .copy_from_slice(&pattern(seed, size as usize));
+                    // SAFETY: fresh from alloc_bulk, `size` bytes, unpublished.
+                    unsafe { self.a.write_fresh(h, 0, &pattern(seed, size as usize)) };
                     *self.table.0[slot].lock().unwrap() = h;
                     self.live[slot] = Some((size, seed));
                 }
@@ -183,7 +162,7 @@ proptest! {
     fn live_objects_survive_alloc_free_compact(ops in prop::collection::vec(op(), 1..120)) {
         let mut m = Model {
             a: SlabAllocator::new(SlabConfig::default()),
-            table: Table((0..SLOTS).map(|_| Mutex::new(0)).collect()),
+            table: Table::new(SLOTS),
             live: vec![None; SLOTS],
             detached: Vec::new(),
             next_seed: 0,

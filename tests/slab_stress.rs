@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use zblk::alloc::{AllocError, Handle, MemAccount, ObjAllocator};
 use zblk::slab::SlabAllocator;
-use zblk::store::AllocatorKind;
+use zblk::AllocatorKind;
 use zblk::{Algo, Error, Mode, Store, StoreConfig, PAGE_SIZE};
 
 const PAGES: u64 = 1024;
@@ -276,8 +276,9 @@ impl ObjAllocator for Lent {
     fn free_bulk(&self, h: &[Handle]) {
         self.0.free_bulk(h)
     }
-    unsafe fn object(&self, h: Handle, len: usize) -> &mut [u8] {
-        self.0.object(h, len)
+    unsafe fn object_ptr(&self, h: Handle, len: usize) -> *mut u8 {
+        // SAFETY: the caller's contract is the inner allocator's.
+        unsafe { self.0.object_ptr(h, len) }
     }
     fn mem(&self) -> &MemAccount {
         self.0.mem()
@@ -374,7 +375,7 @@ fn drain_thread_compacts_by_itself_past_the_threshold() {
     ctx.flush_frees();
     assert!(s.settle_frees(Duration::from_secs(10)));
     let movable = s.allocator().compactable_pages();
-    assert!(movable >= zblk::store::AUTO_COMPACT_MIN_PAGES, "{movable}");
+    assert!(movable >= zblk::AUTO_COMPACT_MIN_PAGES, "{movable}");
     // Nobody calls compact(): the drain's idle check (about once a second)
     // must do it. Poll for a generous while; this checks that it happens,
     // not how fast.

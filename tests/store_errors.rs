@@ -136,8 +136,9 @@ fn corrupt_object_is_an_error_not_a_wrong_page() {
     let mut ctx = store.new_ctx();
     ctx.write(0, &page(Content::Text(9), &[])).unwrap();
     // Corrupt the stored object through the allocator, as a bit flip would.
-    let h = zblk::store::debug_handle(&store, 0).expect("page 0 is compressed");
-    unsafe { store.allocator().object(h.0, h.1 as usize) }.fill(0xff);
+    // SAFETY: no other thread uses the store.
+    let hit = unsafe { zblk::debug_corrupt_object(&store, 0, 0, 0xff) };
+    assert!(hit, "page 0 is compressed");
     let mut buf = vec![0x55u8; PAGE_SIZE];
     let e = ctx.read(0, &mut buf).unwrap_err();
     assert_eq!(e.errno(), -libc::EIO, "{e}");

@@ -143,7 +143,7 @@ fn check_counters(store: &Store, model: &[Option<Vec<u8>>]) -> Result<(), TestCa
     let same = model
         .iter()
         .flatten()
-        .filter(|p| zblk::page::same_filled(p).is_some())
+        .filter(|p| common::same_filled(p))
         .count() as u64;
     prop_assert_eq!(s.counters.stored_pages, stored);
     prop_assert_eq!(s.counters.same_pages, same);

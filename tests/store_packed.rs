@@ -82,13 +82,13 @@ fn corrupt_packed_object_fails_every_page_of_the_group() {
     let s = store(Mode::Packed, 16);
     let mut ctx = s.new_ctx();
     ctx.write(0, &real[..8 * PAGE_SIZE]).unwrap();
-    let (h, len) = zblk::store::debug_handle(&s, 3).expect("packed page");
-    let obj = unsafe { s.allocator().object(h, len as usize) };
-    obj[40..].fill(0x5a);
+    // SAFETY: no other thread uses the store.
+    let hit = unsafe { zblk::debug_corrupt_object(&s, 3, 40, 0x5a) };
+    assert!(hit, "page 3 is packed");
     let mut buf = vec![0u8; PAGE_SIZE];
     for p in 0..8 {
         let e = ctx.read(p * P, &mut buf);
-        if zblk::page::same_filled(&real[p as usize * PAGE_SIZE..][..PAGE_SIZE]).is_none() {
+        if !common::same_filled(&real[p as usize * PAGE_SIZE..][..PAGE_SIZE]) {
             assert_eq!(e.unwrap_err().errno(), -libc::EIO, "page {p}");
             assert_eq!(buf, vec![0; PAGE_SIZE]);
         }

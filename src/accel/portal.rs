@@ -105,9 +105,10 @@ mod x86 {
     /// Whether the CPU has the submission instruction `mode` needs
     /// (CPUID.(EAX=7,ECX=0):ECX bit 28 MOVDIR64B, bit 29 ENQCMD).
     pub fn cpu_has(mode: WqMode) -> bool {
-        // SAFETY (for toolchains where the intrinsic is unsafe): CPUID leaf 7 exists on every x86_64 CPU that can host an
-        // IAA device; on older ones it returns zeros (feature absent).
+        // The intrinsic is unsafe on older toolchains and safe on newer.
         #[allow(unused_unsafe)]
+        // SAFETY: CPUID leaf 7 exists on every x86_64 CPU that can host an
+        // IAA device; on older ones it returns zeros (feature absent).
         let ecx = unsafe { core::arch::x86_64::__cpuid_count(7, 0) }.ecx;
         match mode {
             WqMode::Dedicated => ecx & (1 << 28) != 0,
@@ -195,27 +196,48 @@ mod x86 {
     /// MOVDIR64B: a posted 64-byte direct store of `src` to `portal`.
     /// Encoded as bytes (66 0F 38 F8 /r; rax = destination, [rdx] = source)
     /// so no assembler feature flag is needed.
+    ///
+    /// # Safety
+    /// The CPU has MOVDIR64B (`cpu_has(WqMode::Dedicated)`); `portal` is a
+    /// live, writable WQ portal mapping, 64-byte aligned as the destination
+    /// must be (a page start is); `src` points to 64 readable bytes.
     unsafe fn movdir64b(portal: *mut u8, src: *const u8) {
-        core::arch::asm!(
+        // SAFETY: the caller's contract; the instruction writes only the 64
+        // bytes at `portal` and reads only the 64 at `src`, touches no
+        // stack and no flags.
+        unsafe {
+            core::arch::asm!(
             ".byte 0x66, 0x0f, 0x38, 0xf8, 0x02",
-            in("rax") portal,
-            in("rdx") src,
-            options(nostack, preserves_flags),
-        );
+                in("rax") portal,
+                in("rdx") src,
+                options(nostack, preserves_flags),
+            );
+        }
     }
 
     /// ENQCMD: a non-posted 64-byte enqueue; returns true when the shared
     /// WQ refused it (ZF=1, "retry"). Encoded as bytes (F2 0F 38 F8 /r).
+    ///
+    /// # Safety
+    /// The CPU has ENQCMD (`cpu_has(WqMode::Shared)`) and the process has a
+    /// PASID bound (the kernel binds one when a shared WQ is opened);
+    /// `portal` is a live WQ portal mapping, 64-byte aligned (a page
+    /// start); `src` points to 64 readable bytes.
     unsafe fn enqcmd(portal: *mut u8, src: *const u8) -> bool {
         let zf: u8;
-        core::arch::asm!(
-            ".byte 0xf2, 0x0f, 0x38, 0xf8, 0x02",
-            "setz {zf}",
-            zf = out(reg_byte) zf,
-            in("rax") portal,
-            in("rdx") src,
-            options(nostack),
-        );
+        // SAFETY: the caller's contract; the instruction writes only the 64
+        // bytes at `portal`, reads only the 64 at `src` and sets ZF, which
+        // `setz` reads into a register; no stack is touched.
+        unsafe {
+            core::arch::asm!(
+                ".byte 0xf2, 0x0f, 0x38, 0xf8, 0x02",
+                "setz {zf}",
+                zf = out(reg_byte) zf,
+                in("rax") portal,
+                in("rdx") src,
+                options(nostack),
+            );
+        }
         zf != 0
     }
 }

@@ -140,7 +140,7 @@ fn check_wq(dev: &str, wq: &str, dir: &Path, dev_root: &Path) -> Result<WqInfo, 
     let max_transfer_size = attr(dir, "max_transfer_size")
         .and_then(|s| s.parse::<u64>().ok())
         .unwrap_or(u64::MAX);
-    if max_transfer_size < crate::PAGE_SIZE as u64 {
+    if max_transfer_size < crate::page::PAGE_SIZE as u64 {
         return Err(format!("max_transfer_size {max_transfer_size} < page"));
     }
     Ok(WqInfo {

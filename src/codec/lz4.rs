@@ -14,7 +14,7 @@ impl Lz4Codec {
     /// Creates an LZ4 codec.
     pub fn new() -> Self {
         Lz4Codec {
-            out: vec![0; lz4_flex::block::get_maximum_output_size(crate::PAGE_SIZE)],
+            out: vec![0; lz4_flex::block::get_maximum_output_size(crate::page::PAGE_SIZE)],
         }
     }
 }

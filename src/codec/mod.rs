@@ -3,14 +3,16 @@
 //! Every codec compresses whole buffers (one 4 KB page, or a packed group of
 //! pages) and decompresses into a caller-sized buffer. A codec instance owns
 //! its context and scratch (zstd's `CCtx`, libdeflate's compressor), so each
-//! queue thread keeps its own instances in its [`crate::ctx::QueueCtx`]: no
+//! queue thread keeps its own instances in its [`crate::QueueCtx`]: no
 //! codec is ever shared behind a lock.
 
 mod deflate;
+mod iaa;
 mod lz4;
 mod zstd;
 
 pub use self::deflate::DeflateCodec;
+pub use self::iaa::{IaaCodec, IaaOptions, IaaStats, IAA_MAX_BATCH};
 pub use self::lz4::Lz4Codec;
 pub use self::zstd::ZstdCodec;
 
@@ -67,7 +69,7 @@ pub trait Codec: Send {
         out: &mut Vec<Option<usize>>,
     ) -> Result<usize, CodecError> {
         for (i, page) in pages.iter().enumerate() {
-            let area = &mut dst[i * crate::PAGE_SIZE..i * crate::PAGE_SIZE + budget];
+            let area = &mut dst[i * crate::page::PAGE_SIZE..i * crate::page::PAGE_SIZE + budget];
             out.push(self.compress(page, area)?);
         }
         Ok(0)
@@ -126,7 +128,7 @@ impl Algo {
             Algo::Lz4 => Box::new(Lz4Codec::new()),
             Algo::Zstd(level) => Box::new(ZstdCodec::new(level)),
             Algo::Deflate(level) => Box::new(DeflateCodec::new(level, *self)),
-            Algo::DeflateIaa => Box::new(crate::accel::IaaCodec::new()),
+            Algo::DeflateIaa => Box::new(IaaCodec::new()),
         }
     }
 }

@@ -15,10 +15,36 @@
 //! free paths except one atomic add when a zspage is created or destroyed
 //! (memory accounting). A bulk allocation takes each class lock once; a bulk
 //! free sorts its handles and takes each class lock once per run. Readers
-//! ([`ObjAllocator::object`]) take no lock at all. Compaction takes a class
+//! ([`ObjAllocator::bytes`]) take no lock at all. Compaction takes a class
 //! lock and then slot locks, so **nobody may call into the allocator while
 //! holding a slot lock**: the store detaches handles under the slot lock and
 //! frees them after releasing it.
+//!
+//! # Why object access is sound
+//!
+//! The slab hands out addresses, never references; the three views of
+//! [`ObjAllocator`] turn them into references under rules that make Rust's
+//! aliasing model hold without any lock in the allocator:
+//!
+//! 1. **An object is written once, before it is published.** Between
+//!    `alloc_bulk` and the install of its handle into a slot, only the
+//!    allocating thread knows the handle, so `write_fresh` (a raw copy, no
+//!    `&mut` is ever formed) cannot race with anyone.
+//! 2. **A published object is immutable**, except for one word: a packed
+//!    object's live mask, which slots under different locks clear, and
+//!    which is only ever reached as an `AtomicU64` through `atomic_word`.
+//!    Shared views (`bytes`) of a packed object start after that word.
+//! 3. **A published object stays put while a slot lock referencing it is
+//!    held.** Frees happen only after a slot let go of the handle (detach
+//!    under the lock, free after it); compaction moves an object only with
+//!    the locks of every slot that references it held (see [`Relocate`])
+//!    and copies it with raw pointers while nobody can read it.
+//! 4. **Mapped memory outlives every handle into it.** A zspage's range is
+//!    given back (`madvise`) only when its last object was freed, and the
+//!    chunk mappings themselves live as long as the allocator.
+//!
+//! Everything else (class state, fullness groups, free lists) is plain
+//! Rust data behind each class's mutex.
 
 pub mod class;
 pub mod compact;
@@ -635,15 +661,16 @@ impl ObjAllocator for SlabAllocator {
         );
     }
 
-    unsafe fn object(&self, h: Handle, len: usize) -> &mut [u8] {
+    unsafe fn object_ptr(&self, h: Handle, len: usize) -> *mut u8 {
         let (c, id, idx) = unpack(h);
         let class = &self.classes[c];
         debug_assert!(len <= class.spec.size as usize);
         let addr = class.dir.zspage_addr(id) + idx as usize * class.spec.size as usize;
         debug_assert!(addr >= class.spec.size as usize);
-        // SAFETY: the caller guarantees `h` is live and stays put; a live
-        // object's bytes lie inside its zspage's mapped range.
-        std::slice::from_raw_parts_mut(addr as *mut u8, len)
+        // Only an address is computed here; the views that dereference it
+        // rely on the caller's guarantee that `h` is live, which puts these
+        // bytes inside its zspage's mapped range.
+        addr as *mut u8
     }
 
     fn mem(&self) -> &MemAccount {

@@ -1,39 +1,24 @@
 use super::*;
 use crate::page::PAGE_SIZE;
+use crate::testing::OwnerTable as Table;
 
-/// A minimal slot table for compaction: one handle per owner.
-pub(crate) struct Table(pub Vec<Mutex<Handle>>);
-
-impl Relocate for Table {
-    fn relocate(&self, owner: u64, old: Handle, mv: &mut dyn FnMut() -> Option<Handle>) -> bool {
-        let Some(slot) = self.0.get(owner as usize) else {
-            return false;
-        };
-        let mut g = slot.lock().unwrap();
-        if *g != old {
-            return false;
-        }
-        match mv() {
-            Some(new) => {
-                *g = new;
-                true
-            }
-            None => false,
-        }
-    }
+fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    (0..len)
+        .map(|i| (seed.wrapping_mul(31).wrapping_add(i as u64 * 7) >> 1) as u8)
+        .collect()
 }
 
+/// Fills a fresh object of `len` bytes with the pattern of `seed`.
 fn fill(a: &SlabAllocator, h: Handle, len: usize, seed: u64) {
-    let obj = unsafe { a.object(h, len) };
-    for (i, b) in obj.iter_mut().enumerate() {
-        *b = (seed.wrapping_mul(31).wrapping_add(i as u64 * 7) >> 1) as u8;
-    }
+    // SAFETY: `h` is fresh from alloc_bulk with at least `len` bytes, and
+    // only this test thread knows it.
+    unsafe { a.write_fresh(h, 0, &pattern(len, seed)) };
 }
 
 fn check(a: &SlabAllocator, h: Handle, len: usize, seed: u64) {
-    let obj = unsafe { a.object(h, len) };
-    for (i, &b) in obj.iter().enumerate() {
-        let want = (seed.wrapping_mul(31).wrapping_add(i as u64 * 7) >> 1) as u8;
+    // SAFETY: `h` is live with at least `len` bytes; nothing writes it now.
+    let obj = unsafe { a.bytes(h, 0, len) };
+    for (i, (&b, want)) in obj.iter().zip(pattern(len, seed)).enumerate() {
         assert_eq!(b, want, "handle {h:#x} byte {i} seed {seed}");
     }
 }
@@ -68,7 +53,8 @@ fn every_class_stores_full_objects_including_straddling_ones() {
         let mut straddling = 0;
         for (i, &h) in hs.iter().enumerate() {
             assert_eq!(SlabAllocator::class_of_handle(h), c);
-            let p = unsafe { a.object(h, size) }.as_ptr() as usize;
+            // SAFETY: a live handle of `size` bytes; only its address is taken.
+            let p = unsafe { a.object_ptr(h, size) } as usize;
             if p % PAGE_SIZE + size > PAGE_SIZE {
                 straddling += 1;
             }
@@ -204,7 +190,7 @@ fn compaction_moves_objects_and_frees_zspages() {
     let c = a.class_of(size as usize).unwrap();
     let objs = a.class_specs()[c].objs as usize;
     let n = objs * 20;
-    let table = Table((0..n).map(|_| Mutex::new(0)).collect());
+    let table = Table::new(n);
     let mut hs = Vec::new();
     let owners: Vec<u64> = (0..n as u64).collect();
     a.alloc_bulk(&vec![size; n], &owners, &mut hs).unwrap();
@@ -243,7 +229,7 @@ fn compaction_moves_objects_and_frees_zspages() {
 #[test]
 fn compaction_skips_objects_their_slot_no_longer_holds() {
     let a = SlabAllocator::default();
-    let table = Table((0..8).map(|_| Mutex::new(0)).collect());
+    let table = Table::new(8);
     let mut hs = Vec::new();
     // Two 1-page zspages of 4 objects of 1000 bytes (class 1008 or so).
     let c = a.class_of(1000).unwrap();
@@ -377,7 +363,7 @@ fn emptied_zspages_are_kept_as_spares_then_trimmed() {
     let third = alloc(objs);
     a.free_bulk(&third);
     assert_eq!(a.mem_used_total(), 2 * cost);
-    let table = Table(Vec::new());
+    let table = Table::new(0);
     assert_eq!(a.compact(&table), a.classes[c].spec.pages as u64);
     assert_eq!(a.mem_used_total(), cost);
     // A class left with no objects keeps no spare.

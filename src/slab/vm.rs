@@ -220,16 +220,20 @@ mod tests {
             let a = d.zspage_addr(id);
             assert_ne!(a, 0);
             // Touch the whole zspage: it must be mapped and writable.
+            // SAFETY: `ensure` mapped this zspage's range read-write, and
+            // nothing else in this test refers to it.
             let s = unsafe { std::slice::from_raw_parts_mut(a as *mut u8, 3 * 4096) };
             s.fill(id as u8);
         }
         for id in 0..40u64 {
             let a = d.zspage_addr(id);
+            // SAFETY: as above, read only.
             let s = unsafe { std::slice::from_raw_parts(a as *const u8, 3 * 4096) };
             assert!(s.iter().all(|&b| b == id as u8), "id {id}");
         }
         let a = d.zspage_addr(7);
         release_range(a, 3 * 4096, false);
+        // SAFETY: released pages stay mapped (they read as zeros).
         let s = unsafe { std::slice::from_raw_parts(a as *const u8, 3 * 4096) };
         assert!(s.iter().all(|&b| b == 0), "released pages read as zeros");
         // Pages locked behind the slab's back (mlockall in the daemon) are
@@ -237,6 +241,7 @@ mod tests {
         let b = d.zspage_addr(8);
         if lock_range(b, 4096) {
             release_range(b, 3 * 4096, false);
+            // SAFETY: as above.
             let s = unsafe { std::slice::from_raw_parts(b as *const u8, 3 * 4096) };
             assert!(s.iter().all(|&b| b == 0), "locked pages released");
         }

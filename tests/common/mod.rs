@@ -64,3 +64,9 @@ pub fn page(c: Content, real: &[u8]) -> Vec<u8> {
         }
     }
 }
+
+/// Whether a page is one 8-byte word repeated (the engine stores those in
+/// the slot, with no object): an independent check of the engine's own.
+pub fn same_filled(page: &[u8]) -> bool {
+    page.chunks_exact(8).all(|w| w == &page[..8])
+}

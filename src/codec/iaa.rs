@@ -16,11 +16,11 @@
 //! its slot is quarantined until its record is written, and leaked if the
 //! codec is dropped first.
 
-use super::desc::*;
-use super::portal::Submit;
-use super::router::{Router, WorkQueue};
-use crate::codec::{AccelEvents, Algo, Codec, CodecError, DeflateCodec, DEFLATE_DEFAULT_LEVEL};
-use crate::PAGE_SIZE;
+use super::{AccelEvents, Algo, Codec, CodecError, DeflateCodec, DEFLATE_DEFAULT_LEVEL};
+use crate::accel::desc::*;
+use crate::accel::portal::Submit;
+use crate::accel::router::{Router, WorkQueue};
+use crate::page::PAGE_SIZE;
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};

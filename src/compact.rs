@@ -1,0 +1,70 @@
+//! Compaction of packed groups: the store's half of `zblk compact`.
+//!
+//! The allocator compacts by moving objects (`crate::slab::compact`, through
+//! `SlotTable`'s [`crate::alloc::Relocate`]); a packed object, though, can
+//! only shrink by being rewritten. Every page of a group with fewer than
+//! half its pages live is stored again on its own, so that the dead pages'
+//! bytes are freed once the last live page has moved.
+
+use crate::config::StoreConfig;
+use crate::ctx::CtxState;
+use crate::error::Result;
+use crate::packed;
+use crate::page::PAGE_SIZE;
+use crate::read::read_entry;
+use crate::stats::Counter;
+use crate::table::SlotTable;
+use crate::write::plan_per_page;
+
+/// Rewrites every page of every sparse packed group, with the compactor's
+/// own thread state.
+pub(crate) fn rewrite_sparse_groups(table: &SlotTable, cfg: &StoreConfig, st: &mut CtxState) {
+    let mut page_buf = vec![0u8; PAGE_SIZE];
+    for page in 0..table.pages() {
+        if let Err(e) = rewrite_if_sparse(table, cfg, st, page, &mut page_buf) {
+            // The page keeps its packed copy: nothing is lost, only not moved.
+            log::warn!("compaction left page {page} packed: {e}");
+        }
+    }
+}
+
+/// Rewrites one page if it lives in a sparse packed group. The page is read
+/// under its lock, stored unlocked, and installed only if the slot still
+/// holds the very same object (same id): a concurrent write wins.
+fn rewrite_if_sparse(
+    table: &SlotTable,
+    cfg: &StoreConfig,
+    st: &mut CtxState,
+    page: u64,
+    buf: &mut [u8],
+) -> Result<()> {
+    let alloc = table.allocator();
+    let (e, id) = {
+        let guard = table.lock(page);
+        let e = guard.entry();
+        // SAFETY: we hold the lock of the slot `e` was read from.
+        if !unsafe { packed::is_sparse(alloc, &e) } {
+            return Ok(());
+        }
+        read_entry(table, st, page, &e, buf)?;
+        // SAFETY: as above.
+        (e, unsafe { packed::object_id(alloc, &e) })
+    };
+    st.plan.clear();
+    plan_per_page(cfg, st, alloc, page, buf)?;
+    let new = st.plan.entries[0];
+    let mut guard = table.lock(page);
+    let cur = guard.entry();
+    // SAFETY: we hold the lock of the slot `cur` was read from.
+    if cur != e || unsafe { packed::object_id(alloc, &cur) } != id {
+        drop(guard);
+        alloc.free_bulk(&st.plan.handles);
+        return Ok(());
+    }
+    let released = table.take_locked(&mut guard, new);
+    drop(guard);
+    table.entered(st, &new, 0);
+    table.release(st, released);
+    st.shard.add(Counter::PackedPagesRewritten, 1);
+    Ok(())
+}

@@ -1,0 +1,190 @@
+//! How a store is built: [`StoreConfig`] and the settings it carries.
+//!
+//! Everything the engine can be told lives here, with its default and its
+//! validation, so that the layers below the store read settings from one
+//! place and a new setting is added in one place.
+
+use crate::codec::{Algo, Codec};
+use crate::error::{Error, Result};
+use crate::free::DEFAULT_MAX_PENDING_BATCHES;
+use crate::page::{PAGE_SIZE, PAGE_SIZE_U64};
+use serde::Serialize;
+use std::sync::Arc;
+
+/// Default compressed size at or above which a page is stored raw: 3/4 of a
+/// page, near zram's huge_class_size. Storing such a page compressed would
+/// save little memory and cost a decompression on every read.
+pub const DEFAULT_HUGE_THRESHOLD: usize = PAGE_SIZE * 3 / 4;
+
+/// Default pages per compression group (zswap's batch size).
+pub const DEFAULT_GROUP_PAGES: usize = 8;
+
+/// Largest compression group.
+pub const MAX_GROUP_PAGES: usize = 64;
+
+/// How the pages of a compression group are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// Each page its own object: best for random swap-in.
+    #[default]
+    PerPage,
+    /// A group's pages compressed together as one object: better ratio and
+    /// faster writes, reads decompress the whole group.
+    Packed,
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        match s {
+            "per-page" => Ok(Mode::PerPage),
+            "packed" => Ok(Mode::Packed),
+            _ => Err(format!("unknown mode '{s}': expected per-page or packed")),
+        }
+    }
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Mode::PerPage => "per-page",
+            Mode::Packed => "packed",
+        })
+    }
+}
+
+/// How a store is built.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// Device size in bytes; a non-zero multiple of 4 KB.
+    pub size: u64,
+    /// Compression algorithm.
+    pub algo: Algo,
+    /// Pages per compression group (1 disables grouping).
+    pub group_pages: usize,
+    /// Per-page or packed objects.
+    pub mode: Mode,
+    /// Compressed size at or above which a page is stored raw.
+    pub huge_threshold: usize,
+    /// Memory limit in bytes (0: none).
+    pub mem_limit: u64,
+    /// Which object allocator stores compressed pages.
+    pub allocator: AllocatorKind,
+    /// Free detached objects on the store's drain thread (true) or on the
+    /// queue thread at the end of each request (false).
+    pub deferred_free: bool,
+    /// Full free batches the drain may fall behind by before queue threads
+    /// free synchronously (see `crate::free`).
+    pub deferred_free_max_batches: usize,
+    /// Lock the slab's memory in RAM (for swap devices).
+    pub mlock: bool,
+    /// Makes each context's codec instead of `algo.new_codec()`: an
+    /// accelerator codec on a chosen set of work queues (tests run
+    /// `deflate-iaa` on the device model this way). Its codecs must
+    /// implement `algo`.
+    pub codecs: Option<CodecFactory>,
+}
+
+/// Makes one codec per queue context (see [`StoreConfig::codecs`]).
+#[derive(Clone)]
+pub struct CodecFactory(pub Arc<dyn Fn() -> Box<dyn Codec> + Send + Sync>);
+
+impl std::fmt::Debug for CodecFactory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CodecFactory")
+    }
+}
+
+/// The object allocator a store is built with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AllocatorKind {
+    /// The size-class slab (`crate::slab`): zsmalloc's design, compaction.
+    #[default]
+    Slab,
+    /// One heap allocation per object: the simple reference.
+    Heap,
+}
+
+/// Fragmentation at which the store compacts by itself: when compaction
+/// could give back this share (percent) of `mem_used_total`...
+pub const AUTO_COMPACT_PERCENT: u64 = 10;
+/// ...and at least this many pages (so small stores are left alone).
+pub const AUTO_COMPACT_MIN_PAGES: u64 = 256;
+
+impl StoreConfig {
+    /// A configuration with defaults for everything but the size.
+    pub fn new(size: u64) -> Self {
+        StoreConfig {
+            size,
+            algo: Algo::Lz4,
+            group_pages: DEFAULT_GROUP_PAGES,
+            mode: Mode::PerPage,
+            huge_threshold: DEFAULT_HUGE_THRESHOLD,
+            mem_limit: 0,
+            allocator: AllocatorKind::Slab,
+            deferred_free: true,
+            deferred_free_max_batches: DEFAULT_MAX_PENDING_BATCHES,
+            mlock: false,
+            codecs: None,
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.size == 0 || self.size % PAGE_SIZE_U64 != 0 {
+            return Err(Error::InvalidConfig(format!(
+                "size {} is not a non-zero multiple of 4096 bytes",
+                self.size
+            )));
+        }
+        if usize::try_from(self.size / PAGE_SIZE_U64).is_err() {
+            return Err(Error::InvalidConfig(format!(
+                "size {} is too large",
+                self.size
+            )));
+        }
+        if !(1..=MAX_GROUP_PAGES).contains(&self.group_pages) {
+            return Err(Error::InvalidConfig(format!(
+                "group pages {} is not in 1..={MAX_GROUP_PAGES}",
+                self.group_pages
+            )));
+        }
+        if !(64..=PAGE_SIZE).contains(&self.huge_threshold) {
+            return Err(Error::InvalidConfig(format!(
+                "huge threshold {} is not in 64..={PAGE_SIZE}",
+                self.huge_threshold
+            )));
+        }
+        if let Some(make) = &self.codecs {
+            let made = (make.0)().algo();
+            if made != self.algo {
+                return Err(Error::InvalidConfig(format!(
+                    "the codec factory makes {made} codecs, the store is configured for {}",
+                    self.algo
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl StoreConfig {
+    /// A codec for one queue context: the factory's if one is set, else
+    /// the software codec of `algo`.
+    pub(crate) fn new_codec(&self) -> Box<dyn Codec> {
+        match &self.codecs {
+            Some(make) => (make.0)(),
+            None => self.algo.new_codec(),
+        }
+    }
+
+    /// Slots an object may be referenced from, counting from its owner: the
+    /// owner alone per page, the owner's whole group when packed.
+    pub(crate) fn object_span(&self) -> u64 {
+        match self.mode {
+            Mode::PerPage => 1,
+            Mode::Packed => self.group_pages as u64,
+        }
+    }
+}

@@ -1,0 +1,243 @@
+//! `SlotTable`: the slots of a device and what happens when an entry enters
+//! or leaves one.
+//!
+//! The table is zram's `zram->table` with the few operations every path
+//! shares, so that each is written once: [`SlotTable::install`] puts a new
+//! entry into a slot and gives back the old one, [`SlotTable::take_locked`]
+//! does the same for a caller that already holds the lock, and
+//! [`SlotTable::release`] accounts for an entry that left its slot and hands
+//! its object, once nothing references it, to the queue's free batch. The
+//! table also owns the objects' allocator and the deferred-free machinery,
+//! because they are where a slot's objects come from and go to, and it
+//! answers the allocator's compaction ([`Relocate`]), which must lock slots.
+//!
+//! Lock order: a slot lock is never held while calling into the allocator
+//! (`crate::slab` takes a class lock and then slot locks while compacting);
+//! whoever holds more than one slot lock takes them in ascending order.
+
+use crate::alloc::{Handle, ObjAllocator, Relocate};
+use crate::ctx::CtxState;
+use crate::error::{Error, Result};
+use crate::free::{FreeConfig, Freer};
+use crate::packed;
+use crate::page::PAGE_SIZE;
+use crate::slot::{Entry, Kind, Slot, SlotGuard};
+use crate::stats::{Counter, StatsShard};
+use std::sync::Arc;
+
+/// The slot table, the allocator behind it and its deferred free.
+pub(crate) struct SlotTable {
+    slots: Box<[Slot]>,
+    alloc: Arc<dyn ObjAllocator>,
+    frees: Freer,
+    /// Slots an object may be referenced from, from its owner on (1 per
+    /// page, the group size when packed): what a relocation locks.
+    span: u64,
+}
+
+/// What leaving a slot gave back: the old entry, its position in its packed
+/// blob, and whether its object is now unreferenced and must be freed.
+pub(crate) struct Released {
+    old: Entry,
+    pos: usize,
+    free: bool,
+}
+
+impl SlotTable {
+    /// A table of `pages` empty slots over `alloc`.
+    pub(crate) fn new(
+        pages: usize,
+        alloc: Arc<dyn ObjAllocator>,
+        free: FreeConfig,
+        span: u64,
+    ) -> Result<SlotTable> {
+        Ok(SlotTable {
+            slots: new_slots(pages)?,
+            frees: Freer::new(alloc.clone(), free),
+            alloc,
+            span,
+        })
+    }
+
+    /// Pages of device.
+    pub(crate) fn pages(&self) -> u64 {
+        self.slots.len() as u64
+    }
+
+    /// Bytes of slot table.
+    pub(crate) fn bytes(&self) -> u64 {
+        std::mem::size_of_val(&*self.slots) as u64
+    }
+
+    /// The object allocator.
+    pub(crate) fn allocator(&self) -> &dyn ObjAllocator {
+        &*self.alloc
+    }
+
+    /// The freeing machinery (the queue contexts hand their batches to it).
+    pub(crate) fn frees(&self) -> &Freer {
+        &self.frees
+    }
+
+    /// Locks the slot of `page` (which the caller checked is in range).
+    pub(crate) fn lock(&self, page: u64) -> SlotGuard<'_> {
+        self.slots[page as usize].lock()
+    }
+
+    /// Installs the group planned in `st.plan.entries` from page `first`:
+    /// each slot takes its new entry, and what it held is released.
+    pub(crate) fn install_group(&self, st: &mut CtxState, first: u64) {
+        let mut pos = 0;
+        for i in 0..st.plan.entries.len() {
+            let new = st.plan.entries[i];
+            self.install(st, first + i as u64, new, pos);
+            if new.kind == Kind::Packed {
+                pos += 1;
+            }
+        }
+    }
+
+    /// Puts `new` (at position `pos` of its packed blob, if packed) into the
+    /// slot of `page`, accounts for it and releases what the slot held.
+    pub(crate) fn install(&self, st: &mut CtxState, page: u64, new: Entry, pos: usize) {
+        let released = {
+            let mut guard = self.lock(page);
+            self.take_locked(&mut guard, new)
+        };
+        self.entered(st, &new, pos);
+        if new.kind == Kind::Huge {
+            st.shard.add(Counter::HugePagesSince, 1);
+        }
+        self.release(st, released);
+    }
+
+    /// Accounts for `new`, just put into a slot at position `pos` of its
+    /// packed blob.
+    pub(crate) fn entered(&self, st: &CtxState, new: &Entry, pos: usize) {
+        account(&st.shard, new, pos, 1);
+    }
+
+    /// Replaces the content of a locked slot with `new` and takes out what
+    /// it held. A packed page's live bit is cleared under the slot lock, so
+    /// that the object cannot move or be freed in between.
+    pub(crate) fn take_locked(&self, guard: &mut SlotGuard<'_>, new: Entry) -> Released {
+        let old = guard.replace(new);
+        if old.kind == Kind::Packed {
+            // SAFETY: the slot referenced the object until now and we hold
+            // its lock: the object is alive, stays put, and was checked
+            // aligned when it was stored.
+            let (pos, free) = unsafe { packed::clear_live(&*self.alloc, &old) };
+            return Released { old, pos, free };
+        }
+        Released {
+            old,
+            pos: 0,
+            free: old.handle().is_some(),
+        }
+    }
+
+    /// Accounts for an entry that left its slot and hands its object, once
+    /// unreferenced, to the queue's free batch. Called after the slot lock
+    /// was dropped.
+    pub(crate) fn release(&self, st: &mut CtxState, r: Released) {
+        let old = &r.old;
+        account(&st.shard, old, r.pos, -1);
+        if old.kind == Kind::Packed {
+            let mine = packed::share(old.len, old.n, r.pos);
+            // Dead bytes: this page's share while the object lives on; the
+            // shares of the pages that died before, once it is freed.
+            let dead = if r.free {
+                -(old.len as i64 - mine)
+            } else {
+                mine
+            };
+            st.shard.add(Counter::PackedDeadBytes, dead);
+        }
+        if r.free {
+            if let Some(h) = old.handle() {
+                st.shard.add(Counter::DeferredFrees, 1);
+                st.free.push(h, &self.frees);
+            }
+        }
+    }
+}
+
+impl Relocate for SlotTable {
+    /// Locks every slot that may reference the object (the owner alone, or
+    /// in packed mode the owner's whole group, in ascending order, the one
+    /// order in which anyone holds more than one slot lock) and points those
+    /// that do at the new copy.
+    fn relocate(&self, owner: u64, old: Handle, mv: &mut dyn FnMut() -> Option<Handle>) -> bool {
+        let end = owner.saturating_add(self.span).min(self.pages());
+        let mut guards: Vec<SlotGuard<'_>> = (owner..end).map(|p| self.lock(p)).collect();
+        let holders: Vec<usize> = (0..guards.len())
+            .filter(|&i| guards[i].entry().handle() == Some(old))
+            .collect();
+        if holders.is_empty() {
+            return false;
+        }
+        if guards[holders[0]].entry().kind == Kind::Packed {
+            // A group is installed slot by slot: until every live page
+            // references the object, moving it would leave the pages still
+            // to be installed pointing at the freed copy. Live bits are only
+            // cleared by holders under their lock, so equal counts mean the
+            // install is complete.
+            // SAFETY: the holders reference `old` and we hold their locks.
+            let live = unsafe { packed::live_count(&*self.alloc, old) };
+            if live as usize != holders.len() {
+                return false;
+            }
+        }
+        let Some(new) = mv() else {
+            return false;
+        };
+        for i in holders {
+            let e = guards[i].entry();
+            guards[i].replace(Entry { val: new, ..e });
+        }
+        true
+    }
+}
+
+/// Adds (`sign` 1) or removes (`sign` -1) an entry's share of the gauges;
+/// `pos` is a packed page's position in its blob.
+fn account(shard: &StatsShard, e: &Entry, pos: usize, sign: i64) {
+    match e.kind {
+        Kind::Empty => return,
+        Kind::Same => shard.add(Counter::SamePages, sign),
+        Kind::Huge => {
+            shard.add(Counter::HugePages, sign);
+            shard.add(Counter::ComprDataSize, sign * PAGE_SIZE as i64);
+        }
+        Kind::Compressed => shard.add(Counter::ComprDataSize, sign * e.len as i64),
+        Kind::Packed => {
+            shard.add(
+                Counter::ComprDataSize,
+                sign * packed::share(e.len, e.n, pos),
+            );
+        }
+    }
+    shard.add(Counter::StoredPages, sign);
+}
+
+/// Allocates a zeroed slot table without touching it: the OS hands out zero
+/// pages lazily, so a large sparse device costs nothing until it is written.
+fn new_slots(pages: usize) -> Result<Box<[Slot]>> {
+    let layout = std::alloc::Layout::array::<Slot>(pages)
+        .map_err(|_| Error::InvalidConfig(format!("{pages} pages is too many")))?;
+    if layout.size() == 0 {
+        return Err(Error::InvalidConfig(
+            "a device needs at least one page".into(),
+        ));
+    }
+    // SAFETY: the layout is non-zero (checked above); a zeroed Slot is a
+    // valid Slot (two zero atomics: empty, unlocked), and a non-null block
+    // of this layout from the global allocator is what Box frees.
+    unsafe {
+        let p = std::alloc::alloc_zeroed(layout) as *mut Slot;
+        if p.is_null() {
+            return Err(Error::NoSpace { limit: 0 });
+        }
+        Ok(Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, pages)))
+    }
+}

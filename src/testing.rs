@@ -1,0 +1,50 @@
+//! Test helpers shared by the engine's unit tests and its integration
+//! tests (cargo feature `test-support`): nothing here is shipped.
+
+use crate::alloc::{Handle, Relocate};
+use std::sync::Mutex;
+
+/// A minimal slot table for exercising an allocator's compaction: one
+/// handle per owner (0: none), each behind its own lock, answering
+/// [`Relocate`] as the store's slot table does.
+#[derive(Debug)]
+pub struct OwnerTable(pub Vec<Mutex<Handle>>);
+
+impl OwnerTable {
+    /// A table of `owners` empty slots.
+    pub fn new(owners: usize) -> Self {
+        OwnerTable((0..owners).map(|_| Mutex::new(0)).collect())
+    }
+
+    /// The handle owner `owner` holds now (0: none).
+    pub fn get(&self, owner: usize) -> Handle {
+        *self.0[owner].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes owner `owner` hold `h`; returns what it held.
+    pub fn set(&self, owner: usize, h: Handle) -> Handle {
+        std::mem::replace(
+            &mut *self.0[owner].lock().unwrap_or_else(|e| e.into_inner()),
+            h,
+        )
+    }
+}
+
+impl Relocate for OwnerTable {
+    fn relocate(&self, owner: u64, old: Handle, mv: &mut dyn FnMut() -> Option<Handle>) -> bool {
+        let Some(slot) = self.0.get(owner as usize) else {
+            return false;
+        };
+        let mut g = slot.lock().unwrap_or_else(|e| e.into_inner());
+        if *g != old {
+            return false;
+        }
+        match mv() {
+            Some(new) => {
+                *g = new;
+                true
+            }
+            None => false,
+        }
+    }
+}
