@@ -54,7 +54,8 @@ impl ClassSpec {
     }
 
     /// Bytes of each zspage no object can use.
-    pub fn waste(&self) -> usize {
+    #[cfg(test)]
+    fn waste(&self) -> usize {
         self.zspage_bytes() - self.objs as usize * self.size as usize
     }
 }

@@ -46,9 +46,9 @@
 //! Everything else (class state, fullness groups, free lists) is plain
 //! Rust data behind each class's mutex.
 
-pub mod class;
-pub mod compact;
-pub mod vm;
+mod class;
+mod compact;
+mod vm;
 
 use crate::alloc::{AllocError, Handle, MemAccount, ObjAllocator, Relocate};
 use class::{ClassSpec, ClassTable};
@@ -298,17 +298,20 @@ impl SlabAllocator {
     }
 
     /// The size classes, smallest first.
-    pub fn class_specs(&self) -> &[ClassSpec] {
+    #[cfg(test)]
+    fn class_specs(&self) -> &[ClassSpec] {
         &self.table.specs
     }
 
     /// The class index serving objects of `size` bytes.
-    pub fn class_of(&self, size: usize) -> Option<usize> {
+    #[cfg(test)]
+    fn class_of(&self, size: usize) -> Option<usize> {
         self.table.class_of(size)
     }
 
     /// The class index a handle belongs to.
-    pub fn class_of_handle(h: Handle) -> usize {
+    #[cfg(test)]
+    fn class_of_handle(h: Handle) -> usize {
         unpack(h).0
     }
 
