@@ -13,7 +13,9 @@ bash tools/scripts/deps.sh build
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
-echo "== cargo clippy -D warnings"
+echo "== engine imports form a DAG"
+python3 tools/scripts/engine-dag.py
+echo "== cargo clippy -D warnings (workspace lints: every unsafe documented)"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo test (workspace)"
 cargo test --workspace
