@@ -10,8 +10,6 @@
 
 pub mod accel;
 pub mod alloc;
-pub mod bench;
-pub mod bench_discard;
 pub mod codec;
 pub mod ctx;
 pub mod error;

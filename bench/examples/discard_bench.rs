@@ -1,11 +1,12 @@
-//! The discard and churn measurements of `zblk::bench_discard`, one JSON
+//! The discard and churn measurements of `zblk_bench::discard`, one JSON
 //! line each. Usage:
 //! `discard_bench FILE [--threads 1,2,4] [--copies N] [--request-pages N]
 //!  [--rounds N] [--algo lz4] [--churn [--huge-threshold BYTES] [--mode per-page|packed]]`.
 
 use std::path::PathBuf;
-use zblk::bench::load_input;
-use zblk::bench_discard::{churn_bench, discard_bench, ChurnOptions, DiscardOptions};
+use zblk::Mode;
+use zblk_bench::discard::{churn_bench, discard_bench, ChurnOptions, DiscardOptions};
+use zblk_bench::engine::load_input;
 
 fn num(v: Option<String>, what: &str) -> Result<usize, String> {
     v.and_then(|s| s.parse().ok())
@@ -19,7 +20,7 @@ fn main() -> Result<(), String> {
     let mut threads = vec![1, 2, 4];
     let mut churn = false;
     let mut huge = None;
-    let mut mode = zblk::store::Mode::PerPage;
+    let mut mode = Mode::PerPage;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--threads" => {
@@ -40,7 +41,7 @@ fn main() -> Result<(), String> {
             _ => return Err(format!("unknown argument {a}")),
         }
     }
-    let data = load_input(&path)?;
+    let data = load_input(&path).map_err(|e| e.to_string())?;
     if churn {
         let copt = ChurnOptions {
             algo: opts.algo,

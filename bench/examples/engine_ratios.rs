@@ -10,8 +10,8 @@
 
 use std::path::PathBuf;
 use std::time::Instant;
-use zblk::bench::{codec_ceiling, load_input, run, BenchOptions, BenchReport};
 use zblk::{Algo, Mode, QueueCtx, Store, StoreConfig, PAGE_SIZE};
+use zblk_bench::engine::{codec_ceiling, load_input, run, BenchOptions, BenchReport};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -336,7 +336,7 @@ fn main() -> Result<(), String> {
     if algos.is_empty() {
         algos = vec![Algo::Lz4, Algo::Zstd(1), Algo::Zstd(3), Algo::Deflate(1)];
     }
-    let data = load_input(&path)?;
+    let data = load_input(&path).map_err(|e| e.to_string())?;
     if !scaling_only {
         store_vs_codec(&algos, rounds, &data)?;
     }
