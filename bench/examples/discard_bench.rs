@@ -13,9 +13,17 @@ fn num(v: Option<String>, what: &str) -> Result<usize, String> {
         .ok_or(format!("{what} needs a number"))
 }
 
+const USAGE: &str = "usage: discard_bench FILE [--threads 1,2,4] [--copies N] [--request-pages N]
+  [--rounds N] [--algo lz4] [--churn [--huge-threshold BYTES] [--mode per-page|packed]]
+  FILE: pages, zstd-compressed if it ends in .zst";
+
 fn main() -> Result<(), String> {
+    if std::env::args().any(|a| a == "--help" || a == "-h") {
+        println!("{USAGE}");
+        return Ok(());
+    }
     let mut args = std::env::args().skip(1);
-    let path = PathBuf::from(args.next().ok_or("usage: discard_bench FILE [options]")?);
+    let path = PathBuf::from(args.next().ok_or("no FILE given (--help: usage)")?);
     let mut opts = DiscardOptions::default();
     let mut threads = vec![1, 2, 4];
     let mut churn = false;

@@ -311,13 +311,18 @@ fn scaling(algos: &[Algo], rounds: usize, data: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
+const USAGE: &str = "usage: engine_ratios FILE [--rounds N] [--scaling-only] [ALGO...]
+  FILE: pages, zstd-compressed if it ends in .zst (e.g. the shared corpus)
+  ALGO: lz4, zstd, zstd:LEVEL, deflate, deflate:LEVEL (default: lz4 zstd:1 zstd:3 deflate:1)";
+
 fn main() -> Result<(), String> {
+    if std::env::args().any(|a| a == "--help" || a == "-h") {
+        println!("{USAGE}");
+        return Ok(());
+    }
     let scaling_only = std::env::args().any(|a| a == "--scaling-only");
     let mut args = std::env::args().skip(1);
-    let path = PathBuf::from(
-        args.next()
-            .ok_or("usage: engine_ratios FILE [--rounds N] [ALGO...]")?,
-    );
+    let path = PathBuf::from(args.next().ok_or("no FILE given (--help: usage)")?);
     let mut algos = Vec::new();
     let mut rounds = 5;
     while let Some(a) = args.next() {
