@@ -269,22 +269,15 @@ fn scaling(algos: &[Algo], rounds: usize, data: &[u8]) -> Result<(), String> {
             let (c, d) = codec_scaling(algo, data)?;
             cs.push(c);
             ds.push(d);
-            let one = bench(
-                &BenchOptions {
+            let on = |threads| {
+                let opts = BenchOptions {
                     algo,
-                    threads: 1,
+                    threads,
                     ..BenchOptions::default()
-                },
-                data,
-            )?;
-            let two = bench(
-                &BenchOptions {
-                    algo,
-                    threads: 2,
-                    ..BenchOptions::default()
-                },
-                data,
-            )?;
+                };
+                bench(&opts, data)
+            };
+            let (one, two) = (on(1)?, on(2)?);
             ws.push(two.write_mb_s / one.write_mb_s);
             rs.push(two.read_mb_s / one.read_mb_s);
             w1.push(one.write_mb_s);
