@@ -23,8 +23,6 @@
 
 pub mod accel;
 pub mod alloc;
-pub mod bench;
-pub mod bench_discard;
 pub mod codec;
 mod compact;
 mod config;

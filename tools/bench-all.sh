@@ -37,7 +37,7 @@ engine() {
     mkdir -p "$EOUT"
     local bin=$EOUT/realmem-dev.bin c m
     zstd -qdcf "$CORPUS" >"$bin"
-    cargo build --release --example engine_ratios --example discard_bench
+    cargo build --release -p zblk-bench --example engine_ratios --example discard_bench
     log "engine: store path against the bare codec, thread scaling"
     target/release/examples/engine_ratios "$CORPUS" --rounds 5 | tee "$EOUT/engine_ratios.txt"
     log "engine: deferred against immediate discard"
@@ -54,7 +54,7 @@ engine() {
             tee -a "$EOUT/fragmentation.txt"
     done; done
     log "engine: IAA descriptor path against software deflate"
-    cargo bench --bench accel_overhead -- 4096 7 | tee "$EOUT/accel_overhead.txt"
+    cargo bench -p zblk-bench --bench accel_overhead -- 4096 7 | tee "$EOUT/accel_overhead.txt"
     rm -f "$bin"
 }
 

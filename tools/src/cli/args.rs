@@ -192,7 +192,7 @@ pub struct BenchArgs {
     #[arg(short, long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub threads: u16,
     /// Pages per write and read request.
-    #[arg(short, long, default_value_t = zblk::bench::DEFAULT_REQUEST_PAGES as u16,
+    #[arg(short, long, default_value_t = zblk_bench::engine::DEFAULT_REQUEST_PAGES as u16,
           value_parser = clap::value_parser!(u16).range(1..=512))]
     pub request_pages: u16,
     /// After the write and verify phases, discard every page from N threads,

@@ -2,12 +2,12 @@
 
 use super::args::BenchArgs;
 use super::{CliError, CliResult};
-use zblk::bench::{self, BenchOptions};
-use zblk::bench_discard::{discard_bench, DiscardOptions};
+use zblk_bench::discard::{discard_bench, DiscardOptions};
+use zblk_bench::engine::{self as bench, BenchOptions};
 
 /// Runs the bench and prints its report (a table, or JSON).
 pub fn bench(a: BenchArgs) -> CliResult {
-    let data = bench::load_input(&a.input).map_err(CliError)?;
+    let data = bench::load_input(&a.input).map_err(|e| CliError(e.to_string()))?;
     let opts = BenchOptions {
         algo: a.engine.algo,
         group_pages: usize::from(a.engine.group_pages),

@@ -137,7 +137,8 @@ impl Drop for Mapping {
     }
 }
 
-// The mapping is plain memory owned by one worker at a time.
+// SAFETY: the mapping is plain anonymous memory owned by one worker at a
+// time; nothing in it is tied to the thread that mapped it.
 unsafe impl Send for Mapping {}
 
 /// A field of /proc/self/status in kB (VmRSS, VmSwap), 0 when absent.

@@ -10,8 +10,8 @@
 
 use std::path::PathBuf;
 use std::time::Instant;
-use zblk::bench::{codec_ceiling, load_input, run, BenchOptions, BenchReport};
 use zblk::{Algo, Mode, QueueCtx, Store, StoreConfig, PAGE_SIZE};
+use zblk_bench::engine::{codec_ceiling, load_input, run, BenchOptions, BenchReport};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -269,22 +269,15 @@ fn scaling(algos: &[Algo], rounds: usize, data: &[u8]) -> Result<(), String> {
             let (c, d) = codec_scaling(algo, data)?;
             cs.push(c);
             ds.push(d);
-            let one = bench(
-                &BenchOptions {
+            let on = |threads| {
+                let opts = BenchOptions {
                     algo,
-                    threads: 1,
+                    threads,
                     ..BenchOptions::default()
-                },
-                data,
-            )?;
-            let two = bench(
-                &BenchOptions {
-                    algo,
-                    threads: 2,
-                    ..BenchOptions::default()
-                },
-                data,
-            )?;
+                };
+                bench(&opts, data)
+            };
+            let (one, two) = (on(1)?, on(2)?);
             ws.push(two.write_mb_s / one.write_mb_s);
             rs.push(two.read_mb_s / one.read_mb_s);
             w1.push(one.write_mb_s);
@@ -311,13 +304,18 @@ fn scaling(algos: &[Algo], rounds: usize, data: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
+const USAGE: &str = "usage: engine_ratios FILE [--rounds N] [--scaling-only] [ALGO...]
+  FILE: pages, zstd-compressed if it ends in .zst (e.g. the shared corpus)
+  ALGO: lz4, zstd, zstd:LEVEL, deflate, deflate:LEVEL (default: lz4 zstd:1 zstd:3 deflate:1)";
+
 fn main() -> Result<(), String> {
+    if std::env::args().any(|a| a == "--help" || a == "-h") {
+        println!("{USAGE}");
+        return Ok(());
+    }
     let scaling_only = std::env::args().any(|a| a == "--scaling-only");
     let mut args = std::env::args().skip(1);
-    let path = PathBuf::from(
-        args.next()
-            .ok_or("usage: engine_ratios FILE [--rounds N] [ALGO...]")?,
-    );
+    let path = PathBuf::from(args.next().ok_or("no FILE given (--help: usage)")?);
     let mut algos = Vec::new();
     let mut rounds = 5;
     while let Some(a) = args.next() {
@@ -336,7 +334,7 @@ fn main() -> Result<(), String> {
     if algos.is_empty() {
         algos = vec![Algo::Lz4, Algo::Zstd(1), Algo::Zstd(3), Algo::Deflate(1)];
     }
-    let data = load_input(&path)?;
+    let data = load_input(&path).map_err(|e| e.to_string())?;
     if !scaling_only {
         store_vs_codec(&algos, rounds, &data)?;
     }

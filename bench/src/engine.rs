@@ -5,15 +5,12 @@
 //! per-page latency. The CLI parses arguments and prints; this module does
 //! the work so that tests and criterion benches can call it too.
 
-use crate::codec::Algo;
-use crate::error::{Error, Result};
-use crate::page::PAGE_SIZE;
-use crate::QueueCtx;
-use crate::{Mode, Store, StoreConfig, StoreStats};
+use crate::{Error, Result};
 use serde::Serialize;
 use std::path::Path;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
+use zblk::{Algo, Mode, QueueCtx, Store, StoreConfig, StoreStats, PAGE_SIZE};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -67,7 +64,7 @@ impl Default for BenchOptions {
     fn default() -> Self {
         BenchOptions {
             algo: Algo::Lz4,
-            group_pages: crate::DEFAULT_GROUP_PAGES,
+            group_pages: zblk::DEFAULT_GROUP_PAGES,
             threads: 1,
             request_pages: DEFAULT_REQUEST_PAGES,
             mode: Mode::PerPage,
@@ -81,17 +78,17 @@ pub const DEFAULT_REQUEST_PAGES: usize = 16;
 
 /// Reads a bench input: a file of pages, decompressed on the fly when its
 /// name ends in `.zst`. A trailing partial page is zero-padded.
-pub fn load_input(path: &Path) -> std::result::Result<Vec<u8>, String> {
+pub fn load_input(path: &Path) -> Result<Vec<u8>> {
     let shown = path.display();
-    let raw = std::fs::read(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
+    let raw = std::fs::read(path).map_err(|e| Error::Input(format!("cannot read {shown}: {e}")))?;
     let mut data = if path.extension().is_some_and(|e| e == "zst") {
         zstd::stream::decode_all(&raw[..])
-            .map_err(|e| format!("cannot decompress {shown} as zstd: {e}"))?
+            .map_err(|e| Error::Input(format!("cannot decompress {shown} as zstd: {e}")))?
     } else {
         raw
     };
     if data.is_empty() {
-        return Err(format!("{shown} is empty: nothing to store"));
+        return Err(Error::Input(format!("{shown} is empty: nothing to store")));
     }
     let rem = data.len() % PAGE_SIZE;
     if rem != 0 {
@@ -103,12 +100,12 @@ pub fn load_input(path: &Path) -> std::result::Result<Vec<u8>, String> {
 /// Runs the bench over `data` (a whole number of pages).
 pub fn run(opts: &BenchOptions, data: &[u8]) -> Result<BenchReport> {
     if data.is_empty() || data.len() % PAGE_SIZE != 0 {
-        return Err(Error::InvalidConfig(
+        return Err(Error::Input(
             "bench input must be a non-zero whole number of 4096-byte pages".into(),
         ));
     }
     if opts.threads == 0 || opts.request_pages == 0 {
-        return Err(Error::InvalidConfig(
+        return Err(Error::Input(
             "threads and request pages must be at least 1".into(),
         ));
     }
@@ -174,10 +171,7 @@ fn run_phase(
             .collect();
         handles
             .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(Error::InvalidConfig("bench thread panicked".into())))
-            })
+            .map(|h| h.join().unwrap_or(Err(Error::Panicked("bench"))))
             .collect()
     });
     let mut slowest = 0.0f64;
@@ -271,7 +265,7 @@ fn report(
 /// store skips them.
 pub fn codec_ceiling(algo: Algo, data: &[u8]) -> Result<CodecCeiling> {
     let mut codec = algo.new_codec();
-    let budget = crate::DEFAULT_HUGE_THRESHOLD - 1;
+    let budget = zblk::DEFAULT_HUGE_THRESHOLD - 1;
     // Compressed pages are kept back to back in one arena, written once
     // before the clock starts, so the ceiling pays no allocation and no
     // first-touch page fault: only the codec and one copy per page.
@@ -281,11 +275,14 @@ pub fn codec_ceiling(algo: Algo, data: &[u8]) -> Result<CodecCeiling> {
     let mut end = 0;
     let t0 = Instant::now();
     for page in data.chunks_exact(PAGE_SIZE) {
-        if crate::page::same_filled(page).is_some() {
+        if same_filled(page) {
             objs.push(None);
             continue;
         }
-        let kept = match codec.compress(page, &mut area[..budget])? {
+        let kept = match codec
+            .compress(page, &mut area[..budget])
+            .map_err(zblk::Error::from)?
+        {
             Some(n) => {
                 arena[end..end + n].copy_from_slice(&area[..n]);
                 end += n;
@@ -300,7 +297,9 @@ pub fn codec_ceiling(algo: Algo, data: &[u8]) -> Result<CodecCeiling> {
     let t0 = Instant::now();
     for (obj, page) in objs.iter().zip(data.chunks_exact(PAGE_SIZE)) {
         match obj {
-            Some((at, n)) => codec.decompress(&arena[*at..at + n], &mut out)?,
+            Some((at, n)) => codec
+                .decompress(&arena[*at..at + n], &mut out)
+                .map_err(zblk::Error::from)?,
             None => out.copy_from_slice(page),
         }
     }
@@ -319,4 +318,53 @@ pub struct CodecCeiling {
     pub compress_mb_s: f64,
     /// Decompression throughput.
     pub decompress_mb_s: f64,
+}
+
+/// Whether `page` is one 8-byte word repeated, a page the store keeps as
+/// that word and never compresses.
+fn same_filled(page: &[u8]) -> bool {
+    let mut words = page.chunks_exact(8);
+    words.next().is_some_and(|w| words.all(|x| x == w))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_filled_pages_are_one_word_repeated() {
+        assert!(same_filled(&[0u8; PAGE_SIZE]));
+        let word = 0x0102_0304_0506_0708u64.to_ne_bytes();
+        let page: Vec<u8> = word.iter().copied().cycle().take(PAGE_SIZE).collect();
+        assert!(same_filled(&page));
+        let mut other = page.clone();
+        other[PAGE_SIZE - 1] ^= 1;
+        assert!(!same_filled(&other));
+    }
+
+    #[test]
+    fn bad_options_and_inputs_are_input_errors() {
+        let opts = BenchOptions::default();
+        assert!(matches!(run(&opts, &[]), Err(Error::Input(_))));
+        assert!(matches!(run(&opts, &[0u8; 100]), Err(Error::Input(_))));
+        let zero = BenchOptions {
+            threads: 0,
+            ..opts.clone()
+        };
+        assert!(matches!(
+            run(&zero, &[0u8; PAGE_SIZE]),
+            Err(Error::Input(_))
+        ));
+        let missing = load_input(Path::new("/nonexistent/pages"));
+        assert!(matches!(missing, Err(Error::Input(m)) if m.contains("cannot read")));
+    }
+
+    #[test]
+    fn the_fixture_runs_and_verifies() {
+        let data = load_input(&crate::fixture_path()).expect("the fixture loads");
+        let rep = run(&BenchOptions::default(), &data).expect("bench runs");
+        assert_eq!((rep.pages, rep.verify_errors), (96, 0));
+        let ceil = codec_ceiling(Algo::Lz4, &data).expect("codec runs");
+        assert!(ceil.compress_mb_s > 0.0 && ceil.decompress_mb_s > 0.0);
+    }
 }

@@ -3,19 +3,17 @@
 //! pages, per codec, group size and mode, and memcpy of the same pages as
 //! the physical limit. For whole-corpus ratios in one
 //! process see `examples/engine_ratios.rs`.
+//!
+//! Run: `cargo bench -p zblk-bench --bench engine`.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::time::Duration;
-use zblk::bench::codec_ceiling;
 use zblk::{Algo, Mode, Store, StoreConfig, PAGE_SIZE};
-
-fn fixture() -> Vec<u8> {
-    let raw = include_bytes!("../tests/fixtures/realmem-96.bin.zst");
-    zstd::stream::decode_all(&raw[..]).expect("fixture decompresses")
-}
+use zblk_bench::engine::{codec_ceiling, load_input};
+use zblk_bench::fixture_path;
 
 fn engine(c: &mut Criterion) {
-    let data = fixture();
+    let data = load_input(&fixture_path()).expect("the fixture loads");
     let mut g = c.benchmark_group("engine");
     g.throughput(Throughput::Bytes(data.len() as u64));
     g.measurement_time(Duration::from_secs(3))

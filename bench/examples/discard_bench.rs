@@ -1,25 +1,34 @@
-//! The discard and churn measurements of `zblk::bench_discard`, one JSON
+//! The discard and churn measurements of `zblk_bench::discard`, one JSON
 //! line each. Usage:
 //! `discard_bench FILE [--threads 1,2,4] [--copies N] [--request-pages N]
 //!  [--rounds N] [--algo lz4] [--churn [--huge-threshold BYTES] [--mode per-page|packed]]`.
 
 use std::path::PathBuf;
-use zblk::bench::load_input;
-use zblk::bench_discard::{churn_bench, discard_bench, ChurnOptions, DiscardOptions};
+use zblk::Mode;
+use zblk_bench::discard::{churn_bench, discard_bench, ChurnOptions, DiscardOptions};
+use zblk_bench::engine::load_input;
 
 fn num(v: Option<String>, what: &str) -> Result<usize, String> {
     v.and_then(|s| s.parse().ok())
         .ok_or(format!("{what} needs a number"))
 }
 
+const USAGE: &str = "usage: discard_bench FILE [--threads 1,2,4] [--copies N] [--request-pages N]
+  [--rounds N] [--algo lz4] [--churn [--huge-threshold BYTES] [--mode per-page|packed]]
+  FILE: pages, zstd-compressed if it ends in .zst";
+
 fn main() -> Result<(), String> {
+    if std::env::args().any(|a| a == "--help" || a == "-h") {
+        println!("{USAGE}");
+        return Ok(());
+    }
     let mut args = std::env::args().skip(1);
-    let path = PathBuf::from(args.next().ok_or("usage: discard_bench FILE [options]")?);
+    let path = PathBuf::from(args.next().ok_or("no FILE given (--help: usage)")?);
     let mut opts = DiscardOptions::default();
     let mut threads = vec![1, 2, 4];
     let mut churn = false;
     let mut huge = None;
-    let mut mode = zblk::Mode::PerPage;
+    let mut mode = Mode::PerPage;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--threads" => {
@@ -40,7 +49,7 @@ fn main() -> Result<(), String> {
             _ => return Err(format!("unknown argument {a}")),
         }
     }
-    let data = load_input(&path)?;
+    let data = load_input(&path).map_err(|e| e.to_string())?;
     if churn {
         let copt = ChurnOptions {
             algo: opts.algo,

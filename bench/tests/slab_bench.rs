@@ -2,13 +2,17 @@
 //! fixture of real pages. Only their bookkeeping is checked here (memory
 //! comes back, data survives); their timings go to BENCHMARKS.md.
 
-mod common;
+use zblk_bench::discard::{churn_bench, discard_bench, ChurnOptions, DiscardOptions};
+use zblk_bench::engine::load_input;
+use zblk_bench::fixture_path;
 
-use zblk::bench_discard::{churn_bench, discard_bench, ChurnOptions, DiscardOptions};
+fn real_pages() -> Vec<u8> {
+    load_input(&fixture_path()).expect("the fixture loads")
+}
 
 #[test]
 fn discard_bench_frees_everything_in_both_modes() {
-    let data = common::real_pages();
+    let data = real_pages();
     for threads in [1, 3] {
         let opts = DiscardOptions {
             discard_threads: threads,
@@ -28,7 +32,7 @@ fn discard_bench_frees_everything_in_both_modes() {
 
 #[test]
 fn churn_bench_keeps_data_and_compaction_helps() {
-    let data = common::real_pages();
+    let data = real_pages();
     let opts = ChurnOptions {
         copies: 20,
         ..ChurnOptions::default()

@@ -9,15 +9,13 @@
 //! [`churn_bench`] overwrites or discards a random half of a full store and
 //! measures `mem_used_total / compr_data_size` before and after
 //! compaction. Both take the pages as a byte slice (see
-//! [`crate::bench::load_input`]) so the CLI, examples and tests share them.
+//! [`crate::engine::load_input`]) so the CLI, examples and tests share them.
 
-use crate::codec::Algo;
-use crate::error::{Error, Result};
-use crate::page::{PAGE_SIZE, PAGE_SIZE_U64};
-use crate::{AllocatorKind, Mode, Store, StoreConfig};
+use crate::{Error, Result};
 use serde::Serialize;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
+use zblk::{Algo, AllocatorKind, Mode, Store, StoreConfig, StoreStats, PAGE_SIZE, PAGE_SIZE_U64};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -41,7 +39,7 @@ impl Default for DiscardOptions {
     fn default() -> Self {
         DiscardOptions {
             algo: Algo::Lz4,
-            group_pages: crate::DEFAULT_GROUP_PAGES,
+            group_pages: zblk::DEFAULT_GROUP_PAGES,
             discard_threads: 1,
             request_pages: 16,
             copies: 1,
@@ -102,7 +100,7 @@ fn store_with(
     cfg.group_pages = group;
     cfg.allocator = AllocatorKind::Slab;
     cfg.deferred_free = deferred;
-    Store::new(cfg)
+    Ok(Store::new(cfg)?)
 }
 
 /// Writes `data` `copies` times back to back, 64 pages per request.
@@ -144,10 +142,7 @@ fn discard_all(store: &Arc<Store>, pages: u64, threads: usize, req: usize) -> Re
             })
             .collect();
         hs.into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(Error::InvalidConfig("discard thread panicked".into())))
-            })
+            .map(|h| h.join().unwrap_or(Err(Error::Panicked("discard"))))
             .collect()
     });
     let mut slowest = Duration::ZERO;
@@ -164,12 +159,12 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn check_input(data: &[u8], threads: usize, req: usize, copies: usize) -> Result<()> {
     if data.is_empty() || data.len() % PAGE_SIZE != 0 {
-        return Err(Error::InvalidConfig(
+        return Err(Error::Input(
             "input must be a non-zero whole number of 4096-byte pages".into(),
         ));
     }
     if threads == 0 || req == 0 || copies == 0 {
-        return Err(Error::InvalidConfig(
+        return Err(Error::Input(
             "threads, request pages and copies must be at least 1".into(),
         ));
     }
@@ -300,13 +295,12 @@ pub fn churn_bench(opts: &ChurnOptions, data: &[u8]) -> Result<ChurnReport> {
     check_input(data, 1, 1, opts.copies)?;
     let len = data.len() * opts.copies;
     let pages = len / PAGE_SIZE;
-    let group = crate::DEFAULT_GROUP_PAGES;
+    let group = zblk::DEFAULT_GROUP_PAGES;
     let s = store_with(len, opts.algo, group, true, opts.huge_threshold, opts.mode)?;
     fill(&s, data, opts.copies)?;
     let st = s.stats();
-    let frag = |st: &crate::store::StoreStats| {
-        st.mem_used_total as f64 / st.counters.compr_data_size.max(1) as f64
-    };
+    let frag =
+        |st: &StoreStats| st.mem_used_total as f64 / st.counters.compr_data_size.max(1) as f64;
     let ratio = |den: u64| st.counters.orig_data_size as f64 / den.max(1) as f64;
     let (ratio_mem_full, ratio_data_full, frag_full) = (
         ratio(st.mem_used_total),

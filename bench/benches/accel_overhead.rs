@@ -2,7 +2,7 @@
 //! directly, on real memory pages, with the device model's own compression
 //! time excluded.
 //!
-//! Run: `cargo bench --bench accel_overhead [-- PAGES ROUNDS]`. The corpus is
+//! Run: `cargo bench -p zblk-bench --bench accel_overhead [-- PAGES ROUNDS]`. The corpus is
 //! `$ZBLK_CORPUS` or `../shared/corpus/realmem-dev.bin.zst`, else the test
 //! fixture. The model executes descriptors inline (a zero-latency device),
 //! so `wall - model busy time` is what the backend itself costs: page copy
@@ -24,8 +24,8 @@ fn corpus(limit: usize) -> Vec<Vec<u8>> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let candidates = [
         std::env::var_os("ZBLK_CORPUS").map(PathBuf::from),
-        Some(root.join("../shared/corpus/realmem-dev.bin.zst")),
-        Some(root.join("tests/fixtures/realmem-96.bin.zst")),
+        Some(root.join("../../shared/corpus/realmem-dev.bin.zst")),
+        Some(zblk_bench::fixture_path()),
     ];
     for p in candidates.into_iter().flatten() {
         if let Ok(z) = std::fs::read(&p) {
