@@ -255,25 +255,25 @@ mod tests {
         assert_eq!(v["io_buf_bytes"], 1 << 20);
     }
 
+    /// Sends `request` as a client would and returns the one reply line.
+    fn exchange(shared: &Queues, request: &[u8]) -> Response {
+        let (mut a, b) = UnixStream::pair().unwrap();
+        a.write_all(request).unwrap();
+        assert!(!serve_client(shared, &info(), b));
+        let mut line = String::new();
+        BufReader::new(&a).read_line(&mut line).unwrap();
+        serde_json::from_str(&line).unwrap()
+    }
+
     #[test]
     fn a_client_gets_one_reply_line() {
         let shared = Queues::new(&cfg(1)).unwrap();
         fake::no_threads(&shared);
-        let (mut a, b) = UnixStream::pair().unwrap();
-        a.write_all(b"{\"cmd\":\"stats\"}\n").unwrap();
-        assert!(!serve_client(&shared, &info(), b));
-        let mut line = String::new();
-        BufReader::new(&a).read_line(&mut line).unwrap();
-        let r: Response = serde_json::from_str(&line).unwrap();
+        let r = exchange(&shared, b"{\"cmd\":\"stats\"}\n");
         assert!(r.ok);
         assert_eq!(r.data["stats"]["disksize"], 256 * PAGE_SIZE as u64);
 
-        let (mut a, b) = UnixStream::pair().unwrap();
-        a.write_all(b"not json\n").unwrap();
-        assert!(!serve_client(&shared, &info(), b));
-        let mut line = String::new();
-        BufReader::new(&a).read_line(&mut line).unwrap();
-        let r: Response = serde_json::from_str(&line).unwrap();
+        let r = exchange(&shared, b"not json\n");
         assert!(!r.ok && r.error.unwrap().contains("bad request"));
     }
 }
