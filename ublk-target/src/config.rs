@@ -9,7 +9,7 @@
 
 use crate::params;
 use crate::size::{parse_disk_size, parse_size};
-use clap::Args;
+use clap::{Args, FromArgMatches};
 use serde::{Deserialize, Serialize};
 use zblk::{Algo, Mode, StoreConfig};
 
@@ -74,6 +74,20 @@ pub struct DeviceConfig {
 }
 
 impl DeviceConfig {
+    /// Parses `zblk add`'s device flags alone (`["--size", "1G", "-q", "2"]`):
+    /// what is not given takes the flag's default, so that code building a
+    /// configuration (tests, tools) needs no list of defaults of its own.
+    pub fn from_flags<I, T>(flags: I) -> Result<DeviceConfig, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let cmd = DeviceConfig::augment_args(clap::Command::new("zblk"));
+        let words = std::iter::once(std::ffi::OsString::from("zblk"))
+            .chain(flags.into_iter().map(Into::into));
+        DeviceConfig::from_arg_matches(&cmd.try_get_matches_from(words)?)
+    }
+
     /// The engine configuration of this device.
     pub fn store_config(&self) -> StoreConfig {
         StoreConfig {
@@ -181,19 +195,9 @@ mod text {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
-
-    /// A command line made of the device flags alone.
-    #[derive(Parser)]
-    struct Flags {
-        #[command(flatten)]
-        dev: DeviceConfig,
-    }
 
     fn parse(args: &[&str]) -> DeviceConfig {
-        Flags::try_parse_from(std::iter::once("t").chain(args.iter().copied()))
-            .unwrap()
-            .dev
+        DeviceConfig::from_flags(args).unwrap()
     }
 
     #[test]
@@ -251,5 +255,15 @@ mod tests {
             (c.ublk_id(), c.queue_count(), c.io_buf_bytes()),
             (7, 3, 256 << 10)
         );
+    }
+
+    #[test]
+    fn flags_are_checked_and_defaulted() {
+        let c = parse(&["--size", "4K"]);
+        assert_eq!((c.size, c.depth, c.mem_limit), (4096, 128, 0));
+        assert_eq!(c.engine.algo, Algo::Lz4);
+        assert!(DeviceConfig::from_flags(["--size", "1000"]).is_err());
+        assert!(DeviceConfig::from_flags(["--size", "1G", "--io-buf", "3000"]).is_err());
+        assert!(DeviceConfig::from_flags(["--depth", "8"]).is_err());
     }
 }

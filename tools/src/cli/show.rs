@@ -311,11 +311,7 @@ mod tests {
         ctx1.write(8192, &[0u8; 4096]).unwrap();
         let mut back = vec![0u8; 8192];
         ctx1.read(0, &mut back).unwrap();
-        let mut config = DeviceConfig::from_json(
-            r#"{"size":1048576,"algorithm":"lz4","group_pages":8,"mode":"per-page","depth":128,"queues":2}"#,
-        )
-        .unwrap();
-        config.mem_limit = 0;
+        let config = DeviceConfig::from_flags(["--size", "1M", "--queues", "2"]).unwrap();
         let mut info = DeviceInfo::new(0, "/dev/ublkb0".into(), &config, 1 << 21);
         info.pid = 1;
         json!({"device": info, "stats": serde_json::to_value(store.stats()).unwrap()})

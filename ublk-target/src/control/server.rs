@@ -138,28 +138,18 @@ fn stats(queues: &Queues, info: &DeviceInfo) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{DeviceConfig, EngineConfig};
+    use crate::config::DeviceConfig;
     use crate::queue::fake;
     use std::io::{BufRead, BufReader, Write};
     use std::sync::atomic::AtomicBool;
     use std::sync::atomic::Ordering;
     use std::sync::Arc;
-    use zblk::{Algo, Mode, PAGE_SIZE};
+    use zblk::PAGE_SIZE;
 
     fn cfg(queues: u16) -> DeviceConfig {
-        DeviceConfig {
-            id: Some(0),
-            size: 256 * PAGE_SIZE as u64,
-            engine: EngineConfig {
-                algo: Algo::Lz4,
-                group_pages: 8,
-                mode: Mode::PerPage,
-            },
-            mem_limit: 0,
-            queues: Some(queues),
-            depth: 4,
-            io_buf: Some(1 << 20),
-        }
+        let q = queues.to_string();
+        let flags = ["-n", "0", "-s", "1M", "-q", &q, "-d", "4", "--io-buf", "1M"];
+        DeviceConfig::from_flags(flags).unwrap()
     }
 
     fn info() -> DeviceInfo {
