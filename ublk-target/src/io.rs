@@ -4,21 +4,12 @@
 //! synthetic descriptors (every op, bad ranges, the garbage start sector of
 //! a FLUSH) and check both the result code and what the store holds.
 
+use libublk::sys::{
+    UBLK_IO_OP_DISCARD, UBLK_IO_OP_FLUSH, UBLK_IO_OP_READ, UBLK_IO_OP_WRITE,
+    UBLK_IO_OP_WRITE_ZEROES,
+};
 use std::time::{Duration, Instant};
 use zblk::{Error, QueueCtx};
-
-/// ublk's READ (`UBLK_IO_OP_READ`).
-pub const OP_READ: u8 = 0;
-/// ublk's WRITE.
-pub const OP_WRITE: u8 = 1;
-/// ublk's FLUSH: carries no range (its start sector is garbage).
-pub const OP_FLUSH: u8 = 2;
-/// ublk's DISCARD.
-pub const OP_DISCARD: u8 = 3;
-/// ublk's WRITE_SAME (never advertised, refused).
-pub const OP_WRITE_SAME: u8 = 4;
-/// ublk's WRITE_ZEROES.
-pub const OP_WRITE_ZEROES: u8 = 5;
 
 /// Sector size of ublk descriptors (always 512 bytes, whatever the
 /// device's logical block size).
@@ -37,9 +28,9 @@ pub struct IoDesc {
 }
 
 impl IoDesc {
-    /// The operation code (`op_flags & 0xff`).
-    pub fn op(&self) -> u8 {
-        (self.op_flags & 0xff) as u8
+    /// The operation code (`op_flags & 0xff`), a `libublk::sys::UBLK_IO_OP_*`.
+    pub fn op(&self) -> u32 {
+        self.op_flags & 0xff
     }
 
     /// The byte range of the request, or `None` when the start sector is so
@@ -77,7 +68,7 @@ pub enum IoFailure {
         buf: usize,
     },
     /// An operation zblk does not advertise.
-    Unsupported(u8),
+    Unsupported(u32),
 }
 
 impl std::fmt::Display for IoFailure {
@@ -106,10 +97,13 @@ pub fn dispatch(ctx: &mut QueueCtx, iod: &IoDesc, buf: &mut [u8]) -> Result<i32,
     // FLUSH carries a meaningless start sector: answer before decoding it.
     // Every write is in memory the moment it completes, so there is
     // nothing to flush.
-    if op == OP_FLUSH {
+    if op == UBLK_IO_OP_FLUSH {
         return Ok(0);
     }
-    if !matches!(op, OP_READ | OP_WRITE | OP_DISCARD | OP_WRITE_ZEROES) {
+    if !matches!(
+        op,
+        UBLK_IO_OP_READ | UBLK_IO_OP_WRITE | UBLK_IO_OP_DISCARD | UBLK_IO_OP_WRITE_ZEROES
+    ) {
         return Err((-libc::EOPNOTSUPP, IoFailure::Unsupported(op)));
     }
     let Some((offset, len)) = iod.byte_range() else {
@@ -117,7 +111,7 @@ pub fn dispatch(ctx: &mut QueueCtx, iod: &IoDesc, buf: &mut [u8]) -> Result<i32,
     };
     let engine = |r: zblk::Result<()>| r.map_err(|e| (e.errno(), IoFailure::Engine(e)));
     match op {
-        OP_READ | OP_WRITE => {
+        UBLK_IO_OP_READ | UBLK_IO_OP_WRITE => {
             let data = match usize::try_from(len) {
                 Ok(n) if n <= buf.len() => &mut buf[..n],
                 _ => {
@@ -125,7 +119,7 @@ pub fn dispatch(ctx: &mut QueueCtx, iod: &IoDesc, buf: &mut [u8]) -> Result<i32,
                     return Err((-libc::EINVAL, IoFailure::TooLong { len, buf }));
                 }
             };
-            if op == OP_READ {
+            if op == UBLK_IO_OP_READ {
                 engine(ctx.read(offset, data))?;
             } else {
                 engine(ctx.write(offset, data))?;
@@ -133,7 +127,7 @@ pub fn dispatch(ctx: &mut QueueCtx, iod: &IoDesc, buf: &mut [u8]) -> Result<i32,
             // len <= buf.len() <= the 32 MB ublk maximum, so it fits an i32.
             Ok(i32::try_from(len).unwrap_or(i32::MAX))
         }
-        OP_DISCARD => engine(ctx.discard(offset, len)).map(|()| 0),
+        UBLK_IO_OP_DISCARD => engine(ctx.discard(offset, len)).map(|()| 0),
         _ => engine(ctx.write_zeroes(offset, len)).map(|()| 0),
     }
 }
@@ -221,6 +215,7 @@ impl RateLimit {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use libublk::sys::UBLK_IO_OP_WRITE_SAME;
     use std::sync::Arc;
     use zblk::{Store, StoreConfig, PAGE_SIZE};
 
@@ -231,9 +226,9 @@ mod tests {
         Store::new(StoreConfig::new(DEV)).unwrap()
     }
 
-    fn iod(op: u8, start_sector: u64, nr_sectors: u32) -> IoDesc {
+    fn iod(op: u32, start_sector: u64, nr_sectors: u32) -> IoDesc {
         IoDesc {
-            op_flags: u32::from(op),
+            op_flags: op,
             nr_sectors,
             start_sector,
         }
@@ -259,7 +254,7 @@ mod tests {
         let mut buf = vec![0u8; 8 * PAGE_SIZE];
         buf[..PAGE_SIZE].copy_from_slice(&page(3));
         buf[PAGE_SIZE..2 * PAGE_SIZE].copy_from_slice(&page(7));
-        let w = iod(OP_WRITE, 5 * u64::from(SPP), 2 * SPP);
+        let w = iod(UBLK_IO_OP_WRITE, 5 * u64::from(SPP), 2 * SPP);
         assert_eq!(
             handle_io(&mut ctx, &w, &mut buf, &mut log),
             2 * PAGE_SIZE as i32
@@ -268,7 +263,7 @@ mod tests {
         assert_eq!(read_back(&mut ctx, 6, 1), page(7));
 
         let mut rbuf = vec![0x55u8; 8 * PAGE_SIZE];
-        let r = iod(OP_READ, 5 * u64::from(SPP), 2 * SPP);
+        let r = iod(UBLK_IO_OP_READ, 5 * u64::from(SPP), 2 * SPP);
         assert_eq!(
             handle_io(&mut ctx, &r, &mut rbuf, &mut log),
             2 * PAGE_SIZE as i32
@@ -286,12 +281,12 @@ mod tests {
         let s = Store::new(cfg).unwrap();
         let mut ctx = s.new_ctx();
         let mut buf: Vec<u8> = (0..8u8).flat_map(page).collect();
-        let w = iod(OP_WRITE, 8 * u64::from(SPP), 8 * SPP);
+        let w = iod(UBLK_IO_OP_WRITE, 8 * u64::from(SPP), 8 * SPP);
         assert_eq!(dispatch(&mut ctx, &w, &mut buf), Ok(8 * PAGE_SIZE as i32));
-        let d = iod(OP_DISCARD, 10 * u64::from(SPP), SPP);
+        let d = iod(UBLK_IO_OP_DISCARD, 10 * u64::from(SPP), SPP);
         assert_eq!(dispatch(&mut ctx, &d, &mut []), Ok(0));
         let mut rbuf = vec![0x77u8; 8 * PAGE_SIZE];
-        let r = iod(OP_READ, 8 * u64::from(SPP), 8 * SPP);
+        let r = iod(UBLK_IO_OP_READ, 8 * u64::from(SPP), 8 * SPP);
         assert_eq!(dispatch(&mut ctx, &r, &mut rbuf), Ok(8 * PAGE_SIZE as i32));
         for (i, got) in rbuf.chunks(PAGE_SIZE).enumerate() {
             let want = if i == 2 {
@@ -308,7 +303,7 @@ mod tests {
         let s = store();
         let mut ctx = s.new_ctx();
         let mut buf = page(9);
-        let mut w = iod(OP_WRITE, 0, SPP);
+        let mut w = iod(UBLK_IO_OP_WRITE, 0, SPP);
         w.op_flags |= libublk::sys::UBLK_IO_F_SWAP | libublk::sys::UBLK_IO_F_FUA;
         assert_eq!(dispatch(&mut ctx, &w, &mut buf), Ok(PAGE_SIZE as i32));
         assert_eq!(read_back(&mut ctx, 0, 1), page(9));
@@ -322,7 +317,7 @@ mod tests {
         for start in [0, u64::MAX, u64::MAX - 7, 1 << 60, DEV] {
             for n in [0, 1, u32::MAX] {
                 assert_eq!(
-                    dispatch(&mut ctx, &iod(OP_FLUSH, start, n), &mut buf),
+                    dispatch(&mut ctx, &iod(UBLK_IO_OP_FLUSH, start, n), &mut buf),
                     Ok(0)
                 );
             }
@@ -339,17 +334,17 @@ mod tests {
             c.copy_from_slice(&page(i as u8 + 11));
         }
         assert_eq!(
-            dispatch(&mut ctx, &iod(OP_WRITE, 0, 4 * SPP), &mut buf),
+            dispatch(&mut ctx, &iod(UBLK_IO_OP_WRITE, 0, 4 * SPP), &mut buf),
             Ok(4 * PAGE_SIZE as i32)
         );
         assert_eq!(s.stats().counters.stored_pages, 4);
 
         let mut empty: [u8; 0] = [];
         assert_eq!(
-            dispatch(&mut ctx, &iod(OP_DISCARD, 0, SPP), &mut empty),
+            dispatch(&mut ctx, &iod(UBLK_IO_OP_DISCARD, 0, SPP), &mut empty),
             Ok(0)
         );
-        let mut wz = iod(OP_WRITE_ZEROES, 2 * u64::from(SPP), SPP);
+        let mut wz = iod(UBLK_IO_OP_WRITE_ZEROES, 2 * u64::from(SPP), SPP);
         wz.op_flags |= libublk::sys::UBLK_IO_F_NOUNMAP;
         assert_eq!(dispatch(&mut ctx, &wz, &mut empty), Ok(0));
 
@@ -367,9 +362,17 @@ mod tests {
         let s = store();
         let mut ctx = s.new_ctx();
         let mut buf = page(1);
-        dispatch(&mut ctx, &iod(OP_WRITE, 63 * u64::from(SPP), SPP), &mut buf).unwrap();
+        dispatch(
+            &mut ctx,
+            &iod(UBLK_IO_OP_WRITE, 63 * u64::from(SPP), SPP),
+            &mut buf,
+        )
+        .unwrap();
         let all = (DEV >> 9) as u32;
-        assert_eq!(dispatch(&mut ctx, &iod(OP_DISCARD, 0, all), &mut []), Ok(0));
+        assert_eq!(
+            dispatch(&mut ctx, &iod(UBLK_IO_OP_DISCARD, 0, all), &mut []),
+            Ok(0)
+        );
         assert_eq!(s.stats().counters.stored_pages, 0);
     }
 
@@ -378,17 +381,22 @@ mod tests {
         let s = store();
         let mut ctx = s.new_ctx();
         let mut buf = page(5);
-        dispatch(&mut ctx, &iod(OP_WRITE, 63 * u64::from(SPP), SPP), &mut buf).unwrap();
+        dispatch(
+            &mut ctx,
+            &iod(UBLK_IO_OP_WRITE, 63 * u64::from(SPP), SPP),
+            &mut buf,
+        )
+        .unwrap();
         let mut other = page(6);
         let last = 63 * u64::from(SPP);
         let cases = [
-            iod(OP_WRITE, last, 2 * SPP),        // runs past the end
-            iod(OP_WRITE, DEV >> 9, SPP),        // starts at the end
-            iod(OP_READ, u64::MAX >> 9, SPP),    // offset + len overflows
-            iod(OP_DISCARD, last, 2 * SPP),      // discard past the end
-            iod(OP_WRITE_ZEROES, DEV >> 9, SPP), // write-zeroes past the end
-            iod(OP_WRITE, 1, SPP),               // not 4 KB aligned
-            iod(OP_READ, 0, 1),                  // 512 bytes
+            iod(UBLK_IO_OP_WRITE, last, 2 * SPP),        // runs past the end
+            iod(UBLK_IO_OP_WRITE, DEV >> 9, SPP),        // starts at the end
+            iod(UBLK_IO_OP_READ, u64::MAX >> 9, SPP),    // offset + len overflows
+            iod(UBLK_IO_OP_DISCARD, last, 2 * SPP),      // discard past the end
+            iod(UBLK_IO_OP_WRITE_ZEROES, DEV >> 9, SPP), // write-zeroes past the end
+            iod(UBLK_IO_OP_WRITE, 1, SPP),               // not 4 KB aligned
+            iod(UBLK_IO_OP_READ, 0, 1),                  // 512 bytes
         ];
         for c in cases {
             assert_eq!(
@@ -407,7 +415,12 @@ mod tests {
         let s = store();
         let mut ctx = s.new_ctx();
         let mut buf = page(1);
-        for op in [OP_READ, OP_WRITE, OP_DISCARD, OP_WRITE_ZEROES] {
+        for op in [
+            UBLK_IO_OP_READ,
+            UBLK_IO_OP_WRITE,
+            UBLK_IO_OP_DISCARD,
+            UBLK_IO_OP_WRITE_ZEROES,
+        ] {
             let r = dispatch(&mut ctx, &iod(op, u64::MAX, SPP), &mut buf);
             assert_eq!(
                 r,
@@ -422,7 +435,7 @@ mod tests {
         let s = store();
         let mut ctx = s.new_ctx();
         let mut buf = vec![0u8; PAGE_SIZE];
-        let r = dispatch(&mut ctx, &iod(OP_WRITE, 0, 2 * SPP), &mut buf);
+        let r = dispatch(&mut ctx, &iod(UBLK_IO_OP_WRITE, 0, 2 * SPP), &mut buf);
         assert!(matches!(r, Err((e, IoFailure::TooLong { .. })) if e == -libc::EINVAL));
         assert_eq!(s.stats().counters.stored_pages, 0);
     }
@@ -432,7 +445,7 @@ mod tests {
         let s = store();
         let mut ctx = s.new_ctx();
         let mut buf = page(2);
-        for op in [OP_WRITE_SAME, 6, 10, 13, 15, 18, 0x22, 0xff] {
+        for op in [UBLK_IO_OP_WRITE_SAME, 6, 10, 13, 15, 18, 0x22, 0xff] {
             let r = dispatch(&mut ctx, &iod(op, 0, SPP), &mut buf);
             assert_eq!(r, Err((-libc::EOPNOTSUPP, IoFailure::Unsupported(op))));
         }
@@ -446,13 +459,13 @@ mod tests {
         let s = Store::new(cfg).unwrap();
         let mut ctx = s.new_ctx();
         let mut buf = page(8);
-        let r = dispatch(&mut ctx, &iod(OP_WRITE, 0, SPP), &mut buf);
+        let r = dispatch(&mut ctx, &iod(UBLK_IO_OP_WRITE, 0, SPP), &mut buf);
         assert_eq!(r.map_err(|e| e.0), Err(-libc::ENOSPC));
         assert_eq!(read_back(&mut ctx, 0, 1), vec![0u8; PAGE_SIZE]);
         // Same-filled pages need no memory and still succeed.
         let mut zeros = vec![0u8; PAGE_SIZE];
         assert_eq!(
-            dispatch(&mut ctx, &iod(OP_WRITE, 0, SPP), &mut zeros),
+            dispatch(&mut ctx, &iod(UBLK_IO_OP_WRITE, 0, SPP), &mut zeros),
             Ok(PAGE_SIZE as i32)
         );
     }
@@ -465,7 +478,12 @@ mod tests {
         let mut log = RateLimit::new(Duration::from_secs(3600), 3);
         for _ in 0..10 {
             assert_eq!(
-                handle_io(&mut ctx, &iod(OP_WRITE, DEV >> 9, SPP), &mut buf, &mut log),
+                handle_io(
+                    &mut ctx,
+                    &iod(UBLK_IO_OP_WRITE, DEV >> 9, SPP),
+                    &mut buf,
+                    &mut log
+                ),
                 -libc::EINVAL
             );
         }

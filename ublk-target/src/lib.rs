@@ -1,24 +1,44 @@
 //! zblk's ublk daemon: serves a [`zblk::Store`] as `/dev/ublkbN`.
 //!
+//! One concern per module; each imports only those listed before it:
+//!
+//! - [`paths`]: where run-time files live (`/run/zblk/`, `/dev/ublk*`);
+//! - [`error`]: [`Error`], the failed step and its cause, worded once;
+//! - [`size`]: sizes on the command line (`512K`, `8G`);
+//! - [`params`]: the block device's limits (4 KB blocks, discard) and the
+//!   automatic I/O buffer size;
+//! - [`config`]: [`DeviceConfig`], the one configuration from the command
+//!   line to the daemon and the engine;
 //! - [`io`]: request decoding and dispatch, pure and unit-tested;
-//! - [`params`]: the block device's limits (4 KB blocks, discard);
-//! - [`daemon`]: the libublk queues, one thread and one engine context per
-//!   queue, and the control loop;
-//! - [`control`]: the per-device control socket under `/run/zblk/`;
 //! - [`safety`]: what a swap device's server needs so that it never waits
 //!   on swap (mlockall, io-flusher, OOM score);
-//! - [`swap`]: whether a device is active swap (`/proc/swaps`).
+//! - [`swap`]: whether a device is active swap (`/proc/swaps`), swapon,
+//!   swapoff;
+//! - `signals`: SIGTERM and SIGINT through a signalfd;
+//! - `queue`: the queue threads, one engine context each, and their ticks;
+//! - [`control`]: the per-device control socket: its protocol, the client
+//!   ([`control::client`]) and the daemon's server ([`control::server`]);
+//! - [`device`]: adding, stopping and deleting ublk devices (orphans too);
+//! - [`daemon`]: the lifecycle: harden, create, serve, stop.
 
 #![warn(missing_docs)]
 
+pub mod config;
 pub mod control;
 pub mod daemon;
+pub mod device;
+pub mod error;
 pub mod io;
 pub mod params;
 pub mod paths;
+mod queue;
 pub mod safety;
+mod signals;
+pub mod size;
 pub mod swap;
 
+pub use config::{DeviceConfig, EngineConfig};
 pub use control::{DeviceInfo, Request, Response};
-pub use daemon::{DaemonConfig, Ready};
+pub use daemon::Ready;
+pub use error::{Error, Result, Step};
 pub use io::{dispatch, handle_io, IoDesc, RateLimit};

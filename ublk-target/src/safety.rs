@@ -1,20 +1,18 @@
 //! What the server of a swap device needs so that serving a write never
 //! waits for swap to make room (which would wait on this very server).
 
+use crate::error::{Error, Result, Step};
 use std::io::Write;
 
 /// `prctl(PR_SET_IO_FLUSHER)` (Linux 5.6): allocations of this thread never
 /// recurse into I/O and it is not throttled for dirty pages. Threads created
 /// afterwards inherit it.
-pub fn set_io_flusher() -> Result<(), String> {
+pub fn set_io_flusher() -> Result<()> {
     const PR_SET_IO_FLUSHER: libc::c_int = 57;
     // SAFETY: prctl with integer arguments has no memory effects.
     let r = unsafe { libc::prctl(PR_SET_IO_FLUSHER, 1, 0, 0, 0) };
     if r != 0 {
-        return Err(format!(
-            "prctl(PR_SET_IO_FLUSHER) failed: {} (needs CAP_SYS_RESOURCE)",
-            std::io::Error::last_os_error()
-        ));
+        return Err(Error::last_os(Step::IoFlusher));
     }
     Ok(())
 }
@@ -25,30 +23,27 @@ pub fn set_io_flusher() -> Result<(), String> {
 /// are touched rather than populating whole mappings up front: the slab
 /// reserves address space in growing chunks, and populating them at map
 /// time would pin up to twice the memory really in use.
-pub fn lock_memory() -> Result<(), String> {
+pub fn lock_memory() -> Result<()> {
     // SAFETY: mlockall has no memory-safety preconditions.
     let r = unsafe { libc::mlockall(libc::MCL_CURRENT | libc::MCL_FUTURE | libc::MCL_ONFAULT) };
     if r != 0 {
-        return Err(format!(
-            "mlockall failed: {} (needs CAP_IPC_LOCK or a large RLIMIT_MEMLOCK)",
-            std::io::Error::last_os_error()
-        ));
+        return Err(Error::last_os(Step::LockMemory));
     }
     Ok(())
 }
 
 /// `oom_score_adj = -1000`: the OOM killer never picks the daemon (killing
 /// it would lose every page swapped to it).
-pub fn protect_from_oom() -> Result<(), String> {
+pub fn protect_from_oom() -> Result<()> {
     std::fs::OpenOptions::new()
         .write(true)
         .open("/proc/self/oom_score_adj")
         .and_then(|mut f| f.write_all(b"-1000"))
-        .map_err(|e| format!("cannot set oom_score_adj to -1000: {e}"))
+        .map_err(Error::os(Step::OomScore))
 }
 
 /// All of the above, in the order that makes each effective.
-pub fn harden() -> Result<(), String> {
+pub fn harden() -> Result<()> {
     set_io_flusher()?;
     protect_from_oom()?;
     lock_memory()

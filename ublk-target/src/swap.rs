@@ -1,5 +1,6 @@
 //! Whether a device is active swap, from `/proc/swaps`.
 
+use crate::error::{Error, Result, Step};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
@@ -45,37 +46,29 @@ pub fn swapon_flags(priority: i32) -> libc::c_int {
     flags
 }
 
-fn c_path(dev: &Path) -> Result<std::ffi::CString, String> {
+fn c_path(dev: &Path) -> Result<std::ffi::CString> {
     use std::os::unix::ffi::OsStrExt;
     std::ffi::CString::new(dev.as_os_str().as_bytes())
-        .map_err(|_| format!("{} contains a NUL byte", dev.display()))
+        .map_err(|_| Error::NulInPath(dev.to_path_buf()))
 }
 
 /// Enables swap on `dev` with discard, by the system call (the guest's
 /// busybox swapon knows neither `--discard` nor a priority).
-pub fn swap_on(dev: &Path, priority: i32) -> Result<(), String> {
+pub fn swap_on(dev: &Path, priority: i32) -> Result<()> {
     let path = c_path(dev)?;
     // SAFETY: a valid NUL-terminated path and integer flags.
     if unsafe { libc::swapon(path.as_ptr(), swapon_flags(priority)) } != 0 {
-        return Err(format!(
-            "swapon {}: {}",
-            dev.display(),
-            std::io::Error::last_os_error()
-        ));
+        return Err(Error::last_os(Step::SwapOn(dev.to_path_buf())));
     }
     Ok(())
 }
 
 /// Disables swap on `dev` (the kernel first swaps every page back in).
-pub fn swap_off(dev: &Path) -> Result<(), String> {
+pub fn swap_off(dev: &Path) -> Result<()> {
     let path = c_path(dev)?;
     // SAFETY: a valid NUL-terminated path.
     if unsafe { libc::swapoff(path.as_ptr()) } != 0 {
-        return Err(format!(
-            "swapoff {}: {}",
-            dev.display(),
-            std::io::Error::last_os_error()
-        ));
+        return Err(Error::last_os(Step::SwapOff(dev.to_path_buf())));
     }
     Ok(())
 }
@@ -96,7 +89,9 @@ mod tests {
 
     #[test]
     fn swapoff_of_a_missing_device_is_an_error() {
-        let e = swap_off(Path::new("/dev/ublkb4095")).unwrap_err();
+        let e = swap_off(Path::new("/dev/ublkb4095"))
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("swapoff /dev/ublkb4095: "), "{e}");
     }
 

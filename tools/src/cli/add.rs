@@ -1,13 +1,14 @@
 //! `zblk add` and the hidden `zblk daemon` it starts.
 
-use super::args::{AddArgs, DaemonArgs, DeviceArgs};
+use super::args::{AddArgs, DaemonArgs};
 use super::{show, sys, CliError, CliResult};
+use std::fmt::Display;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 use zblk_ublk::control::{self, DeviceInfo, Request};
-use zblk_ublk::{paths, DaemonConfig};
+use zblk_ublk::{paths, DeviceConfig};
 
 /// How long `add` waits for the daemon to bring the device up.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -32,48 +33,27 @@ pub fn add(a: AddArgs) -> CliResult {
     if !sys::wait_for(Duration::from_secs(10), || bdev.exists()) {
         return Err(CliError(format!(
             "device {} started but {} did not appear",
-            info.id,
+            info.id(),
             bdev.display()
         )));
     }
     if a.swap {
         if let Err(e) = make_swap(&bdev, a.priority) {
             let _ = control::request(
-                info.id,
+                info.id(),
                 &Request::Shutdown { force: true },
                 Duration::from_secs(10),
             );
-            return Err(CliError(format!("{e}; device {} removed", info.id)));
+            return Err(CliError(format!("{e}; device {} removed", info.id())));
         }
     }
     show::print_device(&info, a.json)
 }
 
-/// The daemon configuration for these arguments.
-fn config(d: &DeviceArgs, log_file: Option<PathBuf>) -> DaemonConfig {
-    DaemonConfig {
-        id: d.id.map_or(-1, |i| i as i32),
-        size: d.size,
-        algo: d.engine.algo,
-        group_pages: usize::from(d.engine.group_pages),
-        mode: d.engine.mode,
-        mem_limit: d.mem_limit,
-        queues: d.queues.unwrap_or_else(default_queues),
-        depth: d.depth,
-        io_buf_bytes: d.io_buf.unwrap_or(0),
-        log_file,
-    }
-}
-
-/// One queue per CPU.
-fn default_queues() -> u16 {
-    std::thread::available_parallelism().map_or(1, |n| n.get().min(4096) as u16)
-}
-
 /// Serves the device in this process until SIGTERM/SIGINT or `zblk del`.
 fn foreground(a: AddArgs) -> CliResult {
     let (json, swap, prio) = (a.json, a.swap, a.priority);
-    let ready = Box::new(move |r: Result<&DeviceInfo, &str>| {
+    let ready = Box::new(move |r: Result<&DeviceInfo, &zblk_ublk::Error>| {
         let Ok(info) = r else { return };
         if let Err(e) = show::print_device(info, json) {
             log::error!("{e}");
@@ -84,40 +64,29 @@ fn foreground(a: AddArgs) -> CliResult {
             }
         }
     });
-    zblk_ublk::daemon::run(config(&a.dev, None), ready).map_err(CliError)
+    Ok(zblk_ublk::daemon::run(&a.dev, None, ready)?)
 }
 
 /// `mkswap` then swapon with discard and priority, like zram-generator
 /// (by system call: busybox's swapon has neither `--discard` nor `-p`).
 fn make_swap(bdev: &Path, priority: i32) -> CliResult {
     sys::run_tool("mkswap", &[&bdev.to_string_lossy()])?;
-    zblk_ublk::swap::swap_on(bdev, priority).map_err(CliError)
+    Ok(zblk_ublk::swap::swap_on(bdev, priority)?)
 }
 
-/// The argument list that makes `zblk daemon` build the same device.
-fn daemon_argv(d: &DeviceArgs) -> Vec<String> {
-    let mut v = vec![
+/// The argument list that makes `zblk daemon` build the same device: the
+/// whole configuration as one JSON argument.
+fn daemon_argv(d: &DeviceConfig) -> Vec<String> {
+    vec![
         "daemon".to_string(),
-        format!("--size={}", d.size),
-        format!("--algo={}", d.engine.algo),
-        format!("--group-pages={}", d.engine.group_pages),
-        format!("--mode={}", d.engine.mode),
-        format!("--mem-limit={}", d.mem_limit),
-        format!("--queues={}", d.queues.unwrap_or_else(default_queues)),
-        format!("--depth={}", d.depth),
-    ];
-    if let Some(id) = d.id {
-        v.push(format!("--id={id}"));
-    }
-    if let Some(b) = d.io_buf {
-        v.push(format!("--io-buf={b}"));
-    }
-    v
+        "--config-json".to_string(),
+        d.to_json(),
+    ]
 }
 
 /// Starts `zblk daemon` in its own session, logging to /run/zblk, and
 /// waits for its readiness line.
-fn spawn_daemon(d: &DeviceArgs) -> Result<DeviceInfo, CliError> {
+fn spawn_daemon(d: &DeviceConfig) -> Result<DeviceInfo, CliError> {
     use std::os::unix::process::CommandExt;
     paths::ensure_run_dir()
         .map_err(|e| CliError(format!("cannot create {}: {e}", paths::RUN_DIR)))?;
@@ -188,17 +157,17 @@ fn parse_ready(line: &str) -> Result<DeviceInfo, CliError> {
 }
 
 /// The readiness line for a start result.
-fn ready_line(r: Result<&DeviceInfo, &str>) -> String {
+fn ready_line<E: Display + ?Sized>(r: Result<&DeviceInfo, &E>) -> String {
     match r {
         Ok(info) => serde_json::json!({ "ok": true, "device": info }).to_string(),
-        Err(e) => serde_json::json!({ "ok": false, "error": e }).to_string(),
+        Err(e) => serde_json::json!({ "ok": false, "error": e.to_string() }).to_string(),
     }
 }
 
 /// `zblk daemon`: serves the device; says on stdout (one JSON line) when it
 /// is ready or why it could not start, then lets go of stdout.
 pub fn daemon(a: DaemonArgs) -> CliResult {
-    let ready = Box::new(|r: Result<&DeviceInfo, &str>| {
+    let ready = Box::new(|r: Result<&DeviceInfo, &zblk_ublk::Error>| {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "{}", ready_line(r));
         let _ = out.flush();
@@ -206,7 +175,11 @@ pub fn daemon(a: DaemonArgs) -> CliResult {
         release_stdout();
     });
     // The error reaches the log through main's one-line report on stderr.
-    zblk_ublk::daemon::run(config(&a.dev, a.log_file), ready).map_err(CliError)
+    Ok(zblk_ublk::daemon::run(
+        &a.config_json,
+        a.log_file.as_deref(),
+        ready,
+    )?)
 }
 
 /// Points stdout at /dev/null, so that `add` (reading the other end) sees
@@ -265,31 +238,26 @@ mod tests {
         else {
             panic!()
         };
-        let (x, y) = (config(&a.dev, None), config(&d.dev, None));
+        let (x, y) = (&a.dev, &d.config_json);
         assert_eq!(format!("{x:?}"), format!("{y:?}"));
         assert_eq!(
-            (y.id, y.queues, y.depth, y.io_buf_bytes),
-            (9, 3, 32, 256 << 10)
+            (y.id, y.queues, y.depth, y.io_buf),
+            (Some(9), Some(3), 32, Some(256 << 10))
         );
     }
 
     #[test]
     fn readiness_lines_round_trip() {
-        let info = DeviceInfo {
-            id: 3,
-            name: "ublkb3".into(),
-            path: "/dev/ublkb3".into(),
-            size: 1 << 30,
-            algorithm: "lz4".into(),
-            group_pages: 8,
-            mode: "packed".into(),
-            mem_limit: 0,
-            queues: 2,
-            depth: 128,
-            io_buf_bytes: 1 << 21,
-            pid: 42,
+        let Cmd::Add(a) =
+            Cli::try_parse_from(["zblk", "add", "-s", "1G", "-m", "packed", "-q", "2"])
+                .unwrap()
+                .cmd
+        else {
+            panic!()
         };
-        assert_eq!(parse_ready(&ready_line(Ok(&info))).unwrap(), info);
+        let mut info = DeviceInfo::new(3, "/dev/ublkb3".into(), &a.dev, 1 << 21);
+        info.pid = 42;
+        assert_eq!(parse_ready(&ready_line::<str>(Ok(&info))).unwrap(), info);
         let e = parse_ready(&ready_line(Err("cannot create the ublk device: EEXIST"))).unwrap_err();
         assert_eq!(e.0, "cannot create the ublk device: EEXIST");
         assert!(parse_ready("garbage").is_err());

@@ -1,10 +1,9 @@
 //! Every argument of every subcommand, in one place.
 
-use super::size::{parse_disk_size, parse_size};
 use clap::{Args, Parser, Subcommand};
 use std::path::PathBuf;
-use zblk::Algo;
-use zblk::Mode;
+use zblk_ublk::size::parse_size;
+use zblk_ublk::DeviceConfig;
 
 /// zblk: compressed RAM block devices (like zram) served through ublk.
 #[derive(Debug, Parser)]
@@ -42,72 +41,16 @@ pub enum Cmd {
     Daemon(DaemonArgs),
 }
 
-fn parse_algo(s: &str) -> Result<Algo, String> {
-    s.parse()
-}
-
-fn parse_mode(s: &str) -> Result<Mode, String> {
-    s.parse()
-}
-
-/// How pages are compressed and grouped: shared by `add`, the daemon and
-/// `bench`.
-#[derive(Debug, Clone, Args)]
-pub struct EngineArgs {
-    /// Compression: lz4, zstd[:LEVEL], deflate[:LEVEL] or deflate-iaa.
-    #[arg(short, long, default_value = "lz4", value_parser = parse_algo)]
-    pub algo: Algo,
-    /// Pages per compression group (1 disables grouping).
-    #[arg(short, long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=64))]
-    pub group_pages: u16,
-    /// How a group is stored: per-page (one object per page) or packed.
-    #[arg(short, long, default_value = "per-page", value_parser = parse_mode)]
-    pub mode: Mode,
-}
-
-/// How a device is made: shared by `add` and the daemon.
-#[derive(Debug, Clone, Args)]
-pub struct DeviceArgs {
-    /// Device size, a multiple of 4 KB (suffixes K, M, G, T).
-    #[arg(short, long, value_parser = parse_disk_size)]
-    pub size: u64,
-    /// Compression and grouping.
-    #[command(flatten)]
-    pub engine: EngineArgs,
-    /// Memory limit for stored data (0: none; suffixes K, M, G, T).
-    #[arg(long, default_value = "0", value_parser = parse_size)]
-    pub mem_limit: u64,
-    /// Number of queues, one thread each [default: one per CPU].
-    #[arg(short, long, value_parser = clap::value_parser!(u16).range(1..=4096))]
-    pub queues: Option<u16>,
-    /// Queue depth (requests in flight per queue).
-    #[arg(short, long, default_value_t = 128, value_parser = clap::value_parser!(u16).range(1..=4096))]
-    pub depth: u16,
-    /// Device id N of /dev/ublkbN [default: the first free one].
-    #[arg(short = 'n', long, value_parser = clap::value_parser!(u32).range(0..=1_048_575))]
-    pub id: Option<u32>,
-    /// Largest request, in bytes (every tag mlocks a buffer this big)
-    /// [default: 2M when queues x depth x 2M stays under 1/16 of RAM].
-    #[arg(long, value_parser = parse_io_buf)]
-    pub io_buf: Option<u32>,
-}
-
-fn parse_io_buf(s: &str) -> Result<u32, String> {
-    let n = parse_size(s)?;
-    if !(4096..=zblk_ublk::params::MAX_IO_BUF_BYTES as u64).contains(&n) || n % 4096 != 0 {
-        return Err(format!(
-            "I/O buffer {s} must be a multiple of 4 KB between 4K and 32M"
-        ));
-    }
-    Ok(n as u32)
-}
+/// How pages are compressed and grouped: the engine flags of `zblk add`
+/// and `zblk bench`.
+pub use zblk_ublk::EngineConfig as EngineArgs;
 
 /// `zblk add`.
 #[derive(Debug, Args)]
 pub struct AddArgs {
     /// The device.
     #[command(flatten)]
-    pub dev: DeviceArgs,
+    pub dev: DeviceConfig,
     /// Make it swap at once: mkswap, then swapon with discard.
     #[arg(long)]
     pub swap: bool,
@@ -209,9 +152,9 @@ pub struct BenchArgs {
 /// JSON line on stdout.
 #[derive(Debug, Args)]
 pub struct DaemonArgs {
-    /// The device.
-    #[command(flatten)]
-    pub dev: DeviceArgs,
+    /// The device, as JSON (the configuration `add` parsed its flags into).
+    #[arg(long, value_parser = DeviceConfig::from_json)]
+    pub config_json: DeviceConfig,
     /// Log file to rename to /run/zblk/<id>.log once the id is known.
     #[arg(long)]
     pub log_file: Option<PathBuf>,
@@ -221,6 +164,7 @@ pub struct DaemonArgs {
 mod tests {
     use super::*;
     use clap::error::ErrorKind;
+    use zblk::{Algo, Mode};
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(std::iter::once("zblk").chain(args.iter().copied()))

@@ -58,7 +58,7 @@ fn del_one(id: u32, force: bool) -> CliResult {
         // A socket with nobody behind it: the daemon was killed. Delete
         // the device it left.
         Err(control::ClientError::NoDevice(_)) => {
-            return zblk_ublk::daemon::delete_orphan(id).map_err(CliError);
+            return Ok(zblk_ublk::device::delete_orphan(id)?);
         }
         Err(e) => return Err(e.into()),
     }

@@ -27,6 +27,12 @@ impl From<String> for CliError {
     }
 }
 
+impl From<zblk_ublk::Error> for CliError {
+    fn from(e: zblk_ublk::Error) -> Self {
+        CliError(e.to_string())
+    }
+}
+
 impl From<zblk_ublk::control::ClientError> for CliError {
     fn from(e: zblk_ublk::control::ClientError) -> Self {
         CliError(e.to_string())

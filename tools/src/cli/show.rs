@@ -43,13 +43,14 @@ pub fn print_device(info: &DeviceInfo, as_json: bool) -> CliResult {
         println!("{s}");
         return Ok(());
     }
+    let c = &info.config;
     let row = vec![
         info.path.clone(),
-        info.id.to_string(),
-        format_size(info.size),
-        info.algorithm.clone(),
-        info.queues.to_string(),
-        info.depth.to_string(),
+        info.id().to_string(),
+        format_size(c.size),
+        c.engine.algo.to_string(),
+        c.queue_count().to_string(),
+        c.depth.to_string(),
     ];
     println!(
         "{}",
@@ -294,6 +295,7 @@ pub fn stat(a: StatArgs) -> CliResult {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use zblk_ublk::DeviceConfig;
 
     fn sample() -> Value {
         let store = zblk::Store::new(zblk::StoreConfig::new(1 << 20)).unwrap();
@@ -309,20 +311,9 @@ mod tests {
         ctx1.write(8192, &[0u8; 4096]).unwrap();
         let mut back = vec![0u8; 8192];
         ctx1.read(0, &mut back).unwrap();
-        let info = DeviceInfo {
-            id: 0,
-            name: "ublkb0".into(),
-            path: "/dev/ublkb0".into(),
-            size: 1 << 20,
-            algorithm: "lz4".into(),
-            group_pages: 8,
-            mode: "per-page".into(),
-            mem_limit: 0,
-            queues: 2,
-            depth: 128,
-            io_buf_bytes: 1 << 21,
-            pid: 1,
-        };
+        let config = DeviceConfig::from_flags(["--size", "1M", "--queues", "2"]).unwrap();
+        let mut info = DeviceInfo::new(0, "/dev/ublkb0".into(), &config, 1 << 21);
+        info.pid = 1;
         json!({"device": info, "stats": serde_json::to_value(store.stats()).unwrap()})
     }
 

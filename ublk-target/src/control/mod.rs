@@ -4,11 +4,19 @@
 //! directory: root only). A client writes one line such as
 //! `{"cmd":"stats"}` and reads one line back:
 //! `{"ok":true,"data":{...}}` or `{"ok":false,"error":"..."}`.
+//!
+//! This module is the protocol; [`client`] asks a daemon, [`server`]
+//! answers for one.
 
+pub mod client;
+pub mod server;
+
+pub use client::{request, ClientError};
+
+use crate::config::DeviceConfig;
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
-use std::time::Duration;
 
 /// What a client asks of a daemon.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -68,113 +76,72 @@ impl Response {
     }
 }
 
-/// What a device is, as `zblk add` prints it and `zblk list` shows it.
+/// What a device is, as `zblk add` prints it and `zblk list` shows it:
+/// its configuration with every automatic choice made, and what only the
+/// running device knows.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeviceInfo {
-    /// ublk device id (N of `/dev/ublkbN`).
-    pub id: u32,
     /// Block device name, `ublkbN`.
     pub name: String,
     /// Block device path.
     pub path: String,
-    /// Size in bytes.
-    pub size: u64,
-    /// Compression algorithm.
-    pub algorithm: String,
-    /// Pages per compression group.
-    pub group_pages: usize,
-    /// How groups are stored: `per-page` or `packed`.
-    pub mode: String,
-    /// Memory limit in bytes at creation (0: none).
-    pub mem_limit: u64,
-    /// Number of ublk queues (one thread and engine context each).
-    pub queues: u16,
-    /// Queue depth.
-    pub depth: u16,
-    /// Bytes of I/O buffer per tag (largest request).
-    pub io_buf_bytes: u32,
+    /// The configuration it runs with ([`DeviceConfig::resolved`]): the
+    /// JSON fields `id`, `size`, `algorithm`, `group_pages`, `mode`,
+    /// `mem_limit`, `queues`, `depth` and `io_buf_bytes`.
+    #[serde(flatten)]
+    pub config: DeviceConfig,
     /// Daemon process id.
     pub pid: u32,
 }
 
-/// Why a request could not be answered.
-#[derive(Debug)]
-pub enum ClientError {
-    /// No daemon serves that id.
-    NoDevice(u32),
-    /// The socket is root's.
-    PermissionDenied,
-    /// The exchange failed.
-    Io(String),
-    /// The daemon answered `ok: false`.
-    Refused(String),
+impl DeviceInfo {
+    /// Device `id` at `path`, served by this process with `config` (whose
+    /// automatic choices are made here, with the driver's I/O buffer size).
+    pub fn new(id: u32, path: String, config: &DeviceConfig, io_buf_bytes: u32) -> Self {
+        DeviceInfo {
+            name: format!("ublkb{id}"),
+            path,
+            config: config.resolved(id, io_buf_bytes),
+            pid: std::process::id(),
+        }
+    }
+
+    /// ublk device id (N of `/dev/ublkbN`).
+    pub fn id(&self) -> u32 {
+        self.config.id.unwrap_or_default()
+    }
 }
 
-impl std::fmt::Display for ClientError {
+/// Why a request line could not be read.
+#[derive(Debug)]
+pub enum RequestError {
+    /// Reading the line failed.
+    Read(std::io::Error),
+    /// The line is not a request.
+    Parse(serde_json::Error),
+}
+
+impl std::fmt::Display for RequestError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ClientError::NoDevice(id) => write!(
-                f,
-                "no such device: zblk {id} (no daemon listens on {})",
-                crate::paths::socket_path(*id).display()
-            ),
-            ClientError::PermissionDenied => write!(
-                f,
-                "permission denied: zblk's control sockets are root's (run as root)"
-            ),
-            ClientError::Io(m) => write!(f, "{m}"),
-            ClientError::Refused(m) => write!(f, "{m}"),
+            RequestError::Read(e) => write!(f, "reading request: {e}"),
+            RequestError::Parse(e) => write!(f, "bad request: {e}"),
         }
     }
 }
 
-impl std::error::Error for ClientError {}
+impl std::error::Error for RequestError {}
 
 /// Longest request or reply line accepted.
 pub const MAX_LINE: u64 = 1 << 20;
 
-/// Sends `req` to the daemon of device `id` and returns its data.
-pub fn request(
-    id: u32,
-    req: &Request,
-    timeout: Duration,
-) -> Result<serde_json::Value, ClientError> {
-    let path = crate::paths::socket_path(id);
-    let mut s = UnixStream::connect(&path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
-            ClientError::NoDevice(id)
-        }
-        std::io::ErrorKind::PermissionDenied => ClientError::PermissionDenied,
-        _ => ClientError::Io(format!("cannot connect to {}: {e}", path.display())),
-    })?;
-    let io = |e: std::io::Error| ClientError::Io(format!("device {id}: control socket: {e}"));
-    s.set_read_timeout(Some(timeout)).map_err(io)?;
-    s.set_write_timeout(Some(timeout)).map_err(io)?;
-    let mut line = serde_json::to_string(req).map_err(|e| ClientError::Io(e.to_string()))?;
-    line.push('\n');
-    s.write_all(line.as_bytes()).map_err(io)?;
-    let mut reply = String::new();
-    BufReader::new(s.take(MAX_LINE))
-        .read_line(&mut reply)
-        .map_err(io)?;
-    let resp: Response = serde_json::from_str(&reply)
-        .map_err(|e| ClientError::Io(format!("device {id}: bad reply from daemon: {e}")))?;
-    if resp.ok {
-        Ok(resp.data)
-    } else {
-        Err(ClientError::Refused(
-            resp.error.unwrap_or_else(|| "refused".into()),
-        ))
-    }
-}
-
 /// Reads one request line from a client (server side).
-pub fn read_request(s: &mut UnixStream) -> Result<Request, String> {
+pub fn read_request(s: &mut UnixStream) -> Result<Request, RequestError> {
     let mut line = String::new();
     BufReader::new((&*s).take(MAX_LINE))
         .read_line(&mut line)
-        .map_err(|e| format!("reading request: {e}"))?;
-    serde_json::from_str(&line).map_err(|e| format!("bad request: {e}"))
+        .map_err(RequestError::Read)?;
+    serde_json::from_str(&line).map_err(RequestError::Parse)
 }
 
 /// Writes one reply line (server side).
@@ -233,11 +200,5 @@ mod tests {
         assert!(r.ok);
         assert_eq!(r.data["pages_compacted"], 3);
         t.join().unwrap();
-    }
-
-    #[test]
-    fn missing_socket_is_no_device() {
-        let r = request(4_000_000, &Request::Info, Duration::from_secs(1));
-        assert!(matches!(r, Err(ClientError::NoDevice(4_000_000))), "{r:?}");
     }
 }

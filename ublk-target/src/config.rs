@@ -1,0 +1,269 @@
+//! One device's configuration, from the command line to the engine.
+//!
+//! [`DeviceConfig`] is what `zblk add` parses its flags into (it is a clap
+//! argument group), what the hidden `zblk daemon` receives (as one JSON
+//! argument, [`DeviceConfig::to_json`]), what builds the engine
+//! ([`DeviceConfig::store_config`]) and what `zblk add --json`, `list` and
+//! `stat` report (flattened into [`crate::DeviceInfo`], every automatic
+//! choice resolved).
+
+use crate::params;
+use crate::size::{parse_disk_size, parse_size};
+use clap::{Args, FromArgMatches};
+use serde::{Deserialize, Serialize};
+use zblk::{Algo, Mode, StoreConfig};
+
+/// How pages are compressed and grouped: part of a device's configuration,
+/// and on its own the engine flags of `zblk bench`.
+#[derive(Debug, Clone, PartialEq, Eq, Args, Serialize, Deserialize)]
+pub struct EngineConfig {
+    /// Compression: lz4, zstd[:LEVEL], deflate[:LEVEL] or deflate-iaa.
+    #[arg(short, long, default_value = "lz4", value_parser = parse_algo)]
+    #[serde(rename = "algorithm", with = "text")]
+    pub algo: Algo,
+    /// Pages per compression group (1 disables grouping).
+    #[arg(short, long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub group_pages: u16,
+    /// How a group is stored: per-page (one object per page) or packed.
+    #[arg(short, long, default_value = "per-page", value_parser = parse_mode)]
+    #[serde(with = "text")]
+    pub mode: Mode,
+}
+
+/// Everything a device is made with: the one configuration type from the
+/// command line to the daemon.
+///
+/// A new setting goes in two places:
+/// 1. a field here (or in [`EngineConfig`]), whose `#[arg]` attribute is its
+///    `zblk add` flag and whose serde name is its key in the daemon's
+///    `--config-json` and in the JSON of `add --json`, `list` and `stat`;
+/// 2. the code it configures: [`DeviceConfig::store_config`] for an engine
+///    setting, the daemon step that uses it otherwise.
+///
+/// `None` in an optional field means "choose automatically"; the daemon
+/// resolves it ([`DeviceConfig::resolved`]) before reporting the device.
+#[derive(Debug, Clone, PartialEq, Eq, Args, Serialize, Deserialize)]
+pub struct DeviceConfig {
+    /// Device size, a multiple of 4 KB (suffixes K, M, G, T).
+    #[arg(short, long, value_parser = parse_disk_size)]
+    pub size: u64,
+    /// Compression and grouping.
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub engine: EngineConfig,
+    /// Memory limit for stored data (0: none; suffixes K, M, G, T).
+    #[arg(long, default_value = "0", value_parser = parse_size)]
+    #[serde(default)]
+    pub mem_limit: u64,
+    /// Number of queues, one thread each [default: one per CPU].
+    #[arg(short, long, value_parser = clap::value_parser!(u16).range(1..=4096))]
+    #[serde(default)]
+    pub queues: Option<u16>,
+    /// Queue depth (requests in flight per queue).
+    #[arg(short, long, default_value_t = 128, value_parser = clap::value_parser!(u16).range(1..=4096))]
+    pub depth: u16,
+    /// Device id N of /dev/ublkbN [default: the first free one].
+    #[arg(short = 'n', long, value_parser = clap::value_parser!(u32).range(0..=1_048_575))]
+    #[serde(default)]
+    pub id: Option<u32>,
+    /// Largest request, in bytes (every tag mlocks a buffer this big)
+    /// [default: 2M when queues x depth x 2M stays under 1/16 of RAM].
+    #[arg(long = "io-buf", value_name = "IO_BUF", value_parser = parse_io_buf)]
+    #[serde(default, rename = "io_buf_bytes")]
+    pub io_buf: Option<u32>,
+}
+
+impl DeviceConfig {
+    /// Parses `zblk add`'s device flags alone (`["--size", "1G", "-q", "2"]`):
+    /// what is not given takes the flag's default, so that code building a
+    /// configuration (tests, tools) needs no list of defaults of its own.
+    pub fn from_flags<I, T>(flags: I) -> Result<DeviceConfig, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let cmd = DeviceConfig::augment_args(clap::Command::new("zblk"));
+        let words = std::iter::once(std::ffi::OsString::from("zblk"))
+            .chain(flags.into_iter().map(Into::into));
+        DeviceConfig::from_arg_matches(&cmd.try_get_matches_from(words)?)
+    }
+
+    /// The engine configuration of this device.
+    pub fn store_config(&self) -> StoreConfig {
+        StoreConfig {
+            algo: self.engine.algo,
+            group_pages: usize::from(self.engine.group_pages),
+            mode: self.engine.mode,
+            mem_limit: self.mem_limit,
+            // The device may become swap at any time: zspages the slab
+            // reuses after giving them back are locked again.
+            mlock: true,
+            ..StoreConfig::new(self.size)
+        }
+    }
+
+    /// The id to ask the driver for: the chosen one, or -1 for any.
+    pub fn ublk_id(&self) -> i32 {
+        self.id.and_then(|i| i32::try_from(i).ok()).unwrap_or(-1)
+    }
+
+    /// Number of queues: the chosen number, or one per CPU.
+    pub fn queue_count(&self) -> u16 {
+        self.queues.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, |n| n.get().min(4096) as u16)
+        })
+    }
+
+    /// Per-tag I/O buffer bytes: the chosen size, or
+    /// [`params::auto_io_buf_bytes`] for this machine.
+    pub fn io_buf_bytes(&self) -> u32 {
+        self.io_buf.unwrap_or_else(|| {
+            params::auto_io_buf_bytes(
+                self.queue_count().into(),
+                self.depth.into(),
+                params::mem_total().unwrap_or(0),
+            )
+        })
+    }
+
+    /// This configuration as device `id` runs it: every automatic choice
+    /// made, with the I/O buffer size the driver settled on.
+    pub fn resolved(&self, id: u32, io_buf_bytes: u32) -> DeviceConfig {
+        DeviceConfig {
+            id: Some(id),
+            queues: Some(self.queue_count()),
+            io_buf: Some(io_buf_bytes),
+            ..self.clone()
+        }
+    }
+
+    /// The JSON form (the hidden `zblk daemon --config-json` argument).
+    pub fn to_json(&self) -> String {
+        // Plain data (numbers, strings, options): serialising cannot fail.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Reads the JSON form.
+    pub fn from_json(s: &str) -> Result<DeviceConfig, String> {
+        serde_json::from_str(s).map_err(|e| format!("bad device configuration: {e}"))
+    }
+}
+
+fn parse_algo(s: &str) -> Result<Algo, String> {
+    s.parse()
+}
+
+fn parse_mode(s: &str) -> Result<Mode, String> {
+    s.parse()
+}
+
+/// Parses `--io-buf`: a multiple of 4 KB from 4K to
+/// [`params::MAX_IO_BUF_BYTES`].
+fn parse_io_buf(s: &str) -> Result<u32, String> {
+    let n = parse_size(s)?;
+    if !(4096..=u64::from(params::MAX_IO_BUF_BYTES)).contains(&n) || n % 4096 != 0 {
+        return Err(format!(
+            "I/O buffer {s} must be a multiple of 4 KB between 4K and 32M"
+        ));
+    }
+    u32::try_from(n).map_err(|e| e.to_string())
+}
+
+/// Serde through `Display` and `FromStr`: the engine's [`Algo`] and
+/// [`Mode`] as their command-line names (`zstd:3`, `per-page`).
+mod text {
+    use serde::{de, Deserialize, Deserializer, Serializer};
+    use std::fmt::Display;
+    use std::str::FromStr;
+
+    /// Writes `v` as its `Display` text.
+    pub fn serialize<T: Display, S: Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(v)
+    }
+
+    /// Reads a value from its `FromStr` text.
+    pub fn deserialize<'de, T, D>(d: D) -> Result<T, D::Error>
+    where
+        T: FromStr,
+        T::Err: Display,
+        D: Deserializer<'de>,
+    {
+        String::deserialize(d)?.parse().map_err(de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> DeviceConfig {
+        DeviceConfig::from_flags(args).unwrap()
+    }
+
+    #[test]
+    fn json_round_trips_with_the_reported_names() {
+        let c = parse(&["-s", "2G", "-a", "zstd:5", "-m", "packed", "-n", "9"]);
+        let v: serde_json::Value = serde_json::from_str(&c.to_json()).unwrap();
+        assert_eq!(v["algorithm"], "zstd:5");
+        assert_eq!(v["mode"], "packed");
+        assert_eq!(v["group_pages"], 8);
+        assert_eq!(v["id"], 9);
+        assert!(v["io_buf_bytes"].is_null() && v["queues"].is_null());
+        assert_eq!(DeviceConfig::from_json(&c.to_json()).unwrap(), c);
+        let e = DeviceConfig::from_json(
+            r#"{"size":4096,"algorithm":"lzo","group_pages":1,"mode":"per-page","depth":1}"#,
+        )
+        .unwrap_err();
+        assert!(e.contains("unknown algorithm 'lzo'"), "{e}");
+    }
+
+    #[test]
+    fn the_engine_gets_the_device_settings() {
+        let c = parse(&[
+            "-s",
+            "1G",
+            "-a",
+            "deflate:6",
+            "-g",
+            "4",
+            "--mem-limit",
+            "64M",
+        ]);
+        let s = c.store_config();
+        assert_eq!(s.size, 1 << 30);
+        assert_eq!(s.algo, Algo::Deflate(6));
+        assert_eq!(s.group_pages, 4);
+        assert_eq!(s.mode, Mode::PerPage);
+        assert_eq!(s.mem_limit, 64 << 20);
+        assert!(s.mlock);
+    }
+
+    #[test]
+    fn automatic_choices_are_resolved() {
+        let c = parse(&["-s", "1G", "-d", "16"]);
+        assert_eq!((c.id, c.queues, c.io_buf), (None, None, None));
+        assert_eq!(c.ublk_id(), -1);
+        assert!(c.queue_count() >= 1);
+        assert!(c.io_buf_bytes() >= params::MIN_AUTO_IO_BUF_BYTES);
+        let r = c.resolved(3, 1 << 20);
+        assert_eq!(r.id, Some(3));
+        assert_eq!(r.queues, Some(c.queue_count()));
+        assert_eq!(r.io_buf, Some(1 << 20));
+        assert_eq!((r.size, r.depth, &r.engine), (c.size, c.depth, &c.engine));
+        let c = parse(&["-s", "1G", "-q", "3", "--io-buf", "256K", "-n", "7"]);
+        assert_eq!(
+            (c.ublk_id(), c.queue_count(), c.io_buf_bytes()),
+            (7, 3, 256 << 10)
+        );
+    }
+
+    #[test]
+    fn flags_are_checked_and_defaulted() {
+        let c = parse(&["--size", "4K"]);
+        assert_eq!((c.size, c.depth, c.mem_limit), (4096, 128, 0));
+        assert_eq!(c.engine.algo, Algo::Lz4);
+        assert!(DeviceConfig::from_flags(["--size", "1000"]).is_err());
+        assert!(DeviceConfig::from_flags(["--size", "1G", "--io-buf", "3000"]).is_err());
+        assert!(DeviceConfig::from_flags(["--depth", "8"]).is_err());
+    }
+}

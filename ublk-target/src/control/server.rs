@@ -1,0 +1,269 @@
+//! The daemon side of the control socket: binds `/run/zblk/<id>.sock` and
+//! answers one request per connection.
+
+use super::{read_request, write_response, DeviceInfo, Request, Response};
+use crate::error::{Error, Result, Step};
+use crate::queue::Queues;
+use crate::{paths, swap};
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// How long a client may take to send its request or read the reply.
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A device's listening control socket, removed when dropped.
+pub struct ControlSocket {
+    listener: UnixListener,
+    path: PathBuf,
+}
+
+impl ControlSocket {
+    /// Binds the socket of device `id` (mode 0600 in the 0700 run
+    /// directory), non-blocking.
+    pub fn bind(id: u32) -> Result<Self> {
+        use std::os::unix::fs::PermissionsExt;
+        paths::ensure_run_dir().map_err(Error::os(Step::RunDir))?;
+        let path = paths::socket_path(id);
+        // The driver just gave us this id, so a socket left there belongs
+        // to a daemon that is gone.
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).map_err(Error::os(Step::Bind(path.clone())))?;
+        let sock = ControlSocket { listener, path };
+        std::fs::set_permissions(&sock.path, std::fs::Permissions::from_mode(0o600))
+            .map_err(Error::os(Step::Chmod(sock.path.clone())))?;
+        sock.listener
+            .set_nonblocking(true)
+            .map_err(Error::os(Step::Nonblocking(sock.path.clone())))?;
+        Ok(sock)
+    }
+
+    /// The descriptor to poll for clients.
+    pub fn fd(&self) -> RawFd {
+        self.listener.as_raw_fd()
+    }
+
+    /// Answers the client waiting, if any; returns true when it asked the
+    /// daemon to stop.
+    pub fn serve_one(&self, queues: &Queues, info: &DeviceInfo) -> bool {
+        match self.listener.accept() {
+            Ok((stream, _)) => serve_client(queues, info, stream),
+            Err(_) => false,
+        }
+    }
+}
+
+impl Drop for ControlSocket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Whether the device may stop now: not while it is active swap, unless
+/// forced (stopping it would lose every page swapped to it).
+pub fn may_stop(bdev: &Path, force: bool) -> Result<()> {
+    if !force && swap::is_active_swap(bdev) {
+        return Err(Error::ActiveSwap(bdev.to_path_buf()));
+    }
+    Ok(())
+}
+
+/// Answers one client; returns true when the daemon should stop.
+fn serve_client(queues: &Queues, info: &DeviceInfo, mut s: UnixStream) -> bool {
+    let setup = s
+        .set_nonblocking(false)
+        .and_then(|()| s.set_read_timeout(Some(CLIENT_TIMEOUT)))
+        .and_then(|()| s.set_write_timeout(Some(CLIENT_TIMEOUT)));
+    if let Err(e) = setup {
+        log::warn!("control client: {e}");
+        return false;
+    }
+    let (resp, stop) = match read_request(&mut s) {
+        Ok(req) => answer(queues, info, req),
+        Err(e) => (Response::err(e.to_string()), false),
+    };
+    if let Err(e) = write_response(&mut s, &resp) {
+        log::warn!("control client: {e}");
+    }
+    stop
+}
+
+/// `data` as a reply, or the reason it cannot be one.
+fn json_reply(v: serde_json::Result<serde_json::Value>) -> Response {
+    match v {
+        Ok(v) => Response::ok(v),
+        Err(e) => Response::err(e.to_string()),
+    }
+}
+
+/// The reply to one request, and whether to stop afterwards.
+fn answer(queues: &Queues, info: &DeviceInfo, req: Request) -> (Response, bool) {
+    let reply = match req {
+        Request::Info => json_reply(serde_json::to_value(info)),
+        Request::Stats => stats(queues, info),
+        Request::Compact => {
+            queues.flush_all();
+            let n = queues.store().compact();
+            log::info!("device {}: compaction gave back {n} pages", info.id());
+            Response::ok(serde_json::json!({ "pages_compacted": n }))
+        }
+        Request::SetMemLimit { bytes } => {
+            queues.store().set_mem_limit(bytes);
+            log::info!("device {}: mem_limit set to {bytes}", info.id());
+            Response::ok(serde_json::json!({ "mem_limit": bytes }))
+        }
+        Request::Shutdown { force } => {
+            return match may_stop(Path::new(&info.path), force) {
+                Ok(()) => (Response::ok(serde_json::Value::Null), true),
+                Err(e) => (Response::err(e.to_string()), false),
+            };
+        }
+    };
+    (reply, false)
+}
+
+/// `{"device": .., "stats": ..}`, after every queue has freed its batch.
+fn stats(queues: &Queues, info: &DeviceInfo) -> Response {
+    // Handles a queue could not hand over in time are still pending, on
+    // top of what the store's drain has not freed yet.
+    let pending = queues.flush_all();
+    let mut stats = queues.store().stats();
+    stats.deferred_free_pending += pending;
+    json_reply(
+        serde_json::to_value(&stats).map(|s| serde_json::json!({"device": info, "stats": s})),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::DeviceConfig;
+    use crate::queue::fake;
+    use std::io::{BufRead, BufReader, Write};
+    use std::sync::atomic::AtomicBool;
+    use std::sync::atomic::Ordering;
+    use std::sync::Arc;
+    use zblk::PAGE_SIZE;
+
+    fn cfg(queues: u16) -> DeviceConfig {
+        let q = queues.to_string();
+        let flags = ["-n", "0", "-s", "1M", "-q", &q, "-d", "4", "--io-buf", "1M"];
+        DeviceConfig::from_flags(flags).unwrap()
+    }
+
+    fn info() -> DeviceInfo {
+        DeviceInfo {
+            name: "ublkb4094".into(),
+            path: "/dev/ublkb4094".into(),
+            config: cfg(2),
+            pid: std::process::id(),
+        }
+    }
+
+    fn ask(queues: &Queues, req: Request) -> (Response, bool) {
+        answer(queues, &info(), req)
+    }
+
+    #[test]
+    fn stats_wait_for_every_queue_to_free_its_batch() {
+        let shared = Arc::new(Queues::new(&cfg(2)).unwrap());
+        let stop = Arc::new(AtomicBool::new(false));
+        let qs: Vec<_> = (0..2)
+            .map(|q| fake::queue(shared.clone(), q, stop.clone()))
+            .collect();
+        // Wait until both fake queues have done their I/O.
+        while shared.store().stats().counters.notify_free < 20 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let held = shared.store().stats().mem_used_total;
+        assert!(held > 0, "batched objects still held");
+        let (r, stop_now) = ask(&shared, Request::Stats);
+        assert!(r.ok && !stop_now, "{r:?}");
+        let s = &r.data["stats"];
+        assert_eq!(s["deferred_free_pending"], 0);
+        let after = s["mem_used_total"].as_u64().unwrap();
+        assert!(
+            after < held,
+            "batches freed before the snapshot: {after} < {held}"
+        );
+        assert_eq!(s["stored_pages"], 0);
+        assert_eq!(s["queues"].as_array().unwrap().len(), 2);
+        assert_eq!(s["queues"][1]["pages_written"], 10);
+        assert_eq!(r.data["device"]["name"], "ublkb4094");
+
+        stop.store(true, Ordering::SeqCst);
+        shared.wait_exit();
+        for q in qs {
+            q.join().unwrap();
+        }
+        assert_eq!(shared.alive(), 0);
+    }
+
+    #[test]
+    fn compact_mem_limit_info_and_shutdown() {
+        let shared = Queues::new(&cfg(1)).unwrap();
+        fake::no_threads(&shared);
+        let (r, _) = ask(&shared, Request::SetMemLimit { bytes: 1 << 20 });
+        assert!(r.ok);
+        assert_eq!(shared.store().stats().mem_limit, 1 << 20);
+        let (r, _) = ask(&shared, Request::Compact);
+        assert!(r.ok && r.data["pages_compacted"].is_u64(), "{r:?}");
+        let (r, _) = ask(&shared, Request::Info);
+        assert_eq!(
+            serde_json::from_value::<DeviceInfo>(r.data).unwrap(),
+            info()
+        );
+        // Not swap (the node does not even exist): shutdown is accepted.
+        let (r, stop) = ask(&shared, Request::Shutdown { force: false });
+        assert!(r.ok && stop);
+    }
+
+    #[test]
+    fn info_keeps_its_json_field_names() {
+        let v = serde_json::to_value(info()).unwrap();
+        let keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        for k in [
+            "id",
+            "name",
+            "path",
+            "size",
+            "algorithm",
+            "group_pages",
+            "mode",
+            "mem_limit",
+            "queues",
+            "depth",
+            "io_buf_bytes",
+            "pid",
+        ] {
+            assert!(keys.contains(&k), "{k} missing from {keys:?}");
+        }
+        assert_eq!(keys.len(), 12, "{keys:?}");
+        assert_eq!(v["algorithm"], "lz4");
+        assert_eq!(v["mode"], "per-page");
+        assert_eq!(v["io_buf_bytes"], 1 << 20);
+    }
+
+    /// Sends `request` as a client would and returns the one reply line.
+    fn exchange(shared: &Queues, request: &[u8]) -> Response {
+        let (mut a, b) = UnixStream::pair().unwrap();
+        a.write_all(request).unwrap();
+        assert!(!serve_client(shared, &info(), b));
+        let mut line = String::new();
+        BufReader::new(&a).read_line(&mut line).unwrap();
+        serde_json::from_str(&line).unwrap()
+    }
+
+    #[test]
+    fn a_client_gets_one_reply_line() {
+        let shared = Queues::new(&cfg(1)).unwrap();
+        fake::no_threads(&shared);
+        let r = exchange(&shared, b"{\"cmd\":\"stats\"}\n");
+        assert!(r.ok);
+        assert_eq!(r.data["stats"]["disksize"], 256 * PAGE_SIZE as u64);
+
+        let r = exchange(&shared, b"not json\n");
+        assert!(!r.ok && r.error.unwrap().contains("bad request"));
+    }
+}

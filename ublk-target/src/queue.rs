@@ -1,0 +1,324 @@
+//! The queue threads: one per ublk queue, each owning one [`QueueCtx`] and
+//! the queue's I/O buffers; requests are handled inline by
+//! [`crate::io::handle_io`] and completed at once.
+//!
+//! Queues hear from the control loop through one eventfd each, read by an
+//! io_uring request in the queue's own ring: the queue thread wakes, frees
+//! its batch (only it may touch its context) and publishes the tick it has
+//! seen. [`Queues::flush_all`] waits for every queue to do so, so that
+//! `stats` merges shards with nothing batched.
+
+use crate::config::DeviceConfig;
+use crate::error::{Error, Result, Step, UblkCause};
+use crate::io::{handle_io, IoDesc, RateLimit};
+use libublk::io::{UblkDev, UblkIOCtx, UblkQueue};
+use libublk::{BufDesc, BufDescList, UblkIORes};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use zblk::{QueueCtx, Store};
+
+/// io_uring op tag of a queue's eventfd read (any value ublk commands do
+/// not use in the target-I/O space).
+const TICK_OP: u32 = 0xfe;
+
+/// How long [`Queues::flush_all`] waits for the queues.
+const FLUSH_WAIT: Duration = Duration::from_secs(2);
+
+/// How long [`Queues::wait_exit`] waits for the queue threads to end.
+const STOP_WAIT: Duration = Duration::from_secs(30);
+
+/// What a queue thread shares with the control loop.
+struct QueueShared {
+    /// eventfd the control loop writes to wake the queue.
+    kick: OwnedFd,
+    /// Last tick generation the queue has handled.
+    done: AtomicU64,
+    /// Handles batched in the queue's context at that moment.
+    pending: AtomicU64,
+    /// Where the queue's ring reads the eventfd counter to (never read).
+    kick_buf: AtomicU64,
+}
+
+impl QueueShared {
+    fn new() -> Result<Self> {
+        // SAFETY: eventfd has no memory preconditions; a valid result is a
+        // new descriptor we own.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(Error::last_os(Step::Eventfd));
+        }
+        Ok(QueueShared {
+            // SAFETY: fd is a fresh descriptor owned by nobody else.
+            kick: unsafe { OwnedFd::from_raw_fd(fd) },
+            done: AtomicU64::new(0),
+            pending: AtomicU64::new(0),
+            kick_buf: AtomicU64::new(0),
+        })
+    }
+
+    /// Adds one to the queue's eventfd, waking its ring.
+    fn kick(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writing 8 bytes from a valid buffer to an eventfd we own.
+        let r = unsafe { libc::write(self.kick.as_raw_fd(), one.as_ptr().cast(), one.len()) };
+        if r < 0 {
+            log::warn!("kick eventfd: {}", std::io::Error::last_os_error());
+        }
+    }
+}
+
+/// The engine and the queues of one device, shared by the queue threads
+/// and the control loop.
+pub struct Queues {
+    store: Arc<Store>,
+    queues: Vec<QueueShared>,
+    /// Engine contexts waiting for their queue thread, by queue id.
+    ctxs: Mutex<Vec<Option<QueueCtx>>>,
+    /// Generation of the latest tick.
+    tick_gen: AtomicU64,
+    /// Queue threads still serving.
+    alive: AtomicUsize,
+}
+
+impl Queues {
+    /// The engine of `cfg` and one context and eventfd per queue.
+    pub fn new(cfg: &DeviceConfig) -> Result<Self> {
+        let store = Store::new(cfg.store_config())?;
+        let n = cfg.queue_count();
+        let queues = (0..n)
+            .map(|_| QueueShared::new())
+            .collect::<Result<Vec<_>>>()?;
+        // Created in queue order so that stats list queue i as context i.
+        let ctxs = (0..n).map(|_| Some(store.new_ctx())).collect();
+        Ok(Queues {
+            store,
+            alive: AtomicUsize::new(queues.len()),
+            queues,
+            ctxs: Mutex::new(ctxs),
+            tick_gen: AtomicU64::new(0),
+        })
+    }
+
+    /// The device's engine.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Queue threads still serving.
+    pub fn alive(&self) -> usize {
+        self.alive.load(Ordering::SeqCst)
+    }
+
+    /// Wakes every queue; returns the generation they will report.
+    pub fn kick_all(&self) -> u64 {
+        let gen = self.tick_gen.fetch_add(1, Ordering::SeqCst) + 1;
+        self.queues.iter().for_each(QueueShared::kick);
+        gen
+    }
+
+    /// Kicks every queue and waits until each has freed its batch (or is
+    /// gone, or `FLUSH_WAIT` passed). Returns the handles still pending.
+    pub fn flush_all(&self) -> u64 {
+        let gen = self.kick_all();
+        let t0 = Instant::now();
+        while self.alive() > 0
+            && self
+                .queues
+                .iter()
+                .any(|q| q.done.load(Ordering::SeqCst) < gen)
+        {
+            if t0.elapsed() > FLUSH_WAIT {
+                log::warn!("stats: a queue did not answer within {FLUSH_WAIT:?}");
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.queues
+            .iter()
+            .map(|q| q.pending.load(Ordering::SeqCst))
+            .sum()
+    }
+
+    /// Keeps kicking the queues (so none sleeps in its ring wait) until all
+    /// their threads have ended.
+    pub fn wait_exit(&self) {
+        let t0 = Instant::now();
+        while self.alive() > 0 {
+            if t0.elapsed() > STOP_WAIT {
+                log::error!("queues did not stop within {STOP_WAIT:?}");
+                return;
+            }
+            self.kick_all();
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Body of queue thread `qid` (libublk has already made it an
+    /// io-flusher): serves the queue until the device stops.
+    pub fn serve(&self, qid: u16, dev: &UblkDev) {
+        let _alive = AliveGuard(&self.alive);
+        let (Some(ctx), Some(qs)) = (self.take_ctx(qid), self.queues.get(usize::from(qid))) else {
+            log::error!("queue {qid}: no engine context");
+            // Makes start_dev fail instead of waiting for this queue forever.
+            dev.notify_buffer_registration_complete(true);
+            return;
+        };
+        self.serve_queue(qs, ctx, qid, dev);
+    }
+
+    /// Hands queue `qid`'s engine context to its thread (once).
+    fn take_ctx(&self, qid: u16) -> Option<QueueCtx> {
+        self.ctxs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(usize::from(qid))
+            .and_then(Option::take)
+    }
+
+    fn serve_queue(&self, qs: &QueueShared, mut ctx: QueueCtx, qid: u16, dev: &UblkDev) {
+        let mut bufs = dev.alloc_queue_io_bufs();
+        let q = match UblkQueue::new(qid, dev)
+            .and_then(|q| q.submit_fetch_commands_unified(BufDescList::Slices(Some(&bufs))))
+        {
+            Ok(q) => q,
+            Err(e) => {
+                log::error!("queue {qid}: setup failed: {}", UblkCause(&e));
+                dev.notify_buffer_registration_complete(true);
+                return;
+            }
+        };
+        submit_tick_read(&q, qs);
+        let mut rl = RateLimit::default();
+        q.wait_and_handle_io(|q, tag, io| {
+            if !io.is_tgt_io() {
+                serve_request(q, tag, &mut ctx, &mut bufs, &mut rl);
+            } else if UblkIOCtx::user_data_to_op(io.user_data()) == TICK_OP {
+                self.on_tick(qs, &mut ctx);
+                if io.result() >= 0 && !q.is_stopping() {
+                    submit_tick_read(q, qs);
+                }
+            }
+        });
+        ctx.flush_frees();
+        qs.pending.store(0, Ordering::SeqCst);
+        log::info!("queue {qid}: done");
+    }
+
+    /// A queue's answer to a kick: only the queue's own thread may touch
+    /// its context, so it frees its batch here and publishes the
+    /// generation the control loop asked for.
+    fn on_tick(&self, qs: &QueueShared, ctx: &mut QueueCtx) {
+        let gen = self.tick_gen.load(Ordering::SeqCst);
+        ctx.flush_frees();
+        qs.pending
+            .store(ctx.pending_frees() as u64, Ordering::SeqCst);
+        qs.done.store(gen, Ordering::SeqCst);
+    }
+}
+
+/// Counts a queue thread out when it ends, however it ends.
+struct AliveGuard<'a>(&'a AtomicUsize);
+
+impl Drop for AliveGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Handles the request in `tag` and completes it.
+fn serve_request(
+    q: &UblkQueue,
+    tag: u16,
+    ctx: &mut QueueCtx,
+    bufs: &mut [libublk::helpers::IoBuf<u8>],
+    rl: &mut RateLimit,
+) {
+    let iod = IoDesc::from(q.get_iod(tag));
+    let Some(buf) = bufs.get_mut(usize::from(tag)) else {
+        log::error!("queue {}: tag {tag} out of range", q.get_qid());
+        return;
+    };
+    let res = handle_io(ctx, &iod, buf.as_mut_slice(), rl);
+    let done = q.complete_io_cmd_unified(
+        tag,
+        BufDesc::Slice(buf.as_slice()),
+        Ok(UblkIORes::Result(res)),
+    );
+    if let Err(e) = done {
+        log::error!(
+            "queue {}: completing tag {tag}: {}",
+            q.get_qid(),
+            UblkCause(&e)
+        );
+    }
+}
+
+/// Queues a read of the kick eventfd on this thread's ring.
+fn submit_tick_read(q: &UblkQueue, qs: &QueueShared) {
+    // The kernel writes the counter into `kick_buf`, which lives in the
+    // shared state: a read still pending when the queue thread ends never
+    // lands on a dead stack frame.
+    let buf = qs.kick_buf.as_ptr().cast::<u8>();
+    let fd = io_uring::types::Fd(qs.kick.as_raw_fd());
+    let sqe = io_uring::opcode::Read::new(fd, buf, 8)
+        .build()
+        .user_data(UblkIOCtx::build_user_data(0, TICK_OP, 0, true));
+    if let Err(e) = q.ublk_submit_sqe_sync(sqe) {
+        log::warn!(
+            "queue {}: cannot arm the tick: {}",
+            q.get_qid(),
+            UblkCause(&e)
+        );
+    }
+}
+
+/// Stand-ins for queue threads, for tests of the control side.
+#[cfg(test)]
+pub(crate) mod fake {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+    use zblk::PAGE_SIZE;
+
+    /// Marks every queue thread gone (for tests that start none).
+    pub fn no_threads(q: &Queues) {
+        q.alive.store(0, Ordering::SeqCst);
+    }
+
+    /// Stands in for queue thread `qid`: writes ten pages and discards them
+    /// with its context (leaving ten handles batched), then answers kicks
+    /// on its eventfd as the real queue does, until a kick finds `stop`.
+    pub fn queue(
+        shared: Arc<Queues>,
+        qid: u16,
+        stop: Arc<AtomicBool>,
+    ) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            let _alive = AliveGuard(&shared.alive);
+            let mut ctx = shared.take_ctx(qid).unwrap();
+            let page: Vec<u8> = (0..PAGE_SIZE)
+                .map(|i| (i % 251) as u8 ^ qid as u8)
+                .collect();
+            let base = u64::from(qid) * 100 * PAGE_SIZE as u64;
+            for i in 0..10u64 {
+                ctx.write(base + i * PAGE_SIZE as u64, &page).unwrap();
+            }
+            // Ten handles detached: fewer than a free batch, so they wait.
+            ctx.discard(base, 10 * PAGE_SIZE as u64).unwrap();
+            assert_eq!(ctx.pending_frees(), 10);
+            let qs = &shared.queues[usize::from(qid)];
+            loop {
+                let mut b = [0u8; 8];
+                // SAFETY: blocking read of 8 bytes into a local buffer from
+                // an eventfd the shared state owns.
+                let n = unsafe { libc::read(qs.kick.as_raw_fd(), b.as_mut_ptr().cast(), 8) };
+                assert_eq!(n, 8);
+                shared.on_tick(qs, &mut ctx);
+                if stop.load(Ordering::SeqCst) {
+                    return;
+                }
+            }
+        })
+    }
+}
