@@ -80,6 +80,10 @@ pub struct StoreConfig {
     pub deferred_free_max_batches: usize,
     /// Lock the slab's memory in RAM (for swap devices).
     pub mlock: bool,
+    /// Keep the slot table and the slab in one memfd that outlives the
+    /// process (`Store::memory_fd`), so that a new process can take the
+    /// store over with every page (`Store::recover`). Needs the slab.
+    pub shared: bool,
     /// Makes each context's codec instead of `algo.new_codec()`: an
     /// accelerator codec on a chosen set of work queues (tests run
     /// `deflate-iaa` on the device model this way). Its codecs must
@@ -127,11 +131,22 @@ impl StoreConfig {
             deferred_free: true,
             deferred_free_max_batches: DEFAULT_MAX_PENDING_BATCHES,
             mlock: false,
+            shared: false,
             codecs: None,
         }
     }
 
     pub(crate) fn validate(&self) -> Result<()> {
+        if self.shared && self.allocator != AllocatorKind::Slab {
+            return Err(Error::InvalidConfig(
+                "shared memory needs the slab allocator".into(),
+            ));
+        }
+        if self.shared && !portable_atomic::AtomicU128::is_lock_free() {
+            return Err(Error::InvalidConfig(
+                "shared memory needs 16-byte atomics (cmpxchg16b), which this CPU lacks".into(),
+            ));
+        }
         if self.size == 0 || self.size % PAGE_SIZE_U64 != 0 {
             return Err(Error::InvalidConfig(format!(
                 "size {} is not a non-zero multiple of 4096 bytes",

@@ -34,8 +34,9 @@ pub(crate) struct CtxState {
 }
 
 impl CtxState {
-    /// Fresh state for thread `id` of `cfg`'s store, writing into `shard`.
-    pub(crate) fn new(cfg: &StoreConfig, id: usize, shard: Arc<StatsShard>) -> Self {
+    /// Fresh state for thread `id` of `cfg`'s store, writing into `shard`;
+    /// `epoch` is the store's recovery count.
+    pub(crate) fn new(cfg: &StoreConfig, id: usize, epoch: u64, shard: Arc<StatsShard>) -> Self {
         let g = cfg.group_pages;
         let packed = cfg.mode == Mode::Packed;
         CtxState {
@@ -46,10 +47,17 @@ impl CtxState {
             plan: GroupPlan::with_capacity(g),
             gather: vec![0u8; if packed { g * PAGE_SIZE } else { 0 }],
             pack_cache: PackCache::with_capacity(if packed { g } else { 0 }),
-            // Ids are never 0 (the empty cache) and never repeat across queues.
-            next_pack_id: ((id as u64 + 1) << 40) + 1,
+            next_pack_id: first_pack_id(id, epoch),
         }
     }
+}
+
+/// The first packed object id of thread `id` in recovery epoch `epoch`:
+/// ids are never 0 (the empty read cache) and never repeat, across queues
+/// (12 bits) nor across recoveries (16 bits), whose objects live on; each
+/// thread has 2^36 ids per epoch.
+fn first_pack_id(id: usize, epoch: u64) -> u64 {
+    ((epoch & 0xffff) << 48) | (((id as u64 + 1) & 0xfff) << 36) | 1
 }
 
 /// The planned content of each page of the group being written, and the

@@ -125,6 +125,10 @@ struct Shared {
     queued: AtomicU64,
     sleeping: AtomicBool,
     stop: AtomicBool,
+    /// A simulated crash: the drain stops at once and frees nothing more.
+    abandoned: AtomicBool,
+    /// The drain thread has returned.
+    exited: AtomicBool,
     idle_hook: Mutex<Option<IdleHook>>,
 }
 
@@ -201,6 +205,8 @@ impl Freer {
             queued: AtomicU64::new(0),
             sleeping: AtomicBool::new(false),
             stop: AtomicBool::new(false),
+            abandoned: AtomicBool::new(false),
+            exited: AtomicBool::new(false),
             idle_hook: Mutex::new(None),
         });
         let mut f = Freer {
@@ -278,6 +284,21 @@ impl Freer {
         }
     }
 
+    /// Stops the drain where it is, freeing nothing more, as a crash of the
+    /// process would: for tests that recover a store from its shared
+    /// memory while the crashed store's objects are leaked, not freed.
+    pub fn abandon(&self) {
+        self.shared.abandoned.store(true, Ordering::SeqCst);
+        let Some(t) = &self.drain_thread else {
+            return;
+        };
+        let t0 = Instant::now();
+        while !self.shared.exited.load(Ordering::SeqCst) && t0.elapsed() < Duration::from_secs(5) {
+            t.unpark();
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
     /// Wakes the drain if it sleeps (a stat or compact wants the truth soon).
     pub fn wake(&self) {
         // Pairs with the fence in `drain_loop`: either the drain sees the
@@ -315,6 +336,9 @@ impl Freer {
 
 impl Drop for Freer {
     fn drop(&mut self) {
+        if self.shared.abandoned.load(Ordering::SeqCst) {
+            return;
+        }
         self.shared.stop.store(true, Ordering::SeqCst);
         if let Some(t) = &self.drain_thread {
             t.unpark();
@@ -355,6 +379,10 @@ fn drain_loop(sh: &Shared) {
     let mut buf = Vec::with_capacity(DRAIN_CHUNK + FREE_BATCH);
     let mut last_hook = Instant::now();
     loop {
+        if sh.abandoned.load(Ordering::SeqCst) {
+            sh.exited.store(true, Ordering::SeqCst);
+            return;
+        }
         sh.drain_once(&mut buf);
         if sh.stop.load(Ordering::SeqCst) {
             sh.drain_once(&mut buf);

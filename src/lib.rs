@@ -32,6 +32,8 @@ mod free;
 mod packed;
 mod page;
 mod read;
+mod recover;
+mod shm;
 pub mod slab;
 mod slot;
 mod stats;
@@ -49,4 +51,4 @@ pub use config::{
 pub use error::{Error, Result};
 pub use page::{PAGE_SIZE, PAGE_SIZE_U64};
 pub use stats::{Counters, Latencies, Latency};
-pub use store::{debug_corrupt_object, QueueCtx, Store, StoreStats};
+pub use store::{debug_corrupt_object, debug_crash, QueueCtx, Store, StoreStats};

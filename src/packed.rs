@@ -251,6 +251,42 @@ pub(crate) unsafe fn clear_live(alloc: &dyn ObjAllocator, e: &Entry) -> (usize, 
     (pos, prev & !bit == 0)
 }
 
+/// During a recovery scan: checks the packed page `e` against its object's
+/// header and marks it live in the object's live mask (which the dead
+/// process may have left stale): the first page of an object found sets
+/// the mask to its own bit, later ones add theirs. Returns the page's
+/// position in the blob, or `None` if header and slot disagree.
+///
+/// # Safety
+/// `e`'s object is live (just claimed in the slab), at least
+/// `PACK_HEADER + e.len` bytes long, and nothing else uses the store.
+pub(crate) unsafe fn recover_page(
+    alloc: &dyn ObjAllocator,
+    e: &Entry,
+    first: bool,
+) -> Option<usize> {
+    // SAFETY: the caller's contract; only the address is looked at.
+    let addr = unsafe { alloc.object_ptr(e.val, PACK_HEADER) } as usize;
+    if addr % std::mem::align_of::<AtomicU64>() != 0 {
+        return None;
+    }
+    // SAFETY: the caller's contract.
+    let hdr = unsafe { PackHeader::read(alloc, e.val) };
+    let pos = hdr.position(e.idx);
+    let bit = 1u64 << e.idx;
+    if hdr.orig & bit == 0 || hdr.orig.count_ones() != e.n as u32 || pos >= e.n as usize {
+        return None;
+    }
+    // SAFETY: the caller's contract; aligned, checked above.
+    let live = unsafe { live_mask(alloc, e.val) };
+    if first {
+        live.store(bit, Ordering::Release);
+    } else {
+        live.fetch_or(bit, Ordering::AcqRel);
+    }
+    Some(pos)
+}
+
 /// Pages still live in the object.
 ///
 /// # Safety

@@ -4,9 +4,17 @@
 //! word, so locking is per page and nothing global is taken on the I/O path.
 //! Critical sections are short (a decompression at most), so the lock spins
 //! briefly and then yields.
+//!
+//! The flags word and the value word form one 16-byte atomic. Taking the
+//! lock sets the lock bit; a holder's changes stay in its [`SlotGuard`] and
+//! reach the slot in the one 16-byte store that also unlocks it. So at any
+//! instruction the slot's memory holds one whole entry, old or new, which
+//! is what lets a store in shared memory be recovered after its process
+//! died in the middle of a write (a slot found locked holds its old entry).
 
 use crate::alloc::Handle;
-use std::sync::atomic::{AtomicU64, Ordering};
+use portable_atomic::AtomicU128;
+use std::sync::atomic::Ordering;
 
 /// What a slot holds, from its flags word.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,13 +39,21 @@ const LEN_MASK: u64 = (1 << 20) - 1;
 const IDX_SHIFT: u32 = 20;
 const N_SHIFT: u32 = 28;
 
-/// One slot: `meta` holds the lock bit, the kind and the object length;
-/// `val` holds the handle, or the fill word of a same-filled page.
+/// One slot: the low 64 bits (`meta`) hold the lock bit, the kind and the
+/// object length; the high 64 bits (`val`) hold the handle, or the fill
+/// word of a same-filled page.
 #[derive(Debug, Default)]
 #[repr(C)]
 pub struct Slot {
-    meta: AtomicU64,
-    val: AtomicU64,
+    word: AtomicU128,
+}
+
+fn join(meta: u64, val: u64) -> u128 {
+    (u128::from(val) << 64) | u128::from(meta)
+}
+
+fn split(word: u128) -> (u64, u64) {
+    (word as u64, (word >> 64) as u64)
 }
 
 /// The decoded content of a slot: what a writer installs or takes out.
@@ -116,10 +132,11 @@ impl Entry {
     }
 }
 
-/// A locked slot; unlocks on drop.
+/// A locked slot; writes its content back and unlocks on drop.
 pub struct SlotGuard<'a> {
     slot: &'a Slot,
     meta: u64,
+    val: u64,
 }
 
 impl Slot {
@@ -127,16 +144,23 @@ impl Slot {
     pub fn lock(&self) -> SlotGuard<'_> {
         let mut spins = 0u32;
         loop {
-            let m = self.meta.load(Ordering::Relaxed);
-            if m & LOCK == 0
+            let w = self.word.load(Ordering::Relaxed);
+            let (meta, val) = split(w);
+            if meta & LOCK == 0
                 && self
-                    .meta
-                    .compare_exchange_weak(m, m | LOCK, Ordering::Acquire, Ordering::Relaxed)
+                    .word
+                    .compare_exchange_weak(
+                        w,
+                        join(meta | LOCK, val),
+                        Ordering::Acquire,
+                        Ordering::Relaxed,
+                    )
                     .is_ok()
             {
                 return SlotGuard {
                     slot: self,
-                    meta: m,
+                    meta,
+                    val,
                 };
             }
             spins += 1;
@@ -147,28 +171,43 @@ impl Slot {
             }
         }
     }
+
+    /// For a recovery scan, with no other thread in the store: the slot's
+    /// entry, unlocking a slot whose lock its dead holder left set (it
+    /// still holds the entry from before that holder's change).
+    pub(crate) fn recover(&self) -> Entry {
+        let (meta, val) = split(self.word.load(Ordering::Acquire));
+        if meta & LOCK != 0 {
+            self.word.store(join(meta & !LOCK, val), Ordering::Release);
+        }
+        Entry::decode(meta, val)
+    }
 }
 
 impl SlotGuard<'_> {
     /// The slot's current content.
     pub fn entry(&self) -> Entry {
-        Entry::decode(self.meta, self.slot.val.load(Ordering::Relaxed))
+        Entry::decode(self.meta, self.val)
     }
 
     /// Replaces the content, returning the old one (whose handle the caller
-    /// now owns and must free).
+    /// now owns and must free). The slot's memory changes when the guard is
+    /// dropped.
     pub fn replace(&mut self, new: Entry) -> Entry {
         let old = self.entry();
         self.meta = new.encode();
-        self.slot.val.store(new.val, Ordering::Relaxed);
+        self.val = new.val;
         old
     }
 }
 
 impl Drop for SlotGuard<'_> {
     fn drop(&mut self) {
-        // Release publishes `val` and the object bytes written before install.
-        self.slot.meta.store(self.meta & !LOCK, Ordering::Release);
+        // One store publishes the entry (and, by Release, the object bytes
+        // written before install) and unlocks.
+        self.slot
+            .word
+            .store(join(self.meta & !LOCK, self.val), Ordering::Release);
     }
 }
 

@@ -25,11 +25,13 @@ use crate::ctx::CtxState;
 use crate::error::{Error, Result};
 use crate::free::FreeConfig;
 use crate::page::{PAGE_SIZE, PAGE_SIZE_U64};
+use crate::shm::SharedMem;
 use crate::slab::{SlabAllocator, SlabConfig};
 use crate::slot::{Entry, Kind};
 use crate::stats::{self, Counter, Counters, Latencies, Op, StatsShard};
 use crate::table::SlotTable;
 use serde::Serialize;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -66,6 +68,16 @@ pub struct StoreStats {
     pub deferred_free_pending: u64,
     /// Bytes of slot table (16 per page of device size).
     pub slot_table_bytes: u64,
+    /// Whether the store lives in shared memory (recoverable).
+    pub shared: bool,
+    /// Times the store was taken over from a dead process; event counters
+    /// (I/O counts, latencies) restart at each, gauges are recounted.
+    pub recoveries: u64,
+    /// When the last recovery was, seconds since the epoch (0: never).
+    pub recovered_at: u64,
+    /// Slots the last recovery emptied because their entries could not be
+    /// trusted (0 unless memory was corrupted).
+    pub recovery_dropped: u64,
     /// Per-page latency percentiles.
     pub latency: Latencies,
     /// The counters of each queue context, in queue order.
@@ -80,34 +92,116 @@ pub struct Store {
     pages_compacted: AtomicU64,
     /// The compactor's own thread state (codec, shard, free batch).
     compactor: Mutex<Option<CtxState>>,
+    past: PastLives,
+}
+
+/// What a store carries over from the processes it was recovered from.
+#[derive(Default)]
+struct PastLives {
+    /// Recoveries so far (the packed object id epoch).
+    recoveries: u64,
+    /// When the last one was, seconds since the epoch (0: never).
+    recovered_at: u64,
+    /// The gauges the recovery scan recounted.
+    gauges: Option<Arc<StatsShard>>,
+    /// Slots the scan emptied because their entries could not be trusted.
+    dropped: u64,
 }
 
 impl Store {
-    /// Creates a store with the allocator its configuration names.
+    /// Creates a store with the allocator its configuration names, in
+    /// shared memory if `cfg.shared`.
     pub fn new(cfg: StoreConfig) -> Result<Arc<Store>> {
-        let alloc: Box<dyn ObjAllocator> = match cfg.allocator {
-            AllocatorKind::Slab => Box::new(SlabAllocator::new(SlabConfig { mlock: cfg.mlock })),
-            AllocatorKind::Heap => Box::new(HeapAllocator::new()),
+        cfg.validate()?;
+        let slab_cfg = SlabConfig { mlock: cfg.mlock };
+        let (alloc, shm): (Arc<dyn ObjAllocator>, _) = match cfg.allocator {
+            AllocatorKind::Slab if cfg.shared => {
+                let shm = Arc::new(crate::recover::create(&cfg)?);
+                let slab = SlabAllocator::shared(slab_cfg, shm.clone());
+                (Arc::new(slab), Some(shm))
+            }
+            AllocatorKind::Slab => (Arc::new(SlabAllocator::new(slab_cfg)), None),
+            AllocatorKind::Heap => (Arc::new(HeapAllocator::new()), None),
         };
-        Self::with_allocator(cfg, alloc)
+        let table = Self::table(&cfg, shm.as_ref(), alloc)?;
+        Ok(Self::assemble(cfg, table, PastLives::default()))
     }
 
-    /// Creates a store over the given allocator.
+    /// Creates a store over the given allocator (in private memory).
     pub fn with_allocator(cfg: StoreConfig, alloc: Box<dyn ObjAllocator>) -> Result<Arc<Store>> {
         cfg.validate()?;
+        if cfg.shared {
+            return Err(Error::InvalidConfig(
+                "a store in shared memory brings its own allocator: use Store::new".into(),
+            ));
+        }
+        let table = Self::table(&cfg, None, Arc::from(alloc))?;
+        Ok(Self::assemble(cfg, table, PastLives::default()))
+    }
+
+    /// Takes over the store a dead process left in the shared memory `fd`
+    /// (see [`Store::memory_fd`]), with every page it held: the slot table
+    /// is scanned, the allocator's bookkeeping and the gauges rebuilt, and
+    /// every object no slot references freed. `cfg` must describe the same
+    /// store (size, algorithm, group shape), with `shared` set; settings
+    /// that only steer the process (memory limit, mlock, deferred free)
+    /// may differ. Nothing else may use the memory meanwhile.
+    pub fn recover(cfg: StoreConfig, fd: OwnedFd) -> Result<Arc<Store>> {
+        cfg.validate()?;
+        if !cfg.shared || cfg.allocator != AllocatorKind::Slab {
+            return Err(Error::InvalidConfig(
+                "only a store in shared memory with the slab can be recovered".into(),
+            ));
+        }
+        let (shm, header) = crate::recover::open(&cfg, fd)?;
+        let shm = Arc::new(shm);
+        let slab = Arc::new(SlabAllocator::shared(
+            SlabConfig { mlock: cfg.mlock },
+            shm.clone(),
+        ));
+        let table = Self::table(&cfg, Some(&shm), slab.clone())?;
+        let gauges = Arc::new(StatsShard::default());
+        let scan = crate::recover::scan(&table, &slab, &gauges);
+        let header = crate::recover::record(&shm, header)?;
+        log::info!(
+            "recovered a store of {} pages ({} stored, {} emptied as untrustworthy), recovery {}",
+            table.pages(),
+            scan.stored,
+            scan.dropped,
+            header.recoveries
+        );
+        let past = PastLives {
+            recoveries: header.recoveries,
+            recovered_at: header.recovered_at,
+            gauges: Some(gauges),
+            dropped: scan.dropped,
+        };
+        Ok(Self::assemble(cfg, table, past))
+    }
+
+    /// The slot table of a store of `cfg` over `alloc`.
+    fn table(
+        cfg: &StoreConfig,
+        shm: Option<&Arc<SharedMem>>,
+        alloc: Arc<dyn ObjAllocator>,
+    ) -> Result<SlotTable> {
         let pages = (cfg.size / PAGE_SIZE_U64) as usize;
-        alloc.set_mem_limit(cfg.mem_limit);
         let free = FreeConfig {
             deferred: cfg.deferred_free,
             max_pending_batches: cfg.deferred_free_max_batches,
         };
-        let table = SlotTable::new(pages, Arc::from(alloc), free, cfg.object_span())?;
+        SlotTable::new(pages, shm, alloc, free, cfg.object_span())
+    }
+
+    fn assemble(cfg: StoreConfig, table: SlotTable, past: PastLives) -> Arc<Store> {
+        table.allocator().set_mem_limit(cfg.mem_limit);
         let store = Arc::new(Store {
             table,
             shards: Mutex::new(Vec::new()),
             pages_compacted: AtomicU64::new(0),
             compactor: Mutex::new(None),
             cfg,
+            past,
         });
         // The drain thread compacts when fragmentation passes the threshold.
         let weak = Arc::downgrade(&store);
@@ -116,13 +210,20 @@ impl Store {
                 s.maybe_compact();
             }
         }));
-        Ok(store)
+        store
+    }
+
+    /// The memfd that holds the store (slot table and objects), for
+    /// whoever keeps it while no process serves the store; `None` unless
+    /// the store is in shared memory.
+    pub fn memory_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.table.shared().map(|shm| shm.fd())
     }
 
     /// Creates a per-thread context (one per queue).
     pub fn new_ctx(self: &Arc<Self>) -> QueueCtx {
         let (id, shard) = self.new_shard();
-        let st = CtxState::new(&self.cfg, id, shard);
+        let st = CtxState::new(&self.cfg, id, self.past.recoveries, shard);
         QueueCtx {
             store: self.clone(),
             st,
@@ -166,7 +267,7 @@ impl Store {
             let mut guard = self.compactor.lock().unwrap_or_else(|e| e.into_inner());
             let st = guard.get_or_insert_with(|| {
                 let (id, shard) = self.new_shard();
-                CtxState::new(&self.cfg, id, shard)
+                CtxState::new(&self.cfg, id, self.past.recoveries, shard)
             });
             crate::compact::rewrite_sparse_groups(&self.table, &self.cfg, st);
             st.free.flush(self.table.frees());
@@ -219,7 +320,8 @@ impl Store {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        let (counters, latency) = stats::merge(shards.iter().map(|s| &**s));
+        let recounted = self.past.gauges.iter().map(|s| &**s);
+        let (counters, latency) = stats::merge(recounted.chain(shards.iter().map(|s| &**s)));
         let queues = shards.iter().map(|s| stats::merge([&**s]).0).collect();
         // Handles detached (counted per queue) minus those freed so far:
         // partial batches in contexts plus what the drain has not reached.
@@ -239,6 +341,10 @@ impl Store {
             mem_spare: alloc.spare_pages() * PAGE_SIZE_U64,
             deferred_free_pending,
             slot_table_bytes: self.table.bytes(),
+            shared: self.table.shared().is_some(),
+            recoveries: self.past.recoveries,
+            recovered_at: self.past.recovered_at,
+            recovery_dropped: self.past.dropped,
             latency,
             queues,
         }
@@ -440,4 +546,15 @@ pub unsafe fn debug_corrupt_object(store: &Store, page: u64, at: usize, byte: u8
         std::ptr::write_bytes(p, byte, len - at);
     }
     true
+}
+
+/// Simulates the death of the process serving `store`: the drain thread
+/// stops where it is and everything is leaked, nothing freed or flushed,
+/// so that a test can recover the store from [`Store::memory_fd`] (dup it
+/// first) as a new process would. Queue contexts must be leaked too
+/// (`std::mem::forget`), as a crash would leave them.
+#[doc(hidden)]
+pub fn debug_crash(store: Arc<Store>) {
+    store.table.frees().abandon();
+    std::mem::forget(store);
 }

@@ -21,13 +21,14 @@ use crate::error::{Error, Result};
 use crate::free::{FreeConfig, Freer};
 use crate::packed;
 use crate::page::PAGE_SIZE;
+use crate::shm::{SharedMem, SLOTS_AT};
 use crate::slot::{Entry, Kind, Slot, SlotGuard};
 use crate::stats::{Counter, StatsShard};
 use std::sync::Arc;
 
 /// The slot table, the allocator behind it and its deferred free.
 pub(crate) struct SlotTable {
-    slots: Box<[Slot]>,
+    slots: SlotMem,
     alloc: Arc<dyn ObjAllocator>,
     frees: Freer,
     /// Slots an object may be referenced from, from its owner on (1 per
@@ -44,19 +45,37 @@ pub(crate) struct Released {
 }
 
 impl SlotTable {
-    /// A table of `pages` empty slots over `alloc`.
+    /// A table of `pages` slots over `alloc`: empty ones on the heap, or
+    /// those of `shm`'s slot table (empty if the file is new).
     pub(crate) fn new(
         pages: usize,
+        shm: Option<&Arc<SharedMem>>,
         alloc: Arc<dyn ObjAllocator>,
         free: FreeConfig,
         span: u64,
     ) -> Result<SlotTable> {
+        let slots = match shm {
+            Some(shm) => SlotMem::shared(shm, pages)?,
+            None => SlotMem::Heap(new_slots(pages)?),
+        };
         Ok(SlotTable {
-            slots: new_slots(pages)?,
+            slots,
             frees: Freer::new(alloc.clone(), free),
             alloc,
             span,
         })
+    }
+
+    /// For a recovery scan, with no other thread in the store: every
+    /// slot's entry, in page order, unlocked (see `Slot::recover`);
+    /// `keep(page, entry)` returning false empties that slot.
+    pub(crate) fn scan(&self, mut keep: impl FnMut(u64, &Entry) -> bool) {
+        for (page, slot) in self.slots.iter().enumerate() {
+            let e = slot.recover();
+            if !keep(page as u64, &e) {
+                slot.lock().replace(Entry::EMPTY);
+            }
+        }
     }
 
     /// Pages of device.
@@ -67,6 +86,14 @@ impl SlotTable {
     /// Bytes of slot table.
     pub(crate) fn bytes(&self) -> u64 {
         std::mem::size_of_val(&*self.slots) as u64
+    }
+
+    /// The shared memory the slots live in, if they do.
+    pub(crate) fn shared(&self) -> Option<&Arc<SharedMem>> {
+        match &self.slots {
+            SlotMem::Shared { shm, .. } => Some(shm),
+            SlotMem::Heap(_) => None,
+        }
     }
 
     /// The object allocator.
@@ -201,7 +228,7 @@ impl Relocate for SlotTable {
 
 /// Adds (`sign` 1) or removes (`sign` -1) an entry's share of the gauges;
 /// `pos` is a packed page's position in its blob.
-fn account(shard: &StatsShard, e: &Entry, pos: usize, sign: i64) {
+pub(crate) fn account(shard: &StatsShard, e: &Entry, pos: usize, sign: i64) {
     match e.kind {
         Kind::Empty => return,
         Kind::Same => shard.add(Counter::SamePages, sign),
@@ -239,5 +266,67 @@ fn new_slots(pages: usize) -> Result<Box<[Slot]>> {
             return Err(Error::NoSpace { limit: 0 });
         }
         Ok(Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, pages)))
+    }
+}
+
+/// Where the slots live: the heap, or a mapping of a store's shared memory.
+enum SlotMem {
+    Heap(Box<[Slot]>),
+    Shared {
+        /// The mapping: the header page, then the slots.
+        base: usize,
+        map_len: usize,
+        pages: usize,
+        shm: Arc<SharedMem>,
+    },
+}
+
+impl SlotMem {
+    /// Maps the slot table of `shm` (the header page with it, so that the
+    /// mapping starts at offset 0 and the slots stay 16-byte aligned).
+    fn shared(shm: &Arc<SharedMem>, pages: usize) -> Result<SlotMem> {
+        let too_big = || Error::InvalidConfig(format!("{pages} pages is too many"));
+        let bytes = pages
+            .checked_mul(std::mem::size_of::<Slot>())
+            .ok_or_else(too_big)?;
+        let map_len = (SLOTS_AT as usize)
+            .checked_add(bytes)
+            .ok_or_else(too_big)?
+            .next_multiple_of(PAGE_SIZE);
+        let base = shm.map(0, map_len).ok_or(Error::NoSpace { limit: 0 })?;
+        Ok(SlotMem::Shared {
+            base,
+            map_len,
+            pages,
+            shm: shm.clone(),
+        })
+    }
+}
+
+impl std::ops::Deref for SlotMem {
+    type Target = [Slot];
+
+    fn deref(&self) -> &[Slot] {
+        match self {
+            SlotMem::Heap(b) => b,
+            // SAFETY: the mapping holds `pages` slots from SLOTS_AT (4096,
+            // a multiple of Slot's alignment, 16), lives as long as `self`,
+            // and a Slot is one atomic, valid for any bytes (zeros: empty,
+            // unlocked), so shared access through `&[Slot]` is sound even
+            // while another process maps the same file.
+            SlotMem::Shared { base, pages, .. } => unsafe {
+                std::slice::from_raw_parts((*base + SLOTS_AT as usize) as *const Slot, *pages)
+            },
+        }
+    }
+}
+
+impl Drop for SlotMem {
+    fn drop(&mut self) {
+        if let SlotMem::Shared { base, map_len, .. } = *self {
+            // SAFETY: unmapping what `shared` mapped; no slot reference
+            // outlives the table that owns this memory.
+            unsafe { libc::munmap(base as *mut libc::c_void, map_len) };
+        }
     }
 }

@@ -48,12 +48,16 @@
 
 mod class;
 mod compact;
+mod recover;
 mod vm;
 
+pub(crate) use recover::Claim;
+
 use crate::alloc::{AllocError, Handle, MemAccount, ObjAllocator, Relocate};
+use crate::shm::SharedMem;
 use class::{ClassSpec, ClassTable};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use vm::ChunkDir;
 
 /// How a slab is built.
@@ -273,19 +277,61 @@ impl Default for SlabAllocator {
 impl SlabAllocator {
     /// Creates an empty slab; no memory is mapped until the first object.
     pub fn new(cfg: SlabConfig) -> Self {
+        Self::build(cfg, None)
+    }
+
+    /// Creates an empty slab whose zspages live in `shm`'s class regions
+    /// (or, for [`SlabAllocator::claim`], a slab over the zspages a dead
+    /// process left there).
+    pub(crate) fn shared(cfg: SlabConfig, shm: Arc<SharedMem>) -> Self {
+        Self::build(cfg, Some(shm))
+    }
+
+    /// A hash of the class table and of the handle and slot encodings: a
+    /// process can use zspages another left in shared memory only if its
+    /// fingerprint is the same.
+    pub(crate) fn fingerprint(&self) -> u64 {
+        // FNV-1a over every class's shape and the encoding constants.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut mix = |x: u64| {
+            for b in x.to_le_bytes() {
+                h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+            }
+        };
+        mix(crate::shm::LAYOUT_VERSION);
+        mix(u64::from(IDX_BITS));
+        mix(u64::from(CLASS_SHIFT));
+        mix(vm::CHUNK0);
+        for spec in self.table.specs.iter() {
+            mix(u64::from(spec.size));
+            mix(u64::from(spec.pages));
+            mix(u64::from(spec.objs));
+        }
+        h
+    }
+
+    fn build(cfg: SlabConfig, shm: Option<Arc<SharedMem>>) -> Self {
         let table = ClassTable::new();
         let classes = table
             .specs
             .iter()
             .enumerate()
-            .map(|(index, &spec)| SizeClass {
-                index,
-                spec,
-                cost: spec.zspage_bytes() as u64
-                    + std::mem::size_of::<ZsMeta>() as u64
-                    + 8 * spec.objs as u64,
-                dir: ChunkDir::new(spec.zspage_bytes()),
-                state: Mutex::new(ClassState::default()),
+            .map(|(index, &spec)| {
+                let bytes = spec.zspage_bytes();
+                SizeClass {
+                    index,
+                    spec,
+                    cost: bytes as u64
+                        + std::mem::size_of::<ZsMeta>() as u64
+                        + 8 * spec.objs as u64,
+                    dir: match &shm {
+                        Some(shm) => {
+                            ChunkDir::shared(bytes, shm.clone(), crate::shm::class_region(index).0)
+                        }
+                        None => ChunkDir::new(bytes),
+                    },
+                    state: Mutex::new(ClassState::default()),
+                }
             })
             .collect();
         SlabAllocator {
@@ -352,10 +398,16 @@ impl SlabAllocator {
         }
         self.charge(class.cost)?;
         let id = match st.free_ids.pop() {
-            Some(id) => id,
+            // A recovered slab's free ids may lie in chunks nobody mapped.
+            Some(id) if class.dir.ensure(id) => id,
+            Some(id) => {
+                st.free_ids.push(id);
+                self.uncharge(class.cost);
+                return Err(AllocError { limit: 0 });
+            }
             None => {
                 let id = st.zs.len() as u64;
-                if id >= MAX_ID || !class.dir.ensure(id) {
+                if id >= MAX_ID.min(class.dir.max_ids()) || !class.dir.ensure(id) {
                     self.uncharge(class.cost);
                     return Err(AllocError { limit: 0 });
                 }
@@ -504,10 +556,7 @@ impl SlabAllocator {
             return;
         }
         st.dead.sort_unstable();
-        let bytes = class.spec.zspage_bytes();
-        let release = |first: u64, n: u64| {
-            vm::release_range(class.dir.zspage_addr(first), n as usize * bytes, self.mlock);
-        };
+        let release = |first: u64, n: u64| class.dir.release(first, n, self.mlock);
         let mut run: Option<(u64, u64)> = None; // (first id, count)
         for &id in &st.dead {
             run = match run {

@@ -11,8 +11,17 @@
 //! number of zspages); a freed zspage gives its physical pages back to the
 //! OS with `madvise(MADV_DONTNEED)` and its range is reused by the next
 //! zspage of the class.
+//!
+//! A store in shared memory (`crate::shm`) maps each class's chunks from
+//! the class's region of the store's memfd instead, zspage `id` at
+//! `id * zspage_bytes` into the region (chunks tile the id space, so they
+//! tile the region too), and gives pages back by punching them out of the
+//! file: a recovering process maps the same chunks and finds every object
+//! where its handle says.
 
+use crate::shm::{SharedMem, CLASS_SPAN};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 /// Zspages in chunk 0; chunk `c` holds `CHUNK0 << c`.
 pub const CHUNK0: u64 = 16;
@@ -33,19 +42,82 @@ pub fn chunk_len(c: usize) -> u64 {
     CHUNK0 << c
 }
 
+/// The first zspage id of chunk `c`.
+#[inline]
+fn chunk_first(c: usize) -> u64 {
+    CHUNK0 * ((1u64 << c) - 1)
+}
+
 /// A class's chunk directory: chunk base addresses, 0 while unmapped.
 /// Written under the class lock, read without it.
 pub struct ChunkDir {
     bases: [AtomicUsize; MAX_CHUNKS],
     zspage_bytes: usize,
+    /// Shared memory: the store's file and the offset of the class's region.
+    shared: Option<(Arc<SharedMem>, u64)>,
 }
 
 impl ChunkDir {
-    /// An empty directory for zspages of `zspage_bytes`.
+    /// An empty directory for zspages of `zspage_bytes`, in private memory.
     pub fn new(zspage_bytes: usize) -> Self {
         ChunkDir {
             bases: std::array::from_fn(|_| AtomicUsize::new(0)),
             zspage_bytes,
+            shared: None,
+        }
+    }
+
+    /// An empty directory whose chunks are the region at `region` of `shm`.
+    pub fn shared(zspage_bytes: usize, shm: Arc<SharedMem>, region: u64) -> Self {
+        ChunkDir {
+            bases: std::array::from_fn(|_| AtomicUsize::new(0)),
+            zspage_bytes,
+            shared: Some((shm, region)),
+        }
+    }
+
+    /// Zspage ids the class's address space (its region, when shared) has
+    /// room for.
+    pub fn max_ids(&self) -> u64 {
+        match self.shared {
+            Some(_) => CLASS_SPAN / self.zspage_bytes as u64,
+            None => chunk_first(MAX_CHUNKS),
+        }
+    }
+
+    /// Maps chunk `c` of `len` bytes: anonymous memory, or its part of the
+    /// class's region of the shared file.
+    fn map_chunk(&self, c: usize, len: usize) -> Option<usize> {
+        let Some((shm, region)) = &self.shared else {
+            return map_anon(len);
+        };
+        let at = chunk_first(c).checked_mul(self.zspage_bytes as u64)?;
+        if at.checked_add(len as u64)? > CLASS_SPAN {
+            return None;
+        }
+        shm.map(region + at, len)
+    }
+
+    /// Gives the pages of `n` dead zspages from `first` back to the OS;
+    /// `locked` says whether the slab locked them.
+    pub fn release(&self, first: u64, n: u64, locked: bool) {
+        let bytes = n as usize * self.zspage_bytes;
+        match &self.shared {
+            Some((shm, region)) => {
+                shm.punch(region + first * self.zspage_bytes as u64, bytes as u64);
+            }
+            None => release_range(self.zspage_addr(first), bytes, locked),
+        }
+    }
+
+    /// Shared memory only: gives back every page of the class's region from
+    /// zspage `first` on, mapped or not (a recovery frees what no slot uses).
+    pub fn release_from(&self, first: u64) {
+        if let Some((shm, region)) = &self.shared {
+            let at = first.saturating_mul(self.zspage_bytes as u64);
+            if at < CLASS_SPAN {
+                shm.punch(region + at, CLASS_SPAN - at);
+            }
         }
     }
 
@@ -77,7 +149,7 @@ impl ChunkDir {
         let Some(len) = (chunk_len(c) as usize).checked_mul(self.zspage_bytes) else {
             return false;
         };
-        match map_anon(len) {
+        match self.map_chunk(c, len) {
             Some(p) => {
                 slot.store(p, Ordering::Release);
                 true

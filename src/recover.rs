@@ -1,0 +1,189 @@
+//! Taking over a store whose process died: the shared memory's header,
+//! and the scan that rebuilds everything else from the slot table.
+//!
+//! # Why a recovered store is consistent
+//!
+//! A process can die at any instruction; what it left in shared memory is
+//! whatever stores it had executed. The engine publishes in an order that
+//! makes every such state recoverable:
+//!
+//! 1. A new object's bytes are written (`write_fresh`) before its handle
+//!    is in any slot, so a slot never references a half-written object.
+//! 2. A slot changes in one 16-byte store, which also unlocks it
+//!    (`crate::slot`): it holds its old entry or its new one, never a mix;
+//!    a slot found locked holds its old entry, and the scan unlocks it.
+//! 3. An object is freed only after the slot that referenced it let go of
+//!    it, and compaction frees an object's old copy only after every slot
+//!    points at the new one: so every handle a slot holds names an object
+//!    that was live at the crash, and the scan claims exactly those.
+//! 4. Everything not claimed is free space: objects in free batches or the
+//!    drain queue, spares, half-made groups whose handles never reached a
+//!    slot, the old copy of an object compaction was moving. Their pages
+//!    are given back, so nothing leaks across a crash.
+//! 5. A packed object's live mask may be stale (a slot let go of its page
+//!    and the process died before clearing the bit); the scan rewrites it
+//!    from the slots that reference the object.
+//!
+//! The gauges (`stored_pages`, `compr_data_size`, same and huge pages,
+//! packed dead bytes) are recounted from the slots; event counters restart
+//! at zero, and the header counts recoveries and says when the last was.
+
+use crate::config::{Mode, StoreConfig};
+use crate::error::{Error, Result};
+use crate::packed;
+use crate::page::PAGE_SIZE;
+use crate::shm::{Header, SharedMem};
+use crate::slab::{Claim, SlabAllocator};
+use crate::slot::{Entry, Kind};
+use crate::stats::{Counter, StatsShard};
+use crate::table::{account, SlotTable};
+use std::os::fd::OwnedFd;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// Seconds since the epoch, now.
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// The header a store of `cfg` over `slab` gets.
+fn header_for(cfg: &StoreConfig, slab: &SlabAllocator) -> Header {
+    Header {
+        fingerprint: slab.fingerprint(),
+        size: cfg.size,
+        group_pages: cfg.group_pages as u64,
+        mode: u64::from(cfg.mode == Mode::Packed),
+        huge_threshold: cfg.huge_threshold as u64,
+        algo: cfg.algo.to_string(),
+        recoveries: 0,
+        created_at: now(),
+        recovered_at: 0,
+    }
+}
+
+/// A new store's shared memory, its header written.
+pub(crate) fn create(cfg: &StoreConfig) -> Result<SharedMem> {
+    let shm = SharedMem::create()?;
+    shm.write_header(&header_for(cfg, &SlabAllocator::default()))?;
+    Ok(shm)
+}
+
+/// Opens the shared memory of a dead store of `cfg`: its header must
+/// describe that very store, laid out as this build lays stores out.
+pub(crate) fn open(cfg: &StoreConfig, fd: OwnedFd) -> Result<(SharedMem, Header)> {
+    let shm = SharedMem::open(fd)?;
+    let found = shm.read_header()?;
+    let want = header_for(cfg, &SlabAllocator::default());
+    let differs = |what: &str, a: &dyn std::fmt::Display, b: &dyn std::fmt::Display| {
+        Error::InvalidConfig(format!(
+            "shared memory holds a store with {what} {a}, not {b}: recover it with its own settings"
+        ))
+    };
+    if found.fingerprint != want.fingerprint {
+        return Err(Error::InvalidConfig(
+            "shared memory was laid out by a zblk with other size classes: it cannot be recovered by this one".into(),
+        ));
+    }
+    if found.size != want.size {
+        return Err(differs("size", &found.size, &want.size));
+    }
+    if found.algo != want.algo {
+        return Err(differs("algorithm", &found.algo, &want.algo));
+    }
+    if found.group_pages != want.group_pages || found.mode != want.mode {
+        return Err(differs(
+            "group shape",
+            &found.group_pages,
+            &want.group_pages,
+        ));
+    }
+    if found.huge_threshold != want.huge_threshold {
+        return Err(differs(
+            "huge threshold",
+            &found.huge_threshold,
+            &want.huge_threshold,
+        ));
+    }
+    Ok((shm, found))
+}
+
+/// Records one more recovery in the header; returns the new header.
+pub(crate) fn record(shm: &SharedMem, mut h: Header) -> Result<Header> {
+    h.recoveries += 1;
+    h.recovered_at = now();
+    shm.write_header(&h)?;
+    Ok(h)
+}
+
+/// What a scan found.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Scan {
+    /// Slots that hold a page.
+    pub(crate) stored: u64,
+    /// Slots emptied because their entry could not be trusted (a handle
+    /// the slab cannot have made, a packed header that disagrees).
+    pub(crate) dropped: u64,
+}
+
+/// Rebuilds the slab's bookkeeping and the gauges (into `gauges`) from the
+/// slot table. Nothing else may use the store meanwhile.
+pub(crate) fn scan(table: &SlotTable, slab: &SlabAllocator, gauges: &StatsShard) -> Scan {
+    let alloc = table.allocator();
+    let mut found = Scan::default();
+    table.scan(|page, e| {
+        let (pos, first) = match claim(slab, alloc, page, e) {
+            Some(found) => found,
+            None => {
+                log::error!("recovery: page {page} had an entry it cannot trust ({e:?}): it now reads as zeros");
+                found.dropped += 1;
+                return false;
+            }
+        };
+        if e.kind != Kind::Empty {
+            found.stored += 1;
+        }
+        account(gauges, e, pos, 1);
+        if e.kind == Kind::Packed {
+            // Dead bytes: each blob's bytes less its live pages' shares.
+            let blob = if first { e.len as i64 } else { 0 };
+            gauges.add(Counter::PackedDeadBytes, blob - packed::share(e.len, e.n, pos));
+        }
+        true
+    });
+    slab.finish_recovery();
+    found
+}
+
+/// Claims the object `e` references for slot `page`; returns the page's
+/// position in its packed blob (0 otherwise) and whether this was the
+/// object's first claim, or `None` if the entry cannot be trusted.
+fn claim(
+    slab: &SlabAllocator,
+    alloc: &dyn crate::alloc::ObjAllocator,
+    page: u64,
+    e: &Entry,
+) -> Option<(usize, bool)> {
+    let len = match e.kind {
+        Kind::Empty | Kind::Same => return Some((0, false)),
+        Kind::Huge if e.len as usize == PAGE_SIZE => PAGE_SIZE,
+        Kind::Compressed if (1..PAGE_SIZE as u32).contains(&e.len) => e.len as usize,
+        Kind::Packed if e.n >= 1 && e.idx < 64 => packed::PACK_HEADER + e.len as usize,
+        _ => return None,
+    };
+    let claim = slab.claim(e.val, len, page);
+    let first = claim == Claim::First;
+    match (e.kind, claim) {
+        (_, Claim::Invalid) => None,
+        (Kind::Packed, _) => {
+            // SAFETY: the object was just claimed live, nothing else runs in
+            // the store, and its size covers the header.
+            let pos = unsafe { packed::recover_page(alloc, e, first) }?;
+            Some((pos, first))
+        }
+        (_, Claim::First) => Some((0, true)),
+        // Two slots cannot own one per-page object.
+        (_, Claim::Again) => None,
+    }
+}

@@ -1,0 +1,294 @@
+//! Memory that outlives the process: one memfd per store.
+//!
+//! A store built with shared memory keeps everything a page needs in one
+//! memfd (`memfd_create`), mapped `MAP_SHARED`, so that the file, held by
+//! whoever keeps the descriptor (a keeper process, systemd's fd store),
+//! still holds every stored page after the daemon died, and a new daemon
+//! maps it again and recovers the store (`crate::recover`). The file is
+//! sparse: only pages that were written are backed, and pages given back
+//! are punched out of it (`fallocate(PUNCH_HOLE)`), so its size says
+//! nothing about its memory.
+//!
+//! Layout of the file (offsets fixed by [`LAYOUT_VERSION`]):
+//!
+//! | offset | what |
+//! | --- | --- |
+//! | 0 | the header (4 KB): magic, layout, the store's shape, recoveries |
+//! | [`SLOTS_AT`] | the slot table, 16 bytes per page |
+//! | [`class_region`]`(k)` | size class `k`'s zspages, zspage `id` at `id * zspage_bytes` |
+//!
+//! Everything else (class lists, free lists, statistics) is process memory
+//! and is rebuilt from the slot table by a recovery.
+
+use crate::error::{Error, Result};
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::FileExt;
+
+/// Where the slot table starts (after the header page).
+pub(crate) const SLOTS_AT: u64 = 4096;
+/// Room for the slot table: 2^36 pages (a 256 TB device).
+const SLOTS_SPAN: u64 = 1 << 40;
+/// Room per size class: 4 TB of zspages.
+pub(crate) const CLASS_SPAN: u64 = 1 << 42;
+/// Most size classes the layout has room for.
+const MAX_CLASSES: u64 = 256;
+/// The file's size: header, slot table and every class's region.
+const FILE_SIZE: u64 = SLOTS_AT + SLOTS_SPAN + MAX_CLASSES * CLASS_SPAN;
+
+/// The first 8 bytes of the header.
+const MAGIC: [u8; 8] = *b"ZBLKMEM\0";
+/// Bumped whenever the file's layout or an object format changes: a
+/// recovery refuses a file of another layout rather than misread it.
+pub(crate) const LAYOUT_VERSION: u64 = 1;
+/// Bytes of the header kept for the algorithm's name.
+const ALGO_BYTES: usize = 32;
+
+/// Offset and size of size class `k`'s region.
+pub(crate) fn class_region(k: usize) -> (u64, u64) {
+    (SLOTS_AT + SLOTS_SPAN + k as u64 * CLASS_SPAN, CLASS_SPAN)
+}
+
+/// The header: what a recovery checks before it trusts the rest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Header {
+    /// The allocator's class table and slot encoding, hashed: a binary
+    /// with other classes cannot decode these handles.
+    pub(crate) fingerprint: u64,
+    /// Device size in bytes.
+    pub(crate) size: u64,
+    /// Pages per compression group.
+    pub(crate) group_pages: u64,
+    /// 0 per page, 1 packed.
+    pub(crate) mode: u64,
+    /// Compressed size at or above which pages are stored raw.
+    pub(crate) huge_threshold: u64,
+    /// The algorithm's name (`Algo`'s Display).
+    pub(crate) algo: String,
+    /// Recoveries so far.
+    pub(crate) recoveries: u64,
+    /// When the store was created, seconds since the epoch.
+    pub(crate) created_at: u64,
+    /// When it was last recovered, seconds since the epoch (0: never).
+    pub(crate) recovered_at: u64,
+}
+
+const FIELDS: usize = 9;
+
+impl Header {
+    fn to_bytes(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(4096);
+        b.extend_from_slice(&MAGIC);
+        let words = [
+            LAYOUT_VERSION,
+            self.fingerprint,
+            self.size,
+            self.group_pages,
+            self.mode,
+            self.huge_threshold,
+            self.recoveries,
+            self.created_at,
+            self.recovered_at,
+        ];
+        for w in words {
+            b.extend_from_slice(&w.to_le_bytes());
+        }
+        let mut algo = [0u8; ALGO_BYTES];
+        let name = self.algo.as_bytes();
+        let n = name.len().min(ALGO_BYTES);
+        algo[..n].copy_from_slice(&name[..n]);
+        b.extend_from_slice(&algo);
+        b
+    }
+
+    fn parse(b: &[u8]) -> Result<Header> {
+        let bad = |why: &str| Error::InvalidConfig(format!("shared memory: {why}"));
+        if b.len() < 8 + 8 * FIELDS + ALGO_BYTES || b[..8] != MAGIC {
+            return Err(bad("no zblk store in this file (bad magic)"));
+        }
+        let w = |i: usize| {
+            let mut x = [0u8; 8];
+            x.copy_from_slice(&b[8 + 8 * i..16 + 8 * i]);
+            u64::from_le_bytes(x)
+        };
+        if w(0) != LAYOUT_VERSION {
+            return Err(bad(&format!(
+                "layout {} but this zblk reads layout {LAYOUT_VERSION}",
+                w(0)
+            )));
+        }
+        let at = 8 + 8 * FIELDS;
+        let algo = &b[at..at + ALGO_BYTES];
+        let end = algo.iter().position(|&c| c == 0).unwrap_or(ALGO_BYTES);
+        let algo = std::str::from_utf8(&algo[..end])
+            .map_err(|_| bad("the algorithm name is not UTF-8"))?
+            .to_string();
+        Ok(Header {
+            fingerprint: w(1),
+            size: w(2),
+            group_pages: w(3),
+            mode: w(4),
+            huge_threshold: w(5),
+            recoveries: w(6),
+            created_at: w(7),
+            recovered_at: w(8),
+            algo,
+        })
+    }
+}
+
+/// One store's memfd.
+#[derive(Debug)]
+pub(crate) struct SharedMem {
+    file: std::fs::File,
+}
+
+fn os_error(what: &str, e: io::Error) -> Error {
+    Error::InvalidConfig(format!("shared memory: {what}: {e}"))
+}
+
+impl SharedMem {
+    /// Creates an empty memfd of the layout's size (nothing backed yet).
+    pub(crate) fn create() -> Result<SharedMem> {
+        // SAFETY: a NUL-terminated name and valid flags; the result is
+        // checked before use.
+        let fd = unsafe { libc::memfd_create(c"zblk".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(os_error("memfd_create", io::Error::last_os_error()));
+        }
+        // SAFETY: a fresh descriptor that nothing else owns.
+        let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        file.set_len(FILE_SIZE)
+            .map_err(|e| os_error("sizing the memfd", e))?;
+        Ok(SharedMem { file })
+    }
+
+    /// Takes over the memfd of a store whose process died.
+    pub(crate) fn open(fd: OwnedFd) -> Result<SharedMem> {
+        let file = std::fs::File::from(fd);
+        let len = file.metadata().map_err(|e| os_error("fstat", e))?.len();
+        if len != FILE_SIZE {
+            return Err(Error::InvalidConfig(format!(
+                "shared memory: the file is {len} bytes, a zblk store's is {FILE_SIZE}"
+            )));
+        }
+        Ok(SharedMem { file })
+    }
+
+    /// The descriptor, for whoever keeps the memory while no daemon runs.
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
+        self.file.as_fd()
+    }
+
+    /// Reads the header.
+    pub(crate) fn read_header(&self) -> Result<Header> {
+        let mut b = vec![0u8; 4096];
+        self.file
+            .read_exact_at(&mut b, 0)
+            .map_err(|e| os_error("reading the header", e))?;
+        Header::parse(&b)
+    }
+
+    /// Writes the header.
+    pub(crate) fn write_header(&self, h: &Header) -> Result<()> {
+        self.file
+            .write_all_at(&h.to_bytes(), 0)
+            .map_err(|e| os_error("writing the header", e))
+    }
+
+    /// Maps `len` bytes at `offset` shared, read-write, lazily backed.
+    /// Returns the address, or `None` (logged) if the OS refused.
+    pub(crate) fn map(&self, offset: u64, len: usize) -> Option<usize> {
+        let off = libc::off_t::try_from(offset).ok()?;
+        // SAFETY: a fresh shared mapping of our own file; the result is
+        // checked against MAP_FAILED before use.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_NORESERVE,
+                self.file.as_raw_fd(),
+                off,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            log::error!(
+                "shared memory: mmap of {len} bytes at {offset} failed: {}",
+                io::Error::last_os_error()
+            );
+            return None;
+        }
+        Some(p as usize)
+    }
+
+    /// Gives `len` bytes at `offset` back to the OS: they read as zeros
+    /// afterwards, wherever they are mapped (locked mappings included).
+    pub(crate) fn punch(&self, offset: u64, len: u64) {
+        let (Ok(off), Ok(n)) = (libc::off_t::try_from(offset), libc::off_t::try_from(len)) else {
+            return;
+        };
+        let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        // SAFETY: fallocate on our own descriptor; it changes only file
+        // contents that no live object uses (the caller's contract).
+        if unsafe { libc::fallocate(self.file.as_raw_fd(), mode, off, n) } != 0 {
+            log::warn!(
+                "shared memory: cannot give {len} bytes back: {}",
+                io::Error::last_os_error()
+            );
+        }
+    }
+
+    /// Bytes of the file that are backed by memory.
+    #[cfg(test)]
+    fn resident_bytes(&self) -> u64 {
+        use std::os::unix::fs::MetadataExt;
+        self.file.metadata().map(|m| m.blocks() * 512).unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_round_trips_and_bad_files_are_refused() {
+        let h = Header {
+            fingerprint: 0xfeed,
+            size: 1 << 30,
+            group_pages: 8,
+            mode: 1,
+            huge_threshold: 3072,
+            algo: "zstd:3".into(),
+            recoveries: 2,
+            created_at: 1_700_000_000,
+            recovered_at: 1_700_000_100,
+        };
+        let shm = SharedMem::create().unwrap();
+        shm.write_header(&h).unwrap();
+        assert_eq!(shm.read_header().unwrap(), h);
+        let empty = SharedMem::create().unwrap();
+        assert!(empty.read_header().is_err(), "no magic, no store");
+        let mut b = h.to_bytes();
+        b[8] = 99;
+        assert!(Header::parse(&b).is_err(), "another layout is refused");
+    }
+
+    #[test]
+    fn punched_pages_read_as_zeros_and_are_not_resident() {
+        let shm = SharedMem::create().unwrap();
+        let (off, _) = class_region(3);
+        let a = shm.map(off, 8192).unwrap();
+        // SAFETY: a fresh 8 KB mapping only this test uses.
+        let s = unsafe { std::slice::from_raw_parts_mut(a as *mut u8, 8192) };
+        s.fill(7);
+        assert!(shm.resident_bytes() >= 8192);
+        shm.punch(off, 4096);
+        assert!(s[..4096].iter().all(|&b| b == 0));
+        assert!(s[4096..].iter().all(|&b| b == 7));
+        let b = shm.map(off, 8192).unwrap();
+        // SAFETY: a second mapping of the same bytes, read only.
+        let t = unsafe { std::slice::from_raw_parts(b as *const u8, 8192) };
+        assert_eq!(t[5000], 7, "a second mapping sees the same memory");
+    }
+}

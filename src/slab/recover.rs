@@ -1,0 +1,111 @@
+//! Rebuilding a slab over the zspages a dead process left in shared memory.
+//!
+//! A slab's bookkeeping (owner tables, free lists, fullness groups, spares,
+//! memory charged) is process memory and died with the process; its
+//! zspages' bytes did not. The store's recovery scan walks the slot table
+//! and [`SlabAllocator::claim`]s every handle a slot references: that
+//! object is live, with that owner. [`SlabAllocator::finish_recovery`] then
+//! makes everything unclaimed free space (free lists, free ids) and gives
+//! back the pages of every zspage nothing was claimed in: objects that sat
+//! in a free batch or the drain queue at the crash, spares, emptied
+//! zspages. Nothing leaks, and nothing claimed can be handed out again.
+
+use super::{group_of, lock, unpack, SlabAllocator, ZsMeta, FREE, MAX_ID, NIL};
+use crate::alloc::Handle;
+
+/// What claiming a handle found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Claim {
+    /// The object was not claimed before: it is now live, for this owner.
+    First,
+    /// Another slot claimed it already (the pages of one packed group).
+    Again,
+    /// The handle cannot name an object of that size in this slab: the
+    /// slot that holds it is corrupt.
+    Invalid,
+}
+
+impl SlabAllocator {
+    /// During a recovery scan: marks object `h` of `len` bytes live, owned
+    /// by slot `owner` if nobody claimed it before.
+    pub(crate) fn claim(&self, h: Handle, len: usize, owner: u64) -> Claim {
+        let (c, id, idx) = unpack(h);
+        let Some(class) = self.classes.get(c) else {
+            return Claim::Invalid;
+        };
+        let fits = self.table.class_of(len) == Some(c) && idx < class.spec.objs;
+        if !fits || id >= MAX_ID.min(class.dir.max_ids()) {
+            return Claim::Invalid;
+        }
+        let mut st = lock(class);
+        if !class.dir.ensure(id) {
+            return Claim::Invalid;
+        }
+        if st.zs.len() <= id as usize {
+            st.zs.resize_with(id as usize + 1, ZsMeta::dead);
+        }
+        let z = &mut st.zs[id as usize];
+        if !z.is_live() {
+            // Every object free until claimed; free lists come at the end.
+            z.owners = vec![FREE | NIL as u64; class.spec.objs as usize].into_boxed_slice();
+            z.free_head = NIL;
+        }
+        if z.owners[idx as usize] & FREE == 0 {
+            return Claim::Again;
+        }
+        z.owners[idx as usize] = owner & !FREE;
+        z.inuse += 1;
+        st.objs_used += 1;
+        Claim::First
+    }
+
+    /// Ends a recovery scan: threads the free objects of every claimed
+    /// zspage into its free list, files it in its fullness group, locks it
+    /// if the slab locks memory, charges it, and gives back the pages of
+    /// every zspage of the class's region that holds no claimed object.
+    pub(crate) fn finish_recovery(&self) {
+        for class in self.classes.iter() {
+            let mut st = lock(class);
+            let objs = class.spec.objs;
+            let mut live = 0;
+            let mut dead_run: Option<(u64, u64)> = None;
+            for id in 0..st.zs.len() as u64 {
+                if !st.zs[id as usize].is_live() {
+                    st.free_ids.push(id);
+                    dead_run = match dead_run {
+                        Some((first, n)) => Some((first, n + 1)),
+                        None => Some((id, 1)),
+                    };
+                    continue;
+                }
+                if let Some((first, n)) = dead_run.take() {
+                    class.dir.release(first, n, self.mlock);
+                }
+                let z = &mut st.zs[id as usize];
+                let mut head = NIL;
+                for idx in (0..objs).rev() {
+                    if z.owners[idx as usize] & FREE != 0 {
+                        z.owners[idx as usize] = FREE | head as u64;
+                        head = idx;
+                    }
+                }
+                z.free_head = head;
+                let g = group_of(z.inuse, objs);
+                st.link(id, g);
+                st.live_zspages += 1;
+                live += 1;
+                if self.mlock {
+                    let addr = class.dir.zspage_addr(id);
+                    super::vm::lock_range(addr, class.spec.zspage_bytes());
+                }
+            }
+            if let Some((first, n)) = dead_run {
+                class.dir.release(first, n, self.mlock);
+            }
+            // Beyond the last claimed zspage: spares, emptied zspages.
+            class.dir.release_from(st.zs.len() as u64);
+            // Recovery runs before any limit is set: this cannot be refused.
+            let _ = self.mem.try_charge(class.cost * live);
+        }
+    }
+}

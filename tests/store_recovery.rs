@@ -1,0 +1,206 @@
+//! Recovery of a store from its shared memory after its process "died"
+//! (`debug_crash`: the drain stops, everything is leaked, nothing freed):
+//! every page reads back as the model says, the gauges are recounted
+//! exactly, and nothing leaks (memory back to zero once all is discarded).
+
+mod common;
+
+use common::{page, real_pages, Content, Rng};
+use std::os::fd::OwnedFd;
+use zblk::{Mode, QueueCtx, Store, StoreConfig, PAGE_SIZE};
+
+const P: u64 = PAGE_SIZE as u64;
+const PAGES: u64 = 512;
+
+fn config(mode: Mode) -> StoreConfig {
+    let mut cfg = StoreConfig::new(PAGES * P);
+    cfg.shared = true;
+    cfg.mode = mode;
+    cfg
+}
+
+/// The model of a new store: every page reads as zeros.
+fn zeros() -> Vec<Vec<u8>> {
+    vec![vec![0u8; PAGE_SIZE]; PAGES as usize]
+}
+
+/// Writes a mix of real, same-filled, incompressible and text pages in
+/// requests of 1 to 16 pages, overwrites and discards some, keeping
+/// `model` (the content every page must read as) up to date.
+fn churn(ctx: &mut QueueCtx, seed: u64, model: &mut [Vec<u8>]) {
+    let real = real_pages();
+    let real_n = real.len() / PAGE_SIZE;
+    let mut rng = Rng(seed);
+    for round in 0..400 {
+        let n = 1 + rng.below(16);
+        let first = rng.below(PAGES - n + 1);
+        if round % 7 == 6 {
+            ctx.discard(first * P, n * P).unwrap();
+            for p in first..first + n {
+                model[p as usize].fill(0);
+            }
+            continue;
+        }
+        let mut data = Vec::with_capacity((n * P) as usize);
+        for _ in 0..n {
+            let pg = match rng.below(4) {
+                0 => {
+                    let i = rng.below(real_n as u64) as usize;
+                    real[i * PAGE_SIZE..(i + 1) * PAGE_SIZE].to_vec()
+                }
+                1 => page(Content::SameWord(rng.next()), &[]),
+                2 => page(Content::Random(rng.next()), &[]),
+                _ => page(Content::Text(rng.next()), &[]),
+            };
+            data.extend_from_slice(&pg);
+        }
+        ctx.write(first * P, &data).unwrap();
+        for (i, pg) in data.chunks(PAGE_SIZE).enumerate() {
+            model[first as usize + i] = pg.to_vec();
+        }
+    }
+}
+
+fn verify(ctx: &mut QueueCtx, model: &[Vec<u8>]) {
+    let mut buf = vec![0u8; PAGE_SIZE];
+    for (p, want) in model.iter().enumerate() {
+        ctx.read(p as u64 * P, &mut buf).unwrap();
+        assert!(
+            &buf == want,
+            "page {p} differs after recovery: got {:?}.. want {:?}..",
+            &buf[..16],
+            &want[..16]
+        );
+    }
+}
+
+/// Kills the store (leaking its context with its unflushed free batch)
+/// and returns its memory.
+fn crash(store: std::sync::Arc<Store>, ctx: QueueCtx) -> OwnedFd {
+    let fd = store
+        .memory_fd()
+        .expect("a shared store has a memfd")
+        .try_clone_to_owned()
+        .unwrap();
+    std::mem::forget(ctx);
+    zblk::debug_crash(store);
+    fd
+}
+
+fn recovers_everything(mode: Mode) {
+    let store = Store::new(config(mode)).unwrap();
+    let mut ctx = store.new_ctx();
+    let mut model = zeros();
+    churn(&mut ctx, 7, &mut model);
+    store.compact();
+    verify(&mut ctx, &model);
+    let before = store.stats();
+    let fd = crash(store, ctx);
+
+    let store = Store::recover(config(mode), fd).unwrap();
+    let st = store.stats();
+    assert_eq!(st.recoveries, 1);
+    assert!(st.recovered_at > 0);
+    assert_eq!(st.recovery_dropped, 0);
+    let c = &st.counters;
+    let b = &before.counters;
+    assert_eq!(c.stored_pages, b.stored_pages, "stored_pages recounted");
+    assert_eq!(c.same_pages, b.same_pages, "same_pages recounted");
+    assert_eq!(c.huge_pages, b.huge_pages, "huge_pages recounted");
+    assert_eq!(
+        c.compr_data_size, b.compr_data_size,
+        "compr_data_size recounted"
+    );
+    assert_eq!(c.orig_data_size, b.orig_data_size);
+    assert_eq!(
+        c.packed_dead_bytes, b.packed_dead_bytes,
+        "dead bytes recounted"
+    );
+    assert_eq!(c.num_writes, 0, "event counters restart");
+    let stored = model.iter().filter(|p| p.iter().any(|&b| b != 0)).count() as u64;
+    assert!(c.stored_pages >= stored, "every non-zero page is stored");
+    assert!(st.mem_used_total > 0);
+    assert!(
+        st.mem_used_total <= before.mem_used_total,
+        "pending frees and spares were reclaimed: {} > {}",
+        st.mem_used_total,
+        before.mem_used_total
+    );
+
+    let mut ctx = store.new_ctx();
+    verify(&mut ctx, &model);
+    // Compaction moves objects by the owners the scan found.
+    store.compact();
+    verify(&mut ctx, &model);
+    // The recovered store keeps working: more churn, then verify again.
+    churn(&mut ctx, 99, &mut model);
+    verify(&mut ctx, &model);
+    ctx.discard(0, PAGES * P).unwrap();
+    drop(ctx);
+    let st = store.stats();
+    assert_eq!(st.counters.stored_pages, 0);
+    assert_eq!(st.mem_used_total, 0, "nothing leaked across the recovery");
+}
+
+#[test]
+fn per_page_store_recovers_every_page_and_its_gauges() {
+    recovers_everything(Mode::PerPage);
+}
+
+#[test]
+fn packed_store_recovers_every_page_and_its_gauges() {
+    recovers_everything(Mode::Packed);
+}
+
+#[test]
+fn a_store_recovers_again_and_again() {
+    let mut store = Store::new(config(Mode::Packed)).unwrap();
+    let mut ctx = store.new_ctx();
+    let mut model = zeros();
+    churn(&mut ctx, 1, &mut model);
+    for round in 1..=3u64 {
+        let fd = crash(store, ctx);
+        store = Store::recover(config(Mode::Packed), fd).unwrap();
+        assert_eq!(store.stats().recoveries, round);
+        ctx = store.new_ctx();
+        verify(&mut ctx, &model);
+        // Reading fills the packed read cache with pre-crash object ids;
+        // writing makes new objects, whose ids must not collide with them.
+        churn(&mut ctx, round * 31, &mut model);
+        verify(&mut ctx, &model);
+    }
+}
+
+#[test]
+fn recovery_refuses_memory_of_another_store() {
+    let store = Store::new(config(Mode::PerPage)).unwrap();
+    let ctx = store.new_ctx();
+    let fd = crash(store, ctx);
+    let mut other = config(Mode::PerPage);
+    other.size = 2 * PAGES * P;
+    let e = Store::recover(other, fd)
+        .err()
+        .expect("another size is refused");
+    assert!(e.to_string().contains("size"), "{e}");
+
+    let file = tempfile::tempfile().unwrap();
+    let e = Store::recover(config(Mode::PerPage), file.into())
+        .err()
+        .expect("a plain file is no store");
+    assert!(e.to_string().contains("shared memory"), "{e}");
+
+    let mut private = config(Mode::PerPage);
+    private.shared = false;
+    let fd: OwnedFd = tempfile::tempfile().unwrap().into();
+    assert!(
+        Store::recover(private, fd).is_err(),
+        "only shared stores recover"
+    );
+}
+
+#[test]
+fn a_private_store_has_no_memory_fd() {
+    let store = Store::new(StoreConfig::new(PAGES * P)).unwrap();
+    assert!(store.memory_fd().is_none());
+    assert!(!store.stats().shared);
+}
