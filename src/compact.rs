@@ -52,6 +52,7 @@ fn rewrite_if_sparse(
     };
     st.plan.clear();
     plan_per_page(cfg, st, alloc, page, buf)?;
+    crate::inject::point("rewrite:planned");
     let new = st.plan.entries[0];
     let mut guard = table.lock(page);
     let cur = guard.entry();
@@ -62,9 +63,11 @@ fn rewrite_if_sparse(
         return Ok(());
     }
     let released = table.take_locked(&mut guard, new);
+    crate::inject::point("rewrite:locked");
     drop(guard);
     table.entered(st, &new, 0);
     table.release(st, released);
+    crate::inject::point("rewrite:released");
     st.shard.add(Counter::PackedPagesRewritten, 1);
     Ok(())
 }

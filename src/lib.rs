@@ -29,6 +29,7 @@ mod config;
 mod ctx;
 mod error;
 mod free;
+mod inject;
 mod packed;
 mod page;
 mod read;

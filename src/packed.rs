@@ -121,6 +121,7 @@ pub(crate) fn pack_group(
     let Some(h) = allocate(st, alloc, first, clen)? else {
         return Ok(false);
     };
+    crate::inject::point("pack:allocated");
     let hdr = PackHeader {
         orig,
         base: first,
@@ -131,6 +132,7 @@ pub(crate) fn pack_group(
     // handle is in no slot yet.
     unsafe {
         alloc.write_fresh(h, 0, &hdr.to_bytes());
+        crate::inject::point("pack:header");
         alloc.write_fresh(h, PACK_HEADER, &st.scratch[..clen]);
     }
     for (i, e) in st.plan.entries.iter_mut().enumerate() {

@@ -19,6 +19,7 @@ use crate::alloc::{Handle, ObjAllocator, Relocate};
 use crate::ctx::CtxState;
 use crate::error::{Error, Result};
 use crate::free::{FreeConfig, Freer};
+use crate::inject;
 use crate::packed;
 use crate::page::PAGE_SIZE;
 use crate::shm::{SharedMem, SLOTS_AT};
@@ -129,13 +130,17 @@ impl SlotTable {
     pub(crate) fn install(&self, st: &mut CtxState, page: u64, new: Entry, pos: usize) {
         let released = {
             let mut guard = self.lock(page);
-            self.take_locked(&mut guard, new)
+            let released = self.take_locked(&mut guard, new);
+            inject::point("install:locked");
+            released
         };
+        inject::point("install:swapped");
         self.entered(st, &new, pos);
         if new.kind == Kind::Huge {
             st.shard.add(Counter::HugePagesSince, 1);
         }
         self.release(st, released);
+        inject::point("install:released");
     }
 
     /// Accounts for `new`, just put into a slot at position `pos` of its
@@ -218,9 +223,11 @@ impl Relocate for SlotTable {
         let Some(new) = mv() else {
             return false;
         };
+        inject::point("relocate:copied");
         for i in holders {
             let e = guards[i].entry();
             guards[i].replace(Entry { val: new, ..e });
+            inject::point("relocate:holder");
         }
         true
     }

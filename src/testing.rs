@@ -2,6 +2,10 @@
 //! tests (cargo feature `test-support`): nothing here is shipped.
 
 use crate::alloc::{Handle, Relocate};
+
+/// Passes through crash points so far in this process (see
+/// `ZBLK_CRASH_AT` in the engine's `inject` module).
+pub use crate::inject::passed as crash_points_passed;
 use std::sync::Mutex;
 
 /// A minimal slot table for exercising an allocator's compaction: one

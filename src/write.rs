@@ -37,6 +37,7 @@ pub(crate) fn write_group(
         st.plan.clear();
         plan_per_page(cfg, st, alloc, first, data)?;
     }
+    crate::inject::point("write:planned");
     table.install_group(st, first);
     st.shard.add(Counter::Groups, 1);
     Ok(())

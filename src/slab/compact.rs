@@ -93,6 +93,7 @@ impl SlabAllocator {
                 Some(h)
             });
             if ok {
+                crate::inject::point("compact:moved");
                 moved += 1;
                 freed += self.free_obj(class, st, src, idx);
             } else if new != 0 {
