@@ -2,7 +2,7 @@
 //! process with its baseline interleaved round by round, so machine noise
 //! hits both alike. Usage:
 //!
-//!     engine_ratios FILE [--rounds N] [--scaling-only] [ALGO...]
+//!     engine_ratios FILE [--rounds N] [--scaling-only | --shared-cost] [ALGO...]
 //!
 //! Prints markdown tables: the store path against the bare codec (per
 //! algorithm, group size and mode), random single-page read latency (the
@@ -304,7 +304,41 @@ fn scaling(algos: &[Algo], rounds: usize, data: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
-const USAGE: &str = "usage: engine_ratios FILE [--rounds N] [--scaling-only] [ALGO...]
+/// The price of a recoverable store: shared memory (memfd, 16-byte slot
+/// stores) against private memory, interleaved round by round.
+fn shared_cost(algos: &[Algo], rounds: usize, data: &[u8]) -> Result<(), String> {
+    println!("| algo | mode | write MB/s private | shared | write shared/private | read MB/s private | shared | read shared/private |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    for &algo in algos {
+        for mode in [Mode::PerPage, Mode::Packed] {
+            let (mut w, mut r) = ([Vec::new(), Vec::new()], [Vec::new(), Vec::new()]);
+            for _ in 0..rounds {
+                for (i, shared) in [false, true].into_iter().enumerate() {
+                    let opts = BenchOptions {
+                        algo,
+                        mode,
+                        shared,
+                        ..BenchOptions::default()
+                    };
+                    let rep = bench(&opts, data)?;
+                    w[i].push(rep.write_mb_s);
+                    r[i].push(rep.read_mb_s);
+                }
+            }
+            let [wp, ws] = w.map(median);
+            let [rp, rs] = r.map(median);
+            println!(
+                "| {algo} | {mode} | {wp:.0} | {ws:.0} | {:.3} | {rp:.0} | {rs:.0} | {:.3} |",
+                ws / wp,
+                rs / rp
+            );
+        }
+    }
+    Ok(())
+}
+
+const USAGE: &str =
+    "usage: engine_ratios FILE [--rounds N] [--scaling-only | --shared-cost] [ALGO...]
   FILE: pages, zstd-compressed if it ends in .zst (e.g. the shared corpus)
   ALGO: lz4, zstd, zstd:LEVEL, deflate, deflate:LEVEL (default: lz4 zstd:1 zstd:3 deflate:1)";
 
@@ -314,12 +348,13 @@ fn main() -> Result<(), String> {
         return Ok(());
     }
     let scaling_only = std::env::args().any(|a| a == "--scaling-only");
+    let shared_only = std::env::args().any(|a| a == "--shared-cost");
     let mut args = std::env::args().skip(1);
     let path = PathBuf::from(args.next().ok_or("no FILE given (--help: usage)")?);
     let mut algos = Vec::new();
     let mut rounds = 5;
     while let Some(a) = args.next() {
-        if a == "--scaling-only" {
+        if a == "--scaling-only" || a == "--shared-cost" {
             continue;
         }
         if a == "--rounds" {
@@ -335,6 +370,9 @@ fn main() -> Result<(), String> {
         algos = vec![Algo::Lz4, Algo::Zstd(1), Algo::Zstd(3), Algo::Deflate(1)];
     }
     let data = load_input(&path).map_err(|e| e.to_string())?;
+    if shared_only {
+        return shared_cost(&algos, rounds, &data);
+    }
     if !scaling_only {
         store_vs_codec(&algos, rounds, &data)?;
     }

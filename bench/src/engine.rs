@@ -25,6 +25,8 @@ pub struct BenchOptions {
     pub request_pages: usize,
     /// Per-page or packed objects.
     pub mode: Mode,
+    /// Keep the store in shared memory (recoverable after a crash).
+    pub shared: bool,
 }
 
 /// What `zblk bench --json` prints: exactly these keys.
@@ -68,6 +70,7 @@ impl Default for BenchOptions {
             threads: 1,
             request_pages: DEFAULT_REQUEST_PAGES,
             mode: Mode::PerPage,
+            shared: false,
         }
     }
 }
@@ -113,6 +116,7 @@ pub fn run(opts: &BenchOptions, data: &[u8]) -> Result<BenchReport> {
     cfg.algo = opts.algo;
     cfg.group_pages = opts.group_pages;
     cfg.mode = opts.mode;
+    cfg.shared = opts.shared;
     let store = Store::new(cfg)?;
     let write_s = run_phase(&store, data, opts, Phase::Write)?.0;
     let (read_s, verify_errors) = run_phase(&store, data, opts, Phase::Read)?;
