@@ -32,7 +32,7 @@
 #                       /lib/zblk-vm/data/<name> (repeatable): a page corpus
 #   --carry PATH        host binary copied into the guest (/usr/local/bin) with the
 #                       shared libraries `ldd` lists (repeatable): fio, stress-ng...
-#   --timeout SECS      whole-boot limit (default 900); a hang is a failure
+#   --timeout SECS      limit of each kernel's boot (default 900); a hang is a failure
 #   -h, --help          this text
 #
 # Environment knobs:
@@ -503,7 +503,11 @@ main() {
     mkdir -p "$CACHE"
     # Every kernel is fetched before anything is built or booted, so that a
     # download failure shows at once.
-    local k rc=0
+    local k rc=0 pinned=0
+    if [ -n "${ZBLK_VM_KERNEL:-}" ]; then
+        for k in $KERNELS; do [ -n "$(kernel_pin "$k")" ] && pinned=1; done
+        [ $pinned = 1 ] || die "ZBLK_VM_KERNEL=$ZBLK_VM_KERNEL is no kernel of the selected series ($KERNELS)"
+    fi
     for k in $KERNELS; do fetch_kernel "$k"; done
     build_bins
     WORK_ROOT=$WORK
