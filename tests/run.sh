@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test zblk has, on a fresh Debian machine, as root:
 #   format and lints, the engine's unit, model and stress tests, the daemon's
-#   and CLI's tests, then the real device as swap in qemu (tests/vm/run.sh).
+#   and CLI's tests, then the real device as swap in qemu (tests/vm/run.sh:
+#   every scenario on Debian's 6.12 and 7.3 kernels, one boot each).
 # Usage: tests/run.sh [--no-vm]   (ZBLK_SKIP_VM=1 also skips the VM stage)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,5 +25,5 @@ if [ "$skip_vm" = 1 ]; then
     echo "== VM tests skipped (--no-vm / ZBLK_SKIP_VM=1)"
     exit 0
 fi
-echo "== VM tests (qemu, real ublk device)"
+echo "== VM tests (qemu, real ublk device; kernels 6.12 and 7.3)"
 bash tests/vm/run.sh

@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # tests/vm/run.sh: run zblk for real, as swap, on a real kernel with ublk_drv, in qemu.
 #
-# The host kernel may lack ublk, so this boots Debian's bookworm-backports 6.12
-# kernel under qemu's software emulation (TCG) with a busybox initramfs holding
-# static builds of `zblk` and the workload programs (`usemem`, `munmap_bench`),
-# runs the guest scenarios in tests/vm/guest/scenarios/, and turns their
-# `PASS <name> ...` / `FAIL <name> ...` lines into a summary and an exit code.
+# The host kernel may lack ublk, so this boots Debian kernels under qemu's
+# software emulation (TCG), one boot per kernel: 6.12 from bookworm-backports
+# (the LTS users run) and 7.3 from trixie-backports (the newest Debian ships),
+# each with a busybox initramfs holding static builds of `zblk` and the
+# workload programs (`usemem`, `munmap_bench`, `randio`); runs the guest
+# scenarios in tests/vm/guest/scenarios/ and turns their `PASS <name> ...` /
+# `FAIL <name> ...` lines into a summary (one line per kernel and scenario,
+# with the kernel's version) and an exit code.
 #
 # Usage: bash tests/vm/run.sh [options]
+#   --kernel K          6.12, 7.3 or both (default both: the default suite takes
+#                       about 1.5 min of qemu time per kernel, well inside the
+#                       time CI allows); repeatable and comma-separated too;
+#                       the kernels boot one after the other, in the given order
 #   --scenario NAME     run only this scenario (repeatable; default: all, in order
 #                       swap munmap blockio stat lifecycle zram-compare
 #                       swapkill, the last because its kill -9 of an active
@@ -25,12 +32,17 @@
 #                       /lib/zblk-vm/data/<name> (repeatable): a page corpus
 #   --carry PATH        host binary copied into the guest (/usr/local/bin) with the
 #                       shared libraries `ldd` lists (repeatable): fio, stress-ng...
-#   --timeout SECS      whole-boot limit (default 900); a hang is a failure
+#   --timeout SECS      limit of each kernel's boot (default 900); a hang is a failure
 #   -h, --help          this text
 #
 # Environment knobs:
-#   ZBLK_VM_CACHE   cache folder for the kernel and modules (default <repo>/.vmcache)
-#   ZBLK_VM_WORK    work folder (default <repo>/tests/vm/work)
+#   ZBLK_VM_CACHE   cache folder (default <repo>/.vmcache): each kernel in its
+#                   own folder, kernel-6.12/ and kernel-7.3/ (vmlinuz, version,
+#                   modules/), apt lists in apt-<K>/, the console log of the
+#                   last boot in last-console.log and of each kernel in
+#                   last-console-<K>.log
+#   ZBLK_VM_WORK    work folder (default <repo>/tests/vm/work; one kernel-<K>/
+#                   in it per kernel)
 #   ZBLK_VM_ARGS    extra words for the guest kernel command line: the scenario
 #                   knobs (defaults in tests/vm/guest/lib.sh), e.g.
 #                   ZBLK_VM_ARGS='zblk.usemem_mb=512 zblk.compare_rounds=3'
@@ -44,19 +56,22 @@
 #                     zblk.settle_s=10        time allowed to fall back after munmap
 #                     zblk.compare_rounds=1   zram/zblk pairs in zram-compare
 #                     zblk.timeout=360        limit per scenario in the guest
-#   ZBLK_VM_KERNEL  kernel package version to pin (default: newest 6.12 in backports)
+#   ZBLK_VM_KERNEL  kernel package version to pin, e.g. 6.12.95+deb12-amd64
+#                   (applies to the kernel of its series; default: the newest
+#                   of each series in its backports suite)
 #   ZBLK_VM_NOBUILD=1  reuse the binaries already in target/ (no cargo build)
 #   ZBLK_VM_ACCEL   qemu accelerator: tcg (default; works everywhere) or kvm
 #                   (much faster where /dev/kvm can run a stock kernel)
 #
-# Exit code: 0 only when every selected scenario printed PASS. A scenario
-# with no result line, a guest that never reached its end marker (hang,
-# panic, timeout) or any FAIL line gives a non-zero exit.
+# Exit code: 0 only when every selected scenario printed PASS on every
+# selected kernel. A scenario with no result line, a guest that never reached
+# its end marker (hang, panic, timeout) or any FAIL line gives a non-zero
+# exit; a failing kernel does not stop the next one from booting.
 #
 # What it needs (installed with apt-get when missing, as root): qemu-system-x86,
 # busybox-static, cpio, xz-utils, libclang-dev (libublk's bindgen), and network
-# access to the machine's own configured Debian mirror for the kernel package
-# (fetched once, then cached).
+# access to the machine's own configured Debian mirror for the kernel packages
+# (fetched once per kernel, then cached).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -76,6 +91,9 @@ CARRY=()
 DATA=()
 TIMEOUT=900
 TARGET=x86_64-unknown-linux-gnu
+KNOWN_KERNELS="6.12 7.3"
+DEFAULT_KERNELS="6.12 7.3"
+KERNELS=""
 
 log() { printf '[vm] %s\n' "$*" >&2; }
 die() { printf '[vm] error: %s\n' "$*" >&2; exit 2; }
@@ -84,6 +102,15 @@ usage() { sed -n '2,/^set -euo/p' "${BASH_SOURCE[0]}" | sed '$d' | sed 's/^# \{0
 parse_args() {
     while [ $# -gt 0 ]; do
         case "$1" in
+        --kernel) [ $# -ge 2 ] || die "--kernel needs 6.12, 7.3 or both"
+            local k
+            for k in $(echo "$2" | tr ',' ' '); do
+                case "$k" in
+                both|all) KERNELS="$KERNELS $KNOWN_KERNELS";;
+                *) case " $KNOWN_KERNELS " in *" $k "*) KERNELS="$KERNELS $k";; *) die "unknown kernel '$k' (known: $KNOWN_KERNELS, both)";; esac;;
+                esac
+            done
+            shift 2;;
         --scenario) [ $# -ge 2 ] || die "--scenario needs a name"
             case " $ALL_SCENARIOS " in *" $2 "*) ;; *) die "unknown scenario '$2' (known: $ALL_SCENARIOS)";; esac
             SCENARIOS="$SCENARIOS $2"; shift 2;;
@@ -104,6 +131,8 @@ parse_args() {
     done
     SCENARIOS=${SCENARIOS:-$DEFAULT_SCENARIOS}
     SCENARIOS=$(echo $SCENARIOS)
+    KERNELS=$(printf '%s\n' ${KERNELS:-$DEFAULT_KERNELS} | awk '!seen[$0]++' | tr '\n' ' ')
+    KERNELS=$(echo $KERNELS)
 }
 
 # ---- host packages -------------------------------------------------------
@@ -152,7 +181,17 @@ mirror_uri() {
     echo "$uri"
 }
 
-# apt-get/apt-cache over a private configuration that knows only bookworm-backports.
+# The Debian suite each supported kernel series comes from.
+kernel_suite() {
+    case "$1" in
+    6.12) echo bookworm-backports;;
+    7.3) echo trixie-backports;;
+    *) die "unknown kernel '$1' (known: $KNOWN_KERNELS)";;
+    esac
+}
+
+# apt-get/apt-cache over a private configuration ($APTDIR) that knows only
+# the one backports suite of the kernel being fetched.
 papt() {
     local tool=$1; shift
     "$tool" -o Dir::Etc::SourceList="$APTDIR/sources.list" -o Dir::Etc::SourceParts=/dev/null \
@@ -163,12 +202,17 @@ papt() {
 # Prints the load order (dependencies first, relative paths) of module $2 in
 # the unpacked module tree $1, from the `depends=` words of each module's
 # .modinfo (the package ships no modules.dep and the host may lack depmod).
-# Built-in modules (listed in modules.builtin) need no loading.
+# A built-in module (listed in modules.builtin: 7.3 builds lz4, lzo-rle and
+# zstd in) needs no loading: its name goes to $BUILTIN_LIST instead, for the
+# guest to report. Runs in a command substitution, hence the file.
 module_order() {
     local tree=$1 name=$2 path deps d
     case " $SEEN_MODS " in *" $name "*) return 0;; esac
     SEEN_MODS="$SEEN_MODS $name"
-    if grep -q "/${name//_/[-_]}\.ko\$" "$tree/modules.builtin" 2>/dev/null; then return 0; fi
+    if grep -q "/${name//[-_]/[-_]}\.ko\$" "$tree/modules.builtin" 2>/dev/null; then
+        echo "$name" >>"$BUILTIN_LIST"
+        return 0
+    fi
     path=$(cd "$tree" && find kernel -name '*.ko*' | grep -E "/${name//[-_]/[-_]}\.ko(\.(xz|zst|gz))?\$" | head -1)
     [ -n "$path" ] || return 1
     deps=$(decompress_module "$tree/$path" | grep -a -o 'depends=[A-Za-z0-9_,-]*' | head -1 | sed 's/^depends=//; s/,/ /g')
@@ -185,61 +229,109 @@ decompress_module() {
     esac
 }
 
+# The package version ZBLK_VM_KERNEL pins for series $1 (empty: the newest).
+kernel_pin() {
+    case "${ZBLK_VM_KERNEL:-}" in "$1".*) echo "$ZBLK_VM_KERNEL";; esac
+}
+
+# Fetches kernel series $1 (6.12 or 7.3) into $CACHE/kernel-$1 unless it is
+# there already, and sets KDIR to that folder: vmlinuz, version (uname -r),
+# ready (the package version), modules/*.ko (decompressed), modules/order
+# (insmod order) and modules/builtin (wanted modules the kernel has built in).
+#   6.12 (bookworm-backports): linux-image-6.12.N+deb12-amd64 holds it all,
+#     boot/vmlinuz-<ver> and lib/modules/<ver>/.
+#   7.3 (trixie-backports): linux-image-7.3.N+deb13-amd64 is a meta package;
+#     its dependencies hold usr/lib/modules/<ver>/vmlinuz (linux-binary-*),
+#     the modules (linux-modules-*) and modules.builtin (linux-base-*).
 fetch_kernel() {
-    KDIR=$CACHE/kernel
-    if [ -f "$KDIR/ready" ] && { [ -z "${ZBLK_VM_KERNEL:-}" ] || grep -qx "$ZBLK_VM_KERNEL" "$KDIR/ready"; }; then
-        log "kernel: cached $(cat "$KDIR/ready")"
+    local series=$1 suite pin
+    suite=$(kernel_suite "$series")
+    pin=$(kernel_pin "$series")
+    KDIR=$CACHE/kernel-$series
+    # The cache of the days of one kernel: $CACHE/kernel held a 6.12.
+    if [ "$series" = 6.12 ] && [ ! -e "$KDIR" ] && [ -f "$CACHE/kernel/ready" ] && grep -q '^6\.12\.' "$CACHE/kernel/ready"; then
+        mv "$CACHE/kernel" "$KDIR"
+        rm -rf "$CACHE/apt"
+    fi
+    if [ -f "$KDIR/ready" ] && { [ -z "$pin" ] || grep -qx "$pin" "$KDIR/ready"; }; then
+        log "kernel $series: cached $(cat "$KDIR/ready")"
         return 0
     fi
-    APTDIR=$CACHE/apt
+    APTDIR=$CACHE/apt-$series
     rm -rf "$APTDIR" "$KDIR"
     mkdir -p "$APTDIR/lists/partial" "$APTDIR/cache/archives/partial" "$KDIR/modules"
     touch "$APTDIR/status"
-    local uri keyring pkg deb x
+    local uri keyring pkg ver deb x d
     uri=$(mirror_uri)
     keyring=/usr/share/keyrings/debian-archive-keyring.gpg
     if [ -f "$keyring" ]; then
-        echo "deb [signed-by=$keyring] $uri bookworm-backports main" >"$APTDIR/sources.list"
+        echo "deb [signed-by=$keyring] $uri $suite main" >"$APTDIR/sources.list"
     else
-        echo "deb $uri bookworm-backports main" >"$APTDIR/sources.list"
+        echo "deb $uri $suite main" >"$APTDIR/sources.list"
     fi
-    log "kernel: reading bookworm-backports from the configured mirror"
-    papt apt-get update -qq >/dev/null || die "apt-get update of bookworm-backports failed"
-    if [ -n "${ZBLK_VM_KERNEL:-}" ]; then
-        pkg=linux-image-$ZBLK_VM_KERNEL
+    log "kernel $series: reading $suite from the configured mirror"
+    papt apt-get update -qq >/dev/null || die "apt-get update of $suite failed"
+    if [ -n "$pin" ]; then
+        ver=$pin
     else
         # The plain generic flavour (not -rt, -cloud, -dbg or -unsigned), newest first.
-        pkg=$(papt apt-cache pkgnames linux-image-6.12 |
-            grep -E '^linux-image-6\.12\.[0-9]+\+[a-z0-9.~]+-amd64$' | sort -V | tail -1 || true)
+        ver=$(papt apt-cache pkgnames "linux-image-$series" |
+            grep -E "^linux-image-${series//./\\.}\\.[0-9]+\\+[a-z0-9.~]+-amd64\$" | sort -V | tail -1 || true)
+        ver=${ver#linux-image-}
     fi
-    [ -n "$pkg" ] || die "no linux-image-6.12 package in bookworm-backports"
-    log "kernel: downloading $pkg"
+    [ -n "$ver" ] || die "no linux-image-$series package in $suite"
+    pkg=linux-image-$ver
+    log "kernel $series: downloading $pkg"
     (cd "$APTDIR" && papt apt-get download -qq "$pkg" >/dev/null) || die "download of $pkg failed"
-    deb=$(ls "$APTDIR"/linux-image-*.deb | head -1)
     x=$APTDIR/x
+    rm -rf "$x"
+    deb=$(ls "$APTDIR"/linux-image-*.deb | head -1)
     dpkg-deb -x "$deb" "$x"
-    local kver; kver=$(ls "$x/lib/modules" | head -1)
-    [ -n "$kver" ] && [ -f "$x/boot/vmlinuz-$kver" ] || die "$deb holds no kernel image"
-    cp "$x/boot/vmlinuz-$kver" "$KDIR/vmlinuz"
-    local tree=$x/lib/modules/$kver m base list
+    if [ -z "$(find "$x" -name 'vmlinuz*' -print -quit)" ]; then
+        # A meta package: fetch the dependencies of this very version that
+        # hold the kernel, its modules and its module lists.
+        local deps
+        deps=$(dpkg-deb -f "$deb" Depends | tr ',|' '\n\n' | sed 's/(.*//; s/[[:space:]]//g' |
+            grep -Fx -e "linux-binary-$ver" -e "linux-modules-$ver" -e "linux-base-$ver" || true)
+        [ -n "$deps" ] || die "$pkg holds no kernel and depends on no linux-binary-$ver"
+        log "kernel $series: $pkg is a meta package; downloading $(echo $deps)"
+        (cd "$APTDIR" && papt apt-get download -qq $deps >/dev/null) || die "download of $(echo $deps) failed"
+        for d in $deps; do
+            dpkg-deb -x "$(ls "$APTDIR/${d}"_*.deb | head -1)" "$x"
+        done
+    fi
+    local mods kver vmlinuz
+    mods=$(ls -d "$x"/usr/lib/modules/* "$x"/lib/modules/* 2>/dev/null | head -1 || true)
+    [ -n "$mods" ] || die "$pkg (and its dependencies) hold no lib/modules/<version>"
+    kver=$(basename "$mods")
+    for vmlinuz in "$x/boot/vmlinuz-$kver" "$mods/vmlinuz" ""; do
+        [ -f "$vmlinuz" ] && break
+    done
+    [ -n "$vmlinuz" ] || die "$pkg (and its dependencies) hold no kernel image for $kver"
+    cp "$vmlinuz" "$KDIR/vmlinuz"
+    local m base list
     SEEN_MODS=""
+    BUILTIN_LIST=$KDIR/modules/builtin
+    : >"$BUILTIN_LIST"
     list=""
     for m in ublk_drv zram lz4_compress lz4hc_compress lzo_rle zstd_compress; do
-        list="$list $(module_order "$tree" "$m")" || die "module $m or a dependency is missing from $pkg"
+        list="$list $(module_order "$mods" "$m")" || die "module $m or a dependency is missing from $pkg"
     done
-    # module_order runs in a subshell per wanted module: drop repeated dependencies.
+    # module_order runs in a subshell per wanted module: drop repeated names.
     list=$(printf '%s\n' $list | awk '!seen[$0]++')
+    sort -u -o "$BUILTIN_LIST" "$BUILTIN_LIST"
     : >"$KDIR/modules/order"
     for m in $list; do
         base=$(basename "$m"); base=${base%.xz}; base=${base%.zst}; base=${base%.gz}
-        decompress_module "$tree/$m" >"$KDIR/modules/$base"
+        decompress_module "$mods/$m" >"$KDIR/modules/$base"
         echo "$base" >>"$KDIR/modules/order"
     done
-    grep -q '^ublk_drv.ko$' "$KDIR/modules/order" || die "$pkg has no ublk_drv module"
+    grep -q '^ublk_drv.ko$' "$KDIR/modules/order" || grep -qx ublk_drv "$BUILTIN_LIST" ||
+        die "$pkg has no ublk_drv module"
     echo "$kver" >"$KDIR/version"
     rm -rf "$x" "$APTDIR"/*.deb
-    echo "${ZBLK_VM_KERNEL:-${pkg#linux-image-}}" >"$KDIR/ready"
-    log "kernel: $kver cached in $KDIR (modules: $(tr '\n' ' ' <"$KDIR/modules/order"))"
+    echo "$ver" >"$KDIR/ready"
+    log "kernel $series: $kver cached in $KDIR (modules: $(tr '\n' ' ' <"$KDIR/modules/order")built in: $(tr '\n' ' ' <"$BUILTIN_LIST"))"
 }
 
 # ---- guest binaries --------------------------------------------------------
@@ -296,6 +388,7 @@ pack_initramfs() {
     cp -r "$HERE/guest/scenarios" "$root/lib/zblk-vm/scenarios"
     [ -n "$EXTRA" ] && cp "$EXTRA" "$root/lib/zblk-vm/extra.sh"
     cp "$KDIR"/modules/*.ko "$KDIR/modules/order" "$root/lib/zblk-vm/modules/"
+    [ -f "$KDIR/modules/builtin" ] && cp "$KDIR/modules/builtin" "$root/lib/zblk-vm/modules/"
     for b in zblk usemem munmap_bench randio; do cp "$BINDIR/$b" "$root/usr/local/bin/"; done
     # util-linux's swap and discard tools: busybox's lack --priority and -z.
     for b in swapon swapoff mkswap blkdiscard; do
@@ -317,7 +410,7 @@ boot() {
     local scen params
     scen=$(echo $SCENARIOS | tr ' ' ',')
     params="console=ttyS0 panic=-1 loglevel=4 zblk.scenarios=$scen ${ZBLK_VM_ARGS:-}"
-    log "booting: $MEM, $CPUS cpus, scenarios: $SCENARIOS${EXTRA:+ + extra}"
+    log "booting $(cat "$KDIR/version"): $MEM, $CPUS cpus, scenarios: $SCENARIOS${EXTRA:+ + extra}"
     set +e
     local accel=(-accel tcg -cpu max)
     [ "${ZBLK_VM_ACCEL:-tcg}" = kvm ] && accel=(-accel kvm -cpu host)
@@ -340,40 +433,67 @@ boot_until_init() {
         boot
         grep -aq 'zblk-vm: kernel ' "$WORK/console.log" && return 0
         log "boot $try: the kernel died before /init (early boot oops under TCG); booting again"
-        cp "$WORK/console.log" "$CACHE/early-boot-failure-$try.log" 2>/dev/null || true
+        cp "$WORK/console.log" "$CACHE/early-boot-failure-$KSERIES-$try.log" 2>/dev/null || true
     done
 }
 
+# Adds the result lines of the boot of kernel $KSERIES to $SUMMARY, each
+# with the kernel's version after the scenario's name; fails when any
+# selected scenario did not pass there.
 summarize() {
-    local log=$WORK/console.log s line failed=0 results
-    results=$(tr -d '\r' <"$log" | grep -E '^(PASS|FAIL) ' || true)
-    echo
-    echo "==================== zblk VM test summary ===================="
+    local log=$WORK/console.log s line failed=0 results tag
+    tag="[$KVER]"
+    results=$(tr -d '\r' <"$log" | grep -aE '^(PASS|FAIL) ' || true)
     for s in $SCENARIOS ${EXTRA:+extra}; do
         # A FAIL line wins over a PASS line of the same scenario (a timeout
         # after the PASS, a later check).
         line=$(echo "$results" | grep -E "^FAIL $s( |\$)" | head -1 || true)
         [ -n "$line" ] || line=$(echo "$results" | grep -E "^PASS $s( |\$)" | head -1 || true)
         if [ -z "$line" ]; then
-            echo "FAIL $s (no result: the guest hung, crashed or timed out)"
+            line="FAIL $s (no result: the guest hung, crashed or timed out)"
             failed=1
         else
-            echo "$line"
             case "$line" in FAIL*) failed=1;; esac
         fi
+        SUMMARY="$SUMMARY$(echo "$line" | with_kernel "$tag")"$'\n'
     done
     # Result lines the extra script printed under its own names.
     if [ -n "$EXTRA" ]; then
-        echo "$results" | grep -vE "^(PASS|FAIL) ($(echo $SCENARIOS extra | tr ' ' '|'))( |\$)" || true
+        line=$(echo "$results" | grep -vE "^(PASS|FAIL) ($(echo $SCENARIOS extra | tr ' ' '|'))( |\$)" || true)
+        [ -n "$line" ] && SUMMARY="$SUMMARY$(echo "$line" | with_kernel "$tag")"$'\n'
         echo "$results" | grep -vE "^(PASS|FAIL) ($(echo $SCENARIOS | tr ' ' '|'))( |\$)" | grep -q '^FAIL' && failed=1
     fi
-    if ! tr -d '\r' <"$log" | grep -q '^zblk-vm: all done'; then
-        echo "FAIL guest did not finish (qemu exit $QEMU_RC; timeout ${TIMEOUT}s)"
+    if ! tr -d '\r' <"$log" | grep -aq '^zblk-vm: all done'; then
+        SUMMARY="${SUMMARY}FAIL guest $tag did not finish (qemu exit $QEMU_RC; timeout ${TIMEOUT}s)"$'\n'
         failed=1
     fi
-    echo "=============================================================="
-    [ "$KEEP" = 1 ] && echo "work folder kept: $WORK (console.log, initrd.img, root/)"
     return $failed
+}
+
+# "PASS name rest" -> "PASS name [version] rest".
+with_kernel() { sed -E "s/^(PASS|FAIL) ([^ ]+)/\\1 \\2 $(printf '%s' "$1" | sed 's/[][\/.&]/\\&/g')/"; }
+
+# Fetches, packs and boots kernel series $1; adds its results to $SUMMARY
+# and sets KRC to 1 when a scenario failed there. (It returns 0 so that the
+# caller need not test it, which would switch set -e off inside.)
+run_kernel() {
+    KSERIES=$1
+    KRC=0
+    local t0=$SECONDS
+    fetch_kernel "$KSERIES"
+    KVER=$(cat "$KDIR/version")
+    WORK=$WORK_ROOT/kernel-$KSERIES
+    rm -rf "$WORK"
+    mkdir -p "$WORK"
+    pack_initramfs
+    boot_until_init
+    summarize || KRC=1
+    TIMES="$TIMES kernel $KSERIES ($KVER): $((SECONDS - t0)) s;"
+    # Keep the console logs next to the work folder for CI artifacts.
+    cp "$WORK/console.log" "$CACHE/last-console-$KSERIES.log" 2>/dev/null || true
+    cp "$WORK/console.log" "$CACHE/last-console.log" 2>/dev/null || true
+    LOGS="$LOGS $CACHE/last-console-$KSERIES.log"
+    [ "$KEEP" = 1 ] || rm -rf "$WORK"
 }
 
 main() {
@@ -381,20 +501,34 @@ main() {
     [ "$(uname -m)" = x86_64 ] || die "the VM tests boot an x86-64 kernel and need an x86-64 host"
     ensure_packages
     mkdir -p "$CACHE"
-    fetch_kernel
-    build_bins
-    rm -rf "$WORK"
-    mkdir -p "$WORK"
-    pack_initramfs
-    boot_until_init
-    local rc=0
-    summarize || rc=1
-    if [ "$KEEP" != 1 ]; then
-        # Keep the console log next to the work folder for CI artifacts.
-        cp "$WORK/console.log" "$CACHE/last-console.log" 2>/dev/null || true
-        rm -rf "$WORK"
-        echo "console log: $CACHE/last-console.log"
+    # Every kernel is fetched before anything is built or booted, so that a
+    # download failure shows at once.
+    local k rc=0 pinned=0
+    if [ -n "${ZBLK_VM_KERNEL:-}" ]; then
+        for k in $KERNELS; do [ -n "$(kernel_pin "$k")" ] && pinned=1; done
+        [ $pinned = 1 ] || die "ZBLK_VM_KERNEL=$ZBLK_VM_KERNEL is no kernel of the selected series ($KERNELS)"
     fi
+    for k in $KERNELS; do fetch_kernel "$k"; done
+    build_bins
+    WORK_ROOT=$WORK
+    rm -rf "$WORK_ROOT"
+    SUMMARY="" TIMES="" LOGS=""
+    for k in $KERNELS; do
+        run_kernel "$k"
+        [ "$KRC" = 0 ] || rc=1
+    done
+    echo
+    echo "==================== zblk VM test summary ===================="
+    printf '%s' "$SUMMARY"
+    echo "time:$TIMES"
+    if [ $rc = 0 ]; then echo "ALL PASS on kernels $KERNELS"; else echo "FAILED (see above)"; fi
+    echo "=============================================================="
+    if [ "$KEEP" = 1 ]; then
+        echo "work folders kept: $(for k in $KERNELS; do printf '%s ' "$WORK_ROOT/kernel-$k"; done)(console.log, initrd.img, root/)"
+    else
+        rmdir "$WORK_ROOT" 2>/dev/null || true
+    fi
+    echo "console logs:$LOGS"
     exit $rc
 }
 

@@ -20,6 +20,7 @@
 #   --pairs P     codec pairs zblk:zram, '+' separated (default lz4:lz4+zstd:zstd)
 #   --randio-s S  seconds of each random read / write run (default 4)
 #   --randio-qd Q queue depths (randio --jobs), '+' separated (default 1+4)
+#   --kernel K    guest kernel, 6.12 or 7.3 (default 6.12; tests/vm/run.sh --kernel)
 #   --collect     only re-collect the console logs already in DIR
 # Environment: ZBLK_VM_CACHE, ZBLK_VM_NOBUILD, ZBLK_VM_ACCEL as for run.sh;
 # ZBLK_VM_ARGS is appended to the bench knobs. ZBLK_CORPUS: the page corpus
@@ -35,6 +36,7 @@ PAIRS=lz4:lz4+zstd:zstd
 RANDIO_S=4
 RANDIO_QD=1+4
 MEM=2G
+KERNEL=6.12
 COLLECT_ONLY=0
 CORPUS=${ZBLK_CORPUS:-$REPO/../shared/corpus/realmem-dev.bin.zst}
 
@@ -50,6 +52,7 @@ while [ $# -gt 0 ]; do
     --randio-s) RANDIO_S=$2; shift 2;;
     --randio-qd) RANDIO_QD=$2; shift 2;;
     --mem) MEM=$2; shift 2;;
+    --kernel) KERNEL=$2; shift 2;;
     --collect) COLLECT_ONLY=1; shift;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0;;
     *) die "unknown option '$1' (see --help)";;
@@ -69,7 +72,7 @@ write_meta() {
         echo "host_load=$(cut -d' ' -f1-3 /proc/loadavg)"
         echo "qemu=$(qemu-system-x86_64 --version 2>/dev/null | head -1)"
         echo "accel=${ZBLK_VM_ACCEL:-tcg}"
-        echo "guest_kernel=$(cat "$CACHE/kernel/version" 2>/dev/null)"
+        echo "guest_kernel=$(cat "$CACHE/kernel-$KERNEL/version" 2>/dev/null)"
         echo "guest_mem=$MEM"
         echo "guest_cpus=2"
         echo "commit=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null)$(git -C "$REPO" diff --quiet 2>/dev/null || echo -dirty)"
@@ -97,9 +100,9 @@ run_boots() {
         # The scenario is long: lift its per-scenario limit and the boot's.
         local limit=$((ROUNDS * 900 + 300))
         ZBLK_VM_ARGS="zblk.timeout=$limit zblk.bench_rounds=$ROUNDS zblk.bench_pairs=$PAIRS zblk.bench_randio_s=$RANDIO_S zblk.bench_randio_qd=$RANDIO_QD ${ZBLK_VM_ARGS:-}" \
-            bash "$REPO/tests/vm/run.sh" --scenario bench --mem "$MEM" --timeout $((limit + 120)) \
-            "${data[@]+"${data[@]}"}" || die "boot $b failed (see $CACHE/last-console.log)"
-        cp "$CACHE/last-console.log" "$OUT/console-$b.log"
+            bash "$REPO/tests/vm/run.sh" --kernel "$KERNEL" --scenario bench --mem "$MEM" --timeout $((limit + 120)) \
+            "${data[@]+"${data[@]}"}" || die "boot $b failed (see $CACHE/last-console-$KERNEL.log)"
+        cp "$CACHE/last-console-$KERNEL.log" "$OUT/console-$b.log"
         # Build once: the later boots reuse the binaries.
         export ZBLK_VM_NOBUILD=1
     done

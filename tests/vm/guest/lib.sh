@@ -206,21 +206,31 @@ swap_workload() {
 # page the region out, wait until the device holds it, unmap it, and wait for
 # stored pages and memory to fall back to where they were. Sets M_FIGS and
 # saves them in /tmp/figures.munmap.$1.$2.
+#
+# munmap_bench's output goes to a file of this call's own, created empty
+# before the program starts: a shared file, truncated only by the background
+# job's redirection, let the poll below read the previous call's line and
+# then, once truncated, nothing ("only 0 kB ... paged out").
 munmap_workload() {
     kind=$1 mb=$2
     procs=$ZBLK_MUNMAP_PROCS
     base=$(dev_stored "$kind"); basemem=$(dev_mem "$kind"); nf0=$(dev_notify_free "$kind")
-    rm -f /tmp/zblk-vm.go
-    munmap_bench --mb "$mb" --procs "$procs" --wait-file /tmp/zblk-vm.go >/tmp/zblk-vm.mb 2>&1 &
+    MUNMAP_CALL=$(( ${MUNMAP_CALL:-0} + 1 ))
+    mout=/tmp/zblk-vm.mb.$MUNMAP_CALL go=/tmp/zblk-vm.go.$MUNMAP_CALL
+    rm -f "$go"
+    : >"$mout"
+    munmap_bench --mb "$mb" --procs "$procs" --wait-file "$go" >"$mout" 2>&1 &
     bpid=$!
     track $bpid
     i=0
-    while ! grep -q '"procs"' /tmp/zblk-vm.mb; do
-        kill -0 $bpid 2>/dev/null || fail "$kind ${mb}MB: munmap_bench died: $(tail -c 300 /tmp/zblk-vm.mb)"
+    while ! grep -q '"event":"paged_out"' "$mout"; do
+        kill -0 $bpid 2>/dev/null || fail "$kind ${mb}MB: munmap_bench died: $(tail -c 300 "$mout")"
         [ $i -lt 1200 ] || fail "$kind ${mb}MB: page-out did not finish in 120 s"
         sleep 0.1; i=$((i + 1))
     done
-    swap_kb=$(grep '"procs"' /tmp/zblk-vm.mb | head -1 | jnum swap_kb)
+    pl=$(grep '"event":"paged_out"' "$mout" | head -1)
+    [ "$(echo "$pl" | jnum procs)" = "$procs" ] || fail "$kind ${mb}MB: page-out line is not this call's ($procs procs): $pl"
+    swap_kb=$(echo "$pl" | jnum swap_kb)
     [ "$swap_kb" -ge $((procs * mb * 1024 * 9 / 10)) ] || fail "$kind ${mb}MB: only ${swap_kb} kB of $procs x ${mb} MB paged out"
     # Page-out on an asynchronous device completes later: wait for the device.
     want=$((base + swap_kb / 4 * 9 / 10))
@@ -229,9 +239,11 @@ munmap_workload() {
     full=$(dev_stored "$kind"); fullmem=$(dev_mem "$kind")
     [ "$full" -ge "$want" ] || fail "$kind ${mb}MB: device holds $full pages, want >= $want after page-out"
     t0=$(now)
-    touch /tmp/zblk-vm.go
-    wait $bpid || fail "$kind ${mb}MB: munmap_bench failed: $(tail -c 300 /tmp/zblk-vm.mb)"
-    ms=$(grep '"program":"munmap_bench"' /tmp/zblk-vm.mb | jget munmap_ms_max)
+    touch "$go"
+    wait $bpid || fail "$kind ${mb}MB: munmap_bench failed: $(tail -c 300 "$mout")"
+    rj=$(grep '"program":"munmap_bench"' "$mout" | tail -1)
+    [ "$(echo "$rj" | jnum mb)" = "$mb" ] || fail "$kind ${mb}MB: munmap_bench result is not this call's: $rj"
+    ms=$(echo "$rj" | jget munmap_ms_max)
     # Back to the baseline: at most 5% of the growth left (the swap slot
     # cache and partly used swap clusters may hold a few back).
     grow=$((full - base)); growmem=$((fullmem - basemem))
