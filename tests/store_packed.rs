@@ -94,3 +94,31 @@ fn corrupt_packed_object_fails_every_page_of_the_group() {
         }
     }
 }
+
+#[test]
+fn algo_none_stores_pages_raw_and_same_filled_pages_free() {
+    let real = real_pages();
+    for mode in [Mode::PerPage, Mode::Packed] {
+        let mut cfg = StoreConfig::new(64 * P);
+        cfg.algo = Algo::None;
+        cfg.mode = mode;
+        let s = Store::new(cfg).unwrap();
+        let mut ctx = s.new_ctx();
+        ctx.write(0, &real[..16 * PAGE_SIZE]).unwrap();
+        ctx.write(16 * P, &vec![0u8; 8 * PAGE_SIZE]).unwrap();
+        let mut back = vec![0u8; 24 * PAGE_SIZE];
+        ctx.read(0, &mut back).unwrap();
+        assert!(back[..16 * PAGE_SIZE] == real[..16 * PAGE_SIZE], "{mode}");
+        assert!(back[16 * PAGE_SIZE..].iter().all(|&b| b == 0));
+        let st = s.stats();
+        let raw = (0..16)
+            .filter(|&i| !common::same_filled(&real[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]))
+            .count() as u64;
+        assert_eq!(st.counters.huge_pages, raw, "{mode}: every other page raw");
+        assert_eq!(st.counters.compr_data_size, raw * P, "{mode}");
+        assert_eq!(st.counters.same_pages, 24 - raw, "{mode}");
+        ctx.discard(0, 64 * P).unwrap();
+        drop(ctx);
+        assert_eq!(s.stats().mem_used_total, 0);
+    }
+}

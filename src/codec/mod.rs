@@ -9,11 +9,13 @@
 mod deflate;
 mod iaa;
 mod lz4;
+mod none;
 mod zstd;
 
 pub use self::deflate::DeflateCodec;
 pub use self::iaa::{IaaCodec, IaaOptions, IaaStats, IAA_MAX_BATCH};
 pub use self::lz4::Lz4Codec;
+pub use self::none::NoneCodec;
 pub use self::zstd::ZstdCodec;
 
 use std::fmt;
@@ -114,6 +116,9 @@ pub enum Algo {
     /// Raw deflate routed to Intel IAA work queues where one is usable, else
     /// to the software deflate path producing the same format.
     DeflateIaa,
+    /// No compression: pages are stored raw (same-filled pages still cost
+    /// nothing); the baseline of what storing a page costs without a codec.
+    None,
 }
 
 /// zstd's level when `zstd` is given without one (what zram uses).
@@ -129,6 +134,7 @@ impl Algo {
             Algo::Zstd(level) => Box::new(ZstdCodec::new(level)),
             Algo::Deflate(level) => Box::new(DeflateCodec::new(level, *self)),
             Algo::DeflateIaa => Box::new(IaaCodec::new()),
+            Algo::None => Box::new(NoneCodec),
         }
     }
 }
@@ -141,6 +147,7 @@ impl fmt::Display for Algo {
             Algo::Deflate(l) if *l == DEFLATE_DEFAULT_LEVEL => write!(f, "deflate"),
             Algo::Deflate(l) => write!(f, "deflate:{l}"),
             Algo::DeflateIaa => write!(f, "deflate-iaa"),
+            Algo::None => write!(f, "none"),
         }
     }
 }
@@ -149,7 +156,7 @@ impl FromStr for Algo {
     type Err = String;
 
     /// Parses `lz4`, `zstd`, `zstd:LEVEL` (1..=22), `deflate`,
-    /// `deflate:LEVEL` (1..=12) or `deflate-iaa`.
+    /// `deflate:LEVEL` (1..=12), `deflate-iaa` or `none`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let (name, level) = match s.split_once(':') {
             Some((n, l)) => (n, Some(l)),
@@ -171,8 +178,9 @@ impl FromStr for Algo {
             "zstd" => Ok(Algo::Zstd(parse_level(1, 22, ZSTD_DEFAULT_LEVEL)?)),
             "deflate" => Ok(Algo::Deflate(parse_level(1, 12, DEFLATE_DEFAULT_LEVEL)?)),
             "deflate-iaa" if level.is_none() => Ok(Algo::DeflateIaa),
+            "none" if level.is_none() => Ok(Algo::None),
             _ => Err(format!(
-                "unknown algorithm '{s}': expected lz4, zstd[:LEVEL], deflate[:LEVEL] or deflate-iaa"
+                "unknown algorithm '{s}': expected lz4, zstd[:LEVEL], deflate[:LEVEL], deflate-iaa or none"
             )),
         }
     }
@@ -297,8 +305,21 @@ mod tests {
             Algo::Deflate(1),
             Algo::Deflate(6),
             Algo::DeflateIaa,
+            Algo::None,
         ] {
             assert_eq!(a.to_string().parse::<Algo>(), Ok(a));
+        }
+        assert!("none:1".parse::<Algo>().is_err());
+    }
+
+    #[test]
+    fn none_never_compresses_and_refuses_to_decompress() {
+        let mut c = Algo::None.new_codec();
+        for page in sample_pages() {
+            let mut dst = vec![0u8; page.len() * 2];
+            assert_eq!(c.compress(&page, &mut dst).unwrap(), None);
+            let mut back = vec![0u8; page.len()];
+            assert!(c.decompress(&dst, &mut back).is_err());
         }
     }
 
