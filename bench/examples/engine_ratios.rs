@@ -40,12 +40,24 @@ fn bench(opts: &BenchOptions, data: &[u8]) -> Result<BenchReport, String> {
     Ok(rep)
 }
 
-/// A context on a new store of `data`'s size.
+/// A context on a new store of `data`'s size (in private memory).
 fn new_store(algo: Algo, g: usize, mode: Mode, data: &[u8]) -> Result<QueueCtx, String> {
+    new_store_in(algo, g, mode, false, data)
+}
+
+/// A context on a new store of `data`'s size, in shared memory if `shared`.
+fn new_store_in(
+    algo: Algo,
+    g: usize,
+    mode: Mode,
+    shared: bool,
+    data: &[u8],
+) -> Result<QueueCtx, String> {
     let mut cfg = StoreConfig::new(data.len() as u64);
     cfg.algo = algo;
     cfg.group_pages = g;
     cfg.mode = mode;
+    cfg.shared = shared;
     let store = Store::new(cfg).map_err(|e| e.to_string())?;
     Ok(store.new_ctx())
 }
@@ -155,7 +167,18 @@ fn memcpy_mb_s(data: &[u8], rounds: usize) -> f64 {
 /// that has been running sees writes: old objects die while new ones are
 /// born, so the slab reuses memory instead of asking the OS for fresh pages.
 fn overwrite_mb_s(algo: Algo, g: usize, mode: Mode, data: &[u8]) -> Result<f64, String> {
-    let mut ctx = new_store(algo, g, mode, data)?;
+    overwrite_mb_s_in(algo, g, mode, false, data)
+}
+
+/// [`overwrite_mb_s`] on a store in shared memory if `shared`.
+fn overwrite_mb_s_in(
+    algo: Algo,
+    g: usize,
+    mode: Mode,
+    shared: bool,
+    data: &[u8],
+) -> Result<f64, String> {
+    let mut ctx = new_store_in(algo, g, mode, shared, data)?;
     let split = (7 * 16 * PAGE_SIZE).min(data.len());
     let rotated = [&data[split..], &data[..split]].concat();
     let mut secs = 0.0;
@@ -307,11 +330,14 @@ fn scaling(algos: &[Algo], rounds: usize, data: &[u8]) -> Result<(), String> {
 /// The price of a recoverable store: shared memory (memfd, 16-byte slot
 /// stores) against private memory, interleaved round by round.
 fn shared_cost(algos: &[Algo], rounds: usize, data: &[u8]) -> Result<(), String> {
-    println!("| algo | mode | write MB/s private | shared | write shared/private | read MB/s private | shared | read shared/private |");
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!("| algo | mode | write MB/s private | shared | write shared/private | overwrite shared/private | read MB/s private | shared | read shared/private |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    let g = zblk::DEFAULT_GROUP_PAGES;
     for &algo in algos {
         for mode in [Mode::PerPage, Mode::Packed] {
-            let (mut w, mut r) = ([Vec::new(), Vec::new()], [Vec::new(), Vec::new()]);
+            let mut w = [Vec::new(), Vec::new()];
+            let mut o = [Vec::new(), Vec::new()];
+            let mut r = [Vec::new(), Vec::new()];
             for _ in 0..rounds {
                 for (i, shared) in [false, true].into_iter().enumerate() {
                     let opts = BenchOptions {
@@ -323,13 +349,16 @@ fn shared_cost(algos: &[Algo], rounds: usize, data: &[u8]) -> Result<(), String>
                     let rep = bench(&opts, data)?;
                     w[i].push(rep.write_mb_s);
                     r[i].push(rep.read_mb_s);
+                    o[i].push(overwrite_mb_s_in(algo, g, mode, shared, data)?);
                 }
             }
             let [wp, ws] = w.map(median);
+            let [op, os] = o.map(median);
             let [rp, rs] = r.map(median);
             println!(
-                "| {algo} | {mode} | {wp:.0} | {ws:.0} | {:.3} | {rp:.0} | {rs:.0} | {:.3} |",
+                "| {algo} | {mode} | {wp:.0} | {ws:.0} | {:.3} | {:.3} | {rp:.0} | {rs:.0} | {:.3} |",
                 ws / wp,
+                os / op,
                 rs / rp
             );
         }
