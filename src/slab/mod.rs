@@ -151,6 +151,11 @@ struct ClassState {
     spare: Vec<u64>,
     /// Whether `new_zspage` took a spare since the last [`SlabAllocator::trim`].
     spare_used: bool,
+    /// Zspages made from fresh ids during the current lock hold, whose pages
+    /// the allocating thread backs (populate or mlock) after it let go of
+    /// the lock: a page fault per page is slow, and other threads of the
+    /// class should not queue behind it (see [`SlabAllocator::back`]).
+    fresh: Vec<u64>,
     /// Fullness groups: ids of live zspages by how full they are.
     groups: [Vec<u64>; NGROUPS],
     live_zspages: u64,
@@ -415,6 +420,15 @@ impl SlabAllocator {
                 id
             }
         };
+        st.fresh.push(id);
+        self.init_zspage(class, st, id);
+        Ok(id)
+    }
+
+    /// Backs the pages of new zspage `id` (after the class lock was let go:
+    /// the zspage cannot die meanwhile, the caller holds objects in it; a
+    /// thread that writes to it first just takes the page faults).
+    fn back(&self, class: &SizeClass, id: u64) {
         let addr = class.dir.zspage_addr(id);
         if !self.mlock {
             vm::populate_range(addr, class.spec.zspage_bytes());
@@ -426,8 +440,6 @@ impl SlabAllocator {
                 std::io::Error::last_os_error()
             );
         }
-        self.init_zspage(class, st, id);
-        Ok(id)
     }
 
     /// Makes zspage `id` an empty live zspage in fullness group 0.
@@ -662,10 +674,15 @@ impl ObjAllocator for SlabAllocator {
                         Ok(h) => dst[i as usize] = h,
                         Err(e) => {
                             failed = Some(e);
-                            return;
+                            break;
                         }
                     }
                     done += 1;
+                }
+                let fresh = std::mem::take(&mut st.fresh);
+                drop(st);
+                for &id in &fresh {
+                    self.back(class, id);
                 }
             },
         );
