@@ -55,7 +55,7 @@ uj=$(grep '"program":"usemem"' /tmp/zblk-vm.usemem | tail -1)
 [ "$urc" = 0 ] || fail "usemem exit $urc after $kills kills: $(tail -c 400 /tmp/zblk-vm.usemem | tr '\n' ' ')"
 [ "$(echo "$uj" | jget ok)" = true ] || fail "usemem not ok: $uj"
 [ "$(echo "$uj" | jnum bad_pages)" = 0 ] || fail "usemem saw bad pages: $uj"
-dmesg | grep -qiE 'segfault|SIGBUS|I/O error, dev ublkb' && fail "kernel saw errors: $(dmesg | grep -iE 'segfault|SIGBUS|I/O error' | tail -2 | tr '\n' '|')"
+dmesg | grep -qiE 'segfault|SIGBUS|I/O error, dev ublkb|(read|write)-error on swap' && fail "kernel saw errors: $(dmesg | grep -iE 'segfault|SIGBUS|I/O error|-error on swap' | tail -2 | tr '\n' '|')"
 rec=$(zstat | jnum recoveries)
 [ "$rec" = "$kills" ] || fail "stat shows recoveries=$rec after $kills kills"
 # Back to the baseline: swap slots of the exited workload are discarded.
