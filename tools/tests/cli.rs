@@ -104,7 +104,10 @@ fn list_prints_zramctl_columns() {
             "ZERO-PAGES",
             "MEM-LIMIT",
             "MEM-USED",
-            "SWAP"
+            "SWAP",
+            "STATE",
+            "RECOVERY",
+            "RECOVERIES"
         ]
     );
     let o = zblk(&["list", "--json"]);

@@ -71,6 +71,11 @@ pub struct DeviceConfig {
     #[arg(long = "io-buf", value_name = "IO_BUF", value_parser = parse_io_buf)]
     #[serde(default, rename = "io_buf_bytes")]
     pub io_buf: Option<u32>,
+    /// Let the device die with its daemon: no shared-memory store, no
+    /// keeper, no USER_RECOVERY (by default a new daemon takes over).
+    #[arg(long)]
+    #[serde(default)]
+    pub no_recovery: bool,
 }
 
 impl DeviceConfig {
@@ -98,6 +103,9 @@ impl DeviceConfig {
             // The device may become swap at any time: zspages the slab
             // reuses after giving them back are locked again.
             mlock: true,
+            // In one memfd that outlives the daemon, so that the next one
+            // takes the store over (see `crate::keeper`).
+            shared: !self.no_recovery,
             ..StoreConfig::new(self.size)
         }
     }
@@ -236,6 +244,8 @@ mod tests {
         assert_eq!(s.mode, Mode::PerPage);
         assert_eq!(s.mem_limit, 64 << 20);
         assert!(s.mlock);
+        assert!(s.shared, "recoverable by default");
+        assert!(!parse(&["-s", "1G", "--no-recovery"]).store_config().shared);
     }
 
     #[test]

@@ -1,23 +1,29 @@
-//! The daemon's lifecycle: harden the process, add the device, start its
-//! queue threads ([`crate::queue`]), serve the control socket
-//! ([`crate::control::server`]) and the stop signals ([`crate::signals`])
-//! until told to stop, then stop and delete the device ([`crate::device`]).
+//! The daemon's lifecycle: harden the process, make or recover the store,
+//! add the device or take it over, start its queue threads
+//! ([`crate::queue`]), serve the control socket ([`crate::control::server`])
+//! and the stop signals ([`crate::signals`]) until told to stop, then stop
+//! and delete the device ([`crate::device`]), or leave it to the next
+//! daemon (a handover).
 //!
 //! The main thread runs the control loop: the control socket, SIGTERM and
 //! SIGINT, and a one-second tick that makes idle queues free their batched
 //! handles.
 
 use crate::config::DeviceConfig;
-use crate::control::server::{may_stop, ControlSocket};
+use crate::control::server::{may_stop, ControlSocket, Next};
 use crate::control::DeviceInfo;
 use crate::error::{Error, Result, Step};
+use crate::features::{Features, Recovery};
 use crate::queue::Queues;
 use crate::signals::StopSignals;
-use crate::{device, paths, safety};
+use crate::{device, fdpass, keeper, paths, safety};
 use libublk::ctrl::UblkCtrl;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use zblk::{Store, StoreConfig};
 
 /// Called exactly once: with the device when `/dev/ublkbN` serves I/O, or
 /// with the reason it could not start.
@@ -25,6 +31,24 @@ pub type Ready = Box<dyn FnOnce(std::result::Result<&DeviceInfo, &Error>) + Send
 
 /// How often the control loop ticks idle queues.
 const TICK: Duration = Duration::from_secs(1);
+
+/// How long a handover waits for the driver to quiesce the device.
+const QUIESCE_TIMEOUT_MS: u64 = 10_000;
+
+/// Where the daemon's store and device come from.
+pub enum Start {
+    /// A new store and a new device. With recovery on, the store's memfd
+    /// is sent on `keeper` (the socket of the keeper that started us).
+    Fresh {
+        /// The keeper's end of the memfd hand-off, if a keeper runs.
+        keeper: Option<UnixStream>,
+    },
+    /// Device `cfg.id`, whose daemon died, with its store in `memfd`.
+    Recover {
+        /// The dead daemon's store.
+        memfd: OwnedFd,
+    },
+}
 
 /// Calls [`Ready`] at most once, from whichever path gets there first.
 #[derive(Clone)]
@@ -39,26 +63,50 @@ impl ReadyOnce {
     }
 }
 
-/// Creates the device of `cfg` and serves it until it is shut down
-/// (control socket `shutdown`, SIGTERM/SIGINT when not active swap, or the
-/// device being deleted underneath). `ready` hears first. `log_file`, if
-/// given, is renamed to `/run/zblk/<id>.log` once the id is known.
-pub fn run(cfg: &DeviceConfig, log_file: Option<&Path>, ready: Ready) -> Result<()> {
+/// Creates (or takes over) the device of `cfg` and serves it until it is
+/// shut down (control socket `shutdown`, SIGTERM/SIGINT when not active
+/// swap, or the device being deleted underneath). `ready` hears first.
+/// `log_file`, if given, is renamed to `/run/zblk/<id>.log` once the id is
+/// known. A handover does not return: the process exits with
+/// [`keeper::EXIT_HANDOVER`].
+pub fn run(cfg: &DeviceConfig, start: Start, log_file: Option<&Path>, ready: Ready) -> Result<()> {
     let ready = ReadyOnce(Arc::new(Mutex::new(Some(ready))));
-    let r = serve(cfg, log_file, &ready);
+    let r = serve(cfg, start, log_file, &ready);
     if let Err(e) = &r {
         ready.fire(Err(e));
     }
     r
 }
 
-fn serve(cfg: &DeviceConfig, log_file: Option<&Path>, ready: &ReadyOnce) -> Result<()> {
+/// The device's control, engine and recovery, made or taken over.
+struct Device {
+    ctrl: UblkCtrl,
+    queues: Arc<Queues>,
+    recovery: Recovery,
+    recovered: bool,
+}
+
+fn serve(
+    cfg: &DeviceConfig,
+    start: Start,
+    log_file: Option<&Path>,
+    ready: &ReadyOnce,
+) -> Result<()> {
+    let t0 = Instant::now();
     // Before any thread exists, so that all of them inherit it.
     safety::harden()?;
     let signals = StopSignals::block()?;
-    let queues = Arc::new(Queues::new(cfg)?);
-    let ctrl = device::create(cfg)?;
-    let id = ctrl.dev_info().dev_id;
+    let features = Features::probe();
+    log::info!(
+        "ublk driver features {:#x}: {}",
+        features.0,
+        features.names().join(" ")
+    );
+    let dev = match start {
+        Start::Fresh { keeper } => fresh(cfg, features, keeper)?,
+        Start::Recover { memfd } => recover(cfg, memfd)?,
+    };
+    let id = dev.ctrl.dev_info().dev_id;
     if let Some(tmp) = log_file {
         move_log(tmp, id);
     }
@@ -66,15 +114,19 @@ fn serve(cfg: &DeviceConfig, log_file: Option<&Path>, ready: &ReadyOnce) -> Resu
     // The driver may round the buffer size; requests follow its value.
     let info = DeviceInfo::new(
         id,
-        ctrl.get_bdev_path(),
+        dev.ctrl.get_bdev_path(),
         cfg,
-        ctrl.dev_info().max_io_buf_bytes,
-    );
-    log_start(&info);
-    let r = start(&ctrl, queues, info, socket.clone(), signals, ready.clone());
+        dev.ctrl.dev_info().max_io_buf_bytes,
+    )
+    .with_recovery(dev.recovery, features);
+    log_start(&info, dev.recovered, t0);
+    let r = start_device(&dev, info, socket.clone(), signals, ready.clone());
+    if dev.recovered && r.is_ok() {
+        device::delete_recovered(&dev.ctrl, id);
+    }
     // Deleting the device (dropping the control) before removing the
     // socket: once the socket is gone, `zblk del` knows the device is too.
-    drop(ctrl);
+    drop(dev);
     drop(socket);
     match r {
         Ok(_) => {
@@ -88,29 +140,111 @@ fn serve(cfg: &DeviceConfig, log_file: Option<&Path>, ready: &ReadyOnce) -> Resu
     }
 }
 
-/// Starts the queue threads and the disk, then runs the control loop on
-/// this thread; returns when the device has stopped.
-fn start(
-    ctrl: &UblkCtrl,
-    queues: Arc<Queues>,
+/// A new store and device, with the recovery the driver offers unless
+/// `--no-recovery`; the memfd goes to the keeper.
+fn fresh(cfg: &DeviceConfig, features: Features, keeper: Option<UnixStream>) -> Result<Device> {
+    let recovery = if cfg.no_recovery {
+        Recovery::Off
+    } else {
+        features.recovery()
+    };
+    if !cfg.no_recovery && recovery != Recovery::Reissue {
+        log::warn!(
+            "the ublk driver offers recovery '{recovery}' only (USER_RECOVERY_REISSUE missing)"
+        );
+    }
+    let store_cfg = StoreConfig {
+        shared: recovery.is_on(),
+        ..cfg.store_config()
+    };
+    let queues = Arc::new(Queues::with_store(cfg, Store::new(store_cfg)?)?);
+    if let (Some(k), Some(fd)) = (keeper, queues.store().memory_fd()) {
+        fdpass::send_fd(&k, fd).map_err(Error::os(Step::SendMemfd))?;
+    }
+    let ctrl = device::create(cfg, recovery, features)?;
+    Ok(Device {
+        ctrl,
+        queues,
+        recovery,
+        recovered: false,
+    })
+}
+
+/// The store a dead daemon left in `memfd`, and its device taken over.
+fn recover(cfg: &DeviceConfig, memfd: OwnedFd) -> Result<Device> {
+    let id = cfg.id.ok_or(Error::Refused(
+        "recovery needs the device id (-n)".to_string(),
+    ))?;
+    let t0 = Instant::now();
+    let store = Store::recover(cfg.store_config(), memfd)?;
+    log::info!(
+        "device {id}: store recovered in {} ms",
+        t0.elapsed().as_millis()
+    );
+    let queues = Arc::new(Queues::with_store(cfg, store)?);
+    queues.log_first_request();
+    let ctrl = device::recover(cfg, id)?;
+    let reissue = u64::from(libublk::sys::UBLK_F_USER_RECOVERY_REISSUE);
+    let recovery = if ctrl.dev_info().flags & reissue != 0 {
+        Recovery::Reissue
+    } else {
+        Recovery::Plain
+    };
+    Ok(Device {
+        ctrl,
+        queues,
+        recovery,
+        recovered: true,
+    })
+}
+
+/// Starts the queue threads and the disk (or ends the recovery), then
+/// runs the control loop on this thread; returns when the device has
+/// stopped.
+fn start_device(
+    dev: &Device,
     info: DeviceInfo,
     socket: Arc<ControlSocket>,
     signals: StopSignals,
     ready: ReadyOnce,
 ) -> std::result::Result<i32, libublk::UblkError> {
     let size = info.config.size;
+    let queues = dev.queues.clone();
     let qs = queues.clone();
-    let q_fn = move |qid: u16, dev: &_| qs.serve(qid, dev);
+    let q_fn = move |qid: u16, d: &_| qs.serve(qid, d);
     let dev_fn = move |ctrl: &UblkCtrl| {
         ready.fire(Ok(&info));
-        control_loop(&queues, &info, &socket, &signals);
+        if control_loop(&queues, &info, &socket, &signals) == Next::Handover {
+            hand_over(ctrl, &queues, info.id());
+        }
         log::info!("device {}: stopping", info.id());
         device::stop(ctrl, info.id());
         queues.wait_exit();
     };
-    ctrl.run_target(|dev| device::init_target(dev, size), q_fn, dev_fn)
+    dev.ctrl
+        .run_target(|d| device::init_target(d, size), q_fn, dev_fn)
 }
 
+/// Stops serving without deleting the device and exits with
+/// [`keeper::EXIT_HANDOVER`]: with `UBLK_F_QUIESCE` the driver first
+/// waits for the requests in flight to complete; without it the process
+/// just exits and the driver issues them again to the next daemon, as
+/// after a crash.
+fn hand_over(ctrl: &UblkCtrl, queues: &Queues, id: u32) -> ! {
+    let quiesce = u64::from(libublk::sys::UBLK_F_QUIESCE);
+    if ctrl.dev_info().flags & quiesce != 0 {
+        match ctrl.quiesce_dev(QUIESCE_TIMEOUT_MS) {
+            Ok(_) => queues.wait_exit(),
+            Err(e) => log::warn!(
+                "device {id}: quiesce failed ({}); exiting anyway",
+                crate::error::UblkCause(&e)
+            ),
+        }
+        ctrl.disown();
+    }
+    log::info!("device {id}: handed over, exiting");
+    std::process::exit(keeper::EXIT_HANDOVER)
+}
 /// Renames the log the daemon was started with to the device's log.
 fn move_log(tmp: &Path, id: u32) {
     if let Err(e) = std::fs::rename(tmp, paths::log_path(id)) {
@@ -122,27 +256,41 @@ fn move_log(tmp: &Path, id: u32) {
     }
 }
 
-fn log_start(info: &DeviceInfo) {
+fn log_start(info: &DeviceInfo, recovered: bool, t0: Instant) {
     let c = &info.config;
     log::info!(
-        "device {}: {} bytes, {} queues x {} tags, {} KiB I/O buffers, {}",
+        "device {}: {} bytes, {} queues x {} tags, {} KiB I/O buffers, {}, recovery {}",
         info.id(),
         c.size,
         c.queue_count(),
         c.depth,
         c.io_buf_bytes() >> 10,
-        c.engine.algo
+        c.engine.algo,
+        info.recovery
     );
+    if recovered {
+        log::info!(
+            "device {}: taken over {} ms after this daemon started",
+            info.id(),
+            t0.elapsed().as_millis()
+        );
+    }
 }
 
-/// Serves the control socket and signals until the device should stop.
-fn control_loop(queues: &Queues, info: &DeviceInfo, socket: &ControlSocket, sig: &StopSignals) {
+/// Serves the control socket and signals until the device should stop or
+/// be handed over.
+fn control_loop(
+    queues: &Queues,
+    info: &DeviceInfo,
+    socket: &ControlSocket,
+    sig: &StopSignals,
+) -> Next {
     let bdev = PathBuf::from(&info.path);
     let mut last_tick = Instant::now();
     loop {
         if queues.alive() == 0 {
             log::warn!("device {}: all queues ended", info.id());
-            return;
+            return Next::Stop;
         }
         let (client, signal) = wait(socket, sig);
         if last_tick.elapsed() >= TICK {
@@ -150,10 +298,13 @@ fn control_loop(queues: &Queues, info: &DeviceInfo, socket: &ControlSocket, sig:
             last_tick = Instant::now();
         }
         if signal && stop_on_signal(sig, &bdev, info.id()) {
-            return;
+            return Next::Stop;
         }
-        if client && socket.serve_one(queues, info) {
-            return;
+        if client {
+            match socket.serve_one(queues, info) {
+                Next::Serve => {}
+                next => return next,
+            }
         }
     }
 }

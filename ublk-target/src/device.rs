@@ -1,26 +1,107 @@
-//! The ublk device itself: adding it to the driver, its block-device
-//! parameters, and deleting one whose daemon is gone.
+//! The ublk device itself: adding it to the driver (with user recovery
+//! when asked and offered), taking over one whose daemon died, its
+//! block-device parameters, and deleting one whose daemon is gone.
 
 use crate::config::DeviceConfig;
 use crate::error::{Error, Result, Step, UblkCause};
+use crate::features::{Features, Recovery};
 use crate::{params, paths};
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
 use libublk::io::UblkDev;
 use libublk::{UblkError, UblkFlags};
+use std::time::{Duration, Instant};
+
+/// How long a new daemon waits for the driver to let go of the dead one
+/// (its `/dev/ublkcN` released and the device quiesced).
+const RECOVER_WAIT: Duration = Duration::from_secs(30);
 
 /// Adds the device of `cfg` to the driver (not started yet: no queues, no
-/// disk). Its id and I/O buffer size are the driver's answer
+/// disk), with `recovery`'s flags, and with `UBLK_F_QUIESCE` where the
+/// driver has it and recovery is on (the graceful handover of `zblk
+/// restart`). Its id and I/O buffer size are the driver's answer
 /// (`dev_info()`).
-pub fn create(cfg: &DeviceConfig) -> Result<UblkCtrl> {
-    UblkCtrlBuilder::default()
-        .name("zblk")
+pub fn create(cfg: &DeviceConfig, recovery: Recovery, features: Features) -> Result<UblkCtrl> {
+    let mut flags = recovery.ctrl_flags();
+    if recovery.is_on() && features.has(libublk::sys::UBLK_F_QUIESCE) {
+        flags |= u64::from(libublk::sys::UBLK_F_QUIESCE);
+    }
+    builder(cfg)
         .id(cfg.ublk_id())
-        .nr_queues(cfg.queue_count())
-        .depth(cfg.depth)
-        .io_buf_bytes(cfg.io_buf_bytes())
+        .ctrl_flags(flags)
         .dev_flags(UblkFlags::UBLK_DEV_F_ADD_DEV | UblkFlags::UBLK_DEV_F_MLOCK_IO_BUFFER)
         .build()
         .map_err(Error::ublk(Step::CreateDevice))
+}
+
+/// Takes over device `id` (of `cfg`, as it was resolved when it was
+/// created) whose daemon died: `START_USER_RECOVERY` once the driver has
+/// let go of the dead daemon, then a control for recovery, whose start
+/// (`run_target`) ends with `END_USER_RECOVERY`.
+pub fn recover(cfg: &DeviceConfig, id: u32) -> Result<UblkCtrl> {
+    let sid = i32::try_from(id).map_err(|_| Error::IdOutOfRange(id))?;
+    let simple = UblkCtrl::new_simple(sid).map_err(Error::ublk(Step::OpenDevice(id)))?;
+    start_recovery(&simple, id)?;
+    builder(cfg)
+        .id(sid)
+        .dev_flags(UblkFlags::UBLK_DEV_F_RECOVER_DEV | UblkFlags::UBLK_DEV_F_MLOCK_IO_BUFFER)
+        .build()
+        .map_err(Error::ublk(Step::StartRecovery(id)))
+}
+
+/// `START_USER_RECOVERY`, again while the driver answers EBUSY (the dead
+/// daemon's descriptors are still being released).
+fn start_recovery(ctrl: &UblkCtrl, id: u32) -> Result<()> {
+    let t0 = Instant::now();
+    loop {
+        match ctrl.start_user_recover() {
+            Ok(r) if r != -libc::EBUSY => return Ok(()),
+            Err(UblkError::OtherError(e)) if e != -libc::EBUSY => {
+                return Err(Error::Ublk {
+                    step: Step::StartRecovery(id),
+                    source: UblkError::OtherError(e),
+                })
+            }
+            Err(e @ (UblkError::IOError(_) | UblkError::UringIOError(_))) => {
+                return Err(Error::Ublk {
+                    step: Step::StartRecovery(id),
+                    source: e,
+                })
+            }
+            _ if t0.elapsed() > RECOVER_WAIT => {
+                return Err(Error::Ublk {
+                    step: Step::StartRecovery(id),
+                    source: UblkError::OtherError(-libc::EBUSY),
+                })
+            }
+            _ => std::thread::sleep(Duration::from_millis(5)),
+        }
+    }
+}
+
+/// The builder settings a device and its recovery share.
+fn builder(cfg: &DeviceConfig) -> UblkCtrlBuilder<'static> {
+    UblkCtrlBuilder::default()
+        .name("zblk")
+        .nr_queues(cfg.queue_count())
+        .depth(cfg.depth)
+        .io_buf_bytes(cfg.io_buf_bytes())
+}
+
+/// Deletes device `id` whose daemon is gone and will not come back (the
+/// keeper gave up): stopping it fails the I/O the driver holds.
+pub fn give_up(id: u32) -> Result<()> {
+    let sid = i32::try_from(id).map_err(|_| Error::IdOutOfRange(id))?;
+    let ctrl = UblkCtrl::new_simple(sid).map_err(Error::ublk(Step::OpenDevice(id)))?;
+    let _ = ctrl.kill_dev();
+    delete(&ctrl, id)
+}
+
+/// Deletes a device this process took over (a control for recovery does
+/// not delete its device when dropped, one for adding does).
+pub fn delete_recovered(ctrl: &UblkCtrl, id: u32) {
+    if let Err(e) = delete(ctrl, id) {
+        log::warn!("{e}");
+    }
 }
 
 /// Sets the block-device parameters of a `size`-byte device ([`params`]):

@@ -44,6 +44,20 @@ pub enum Step {
     SwapOn(PathBuf),
     /// Disabling swap on a device.
     SwapOff(PathBuf),
+    /// Taking over a device whose daemon died (`START_USER_RECOVERY`).
+    StartRecovery(u32),
+    /// Handing the store's memfd to the keeper.
+    SendMemfd,
+    /// Receiving the store's memfd.
+    ReceiveMemfd,
+    /// Starting a daemon from the keeper.
+    SpawnDaemon,
+    /// Reading a daemon's readiness line.
+    DaemonReady,
+    /// Watching the daemon (`pidfd_open`, `waitpid`).
+    WatchDaemon,
+    /// Talking to the keeper of a device.
+    Keeper(u32),
 }
 
 impl Step {
@@ -77,6 +91,13 @@ impl fmt::Display for Step {
             Step::RemoveSocket(p) => write!(f, "cannot remove {}", p.display()),
             Step::SwapOn(p) => write!(f, "swapon {}", p.display()),
             Step::SwapOff(p) => write!(f, "swapoff {}", p.display()),
+            Step::StartRecovery(id) => write!(f, "cannot take over device {id}"),
+            Step::SendMemfd => write!(f, "cannot hand the store's memfd to the keeper"),
+            Step::ReceiveMemfd => write!(f, "cannot receive the store's memfd"),
+            Step::SpawnDaemon => write!(f, "cannot start the daemon"),
+            Step::DaemonReady => write!(f, "the daemon did not say it was ready"),
+            Step::WatchDaemon => write!(f, "cannot watch the daemon"),
+            Step::Keeper(id) => write!(f, "keeper of device {id}"),
         }
     }
 }
@@ -108,6 +129,8 @@ pub enum Error {
     ActiveSwap(PathBuf),
     /// A device path holds a NUL byte.
     NulInPath(PathBuf),
+    /// A daemon or keeper said no, in its own words.
+    Refused(String),
 }
 
 /// What daemon functions return.
@@ -163,6 +186,7 @@ impl fmt::Display for Error {
                 p.display()
             ),
             Error::NulInPath(p) => write!(f, "{} contains a NUL byte", p.display()),
+            Error::Refused(m) => write!(f, "{m}"),
         }
     }
 }

@@ -9,6 +9,9 @@
 //!   automatic I/O buffer size;
 //! - [`config`]: [`DeviceConfig`], the one configuration from the command
 //!   line to the daemon and the engine;
+//! - [`features`]: the driver's feature bits in words, and the recovery a
+//!   device gets from them;
+//! - [`fdpass`]: a descriptor over a Unix socket (`SCM_RIGHTS`);
 //! - [`io`]: request decoding and dispatch, pure and unit-tested;
 //! - [`safety`]: what a swap device's server needs so that it never waits
 //!   on swap (mlockall, io-flusher, OOM score);
@@ -18,8 +21,12 @@
 //! - `queue`: the queue threads, one engine context each, and their ticks;
 //! - [`control`]: the per-device control socket: its protocol, the client
 //!   ([`control::client`]) and the daemon's server ([`control::server`]);
-//! - [`device`]: adding, stopping and deleting ublk devices (orphans too);
-//! - [`daemon`]: the lifecycle: harden, create, serve, stop.
+//! - [`device`]: adding, taking over, stopping and deleting ublk devices
+//!   (orphans too);
+//! - [`keeper`]: the process that holds a device's store while its daemon
+//!   is dead and starts the next daemon;
+//! - [`daemon`]: the lifecycle: harden, create or recover, serve, stop or
+//!   hand over.
 
 #![warn(missing_docs)]
 
@@ -28,7 +35,10 @@ pub mod control;
 pub mod daemon;
 pub mod device;
 pub mod error;
+pub mod fdpass;
+pub mod features;
 pub mod io;
+pub mod keeper;
 pub mod params;
 pub mod paths;
 mod queue;
@@ -39,6 +49,7 @@ pub mod swap;
 
 pub use config::{DeviceConfig, EngineConfig};
 pub use control::{DeviceInfo, Request, Response};
-pub use daemon::Ready;
+pub use daemon::{Ready, Start};
 pub use error::{Error, Result, Step};
+pub use features::{Features, Recovery};
 pub use io::{dispatch, handle_io, IoDesc, RateLimit};

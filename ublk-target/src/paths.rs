@@ -13,6 +13,12 @@ pub fn socket_path(id: u32) -> PathBuf {
     PathBuf::from(format!("{RUN_DIR}/{id}.sock"))
 }
 
+/// Socket of the keeper of device `id` (see `crate::keeper`); its name
+/// does not parse as a device id, so [`device_ids`] skips it.
+pub fn keeper_socket_path(id: u32) -> PathBuf {
+    PathBuf::from(format!("{RUN_DIR}/{id}.keeper.sock"))
+}
+
 /// Log file of the daemon of device `id` (when not in the foreground).
 pub fn log_path(id: u32) -> PathBuf {
     PathBuf::from(format!("{RUN_DIR}/{id}.log"))

@@ -14,7 +14,7 @@ use crate::io::{handle_io, IoDesc, RateLimit};
 use libublk::io::{UblkDev, UblkIOCtx, UblkQueue};
 use libublk::{BufDesc, BufDescList, UblkIORes};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use zblk::{QueueCtx, Store};
@@ -80,12 +80,19 @@ pub struct Queues {
     tick_gen: AtomicU64,
     /// Queue threads still serving.
     alive: AtomicUsize,
+    /// Whether the first request served is to be logged (after a recovery).
+    log_first: AtomicBool,
 }
 
 impl Queues {
-    /// The engine of `cfg` and one context and eventfd per queue.
+    /// A new engine for `cfg` and one context and eventfd per queue.
     pub fn new(cfg: &DeviceConfig) -> Result<Self> {
-        let store = Store::new(cfg.store_config())?;
+        Self::with_store(cfg, Store::new(cfg.store_config())?)
+    }
+
+    /// The engine `store` (new or recovered) for `cfg`, and one context
+    /// and eventfd per queue.
+    pub fn with_store(cfg: &DeviceConfig, store: Arc<Store>) -> Result<Self> {
         let n = cfg.queue_count();
         let queues = (0..n)
             .map(|_| QueueShared::new())
@@ -98,7 +105,25 @@ impl Queues {
             queues,
             ctxs: Mutex::new(ctxs),
             tick_gen: AtomicU64::new(0),
+            log_first: AtomicBool::new(false),
         })
+    }
+
+    /// Logs the moment the first request is served (as seconds since boot,
+    /// the clock of `/proc/uptime`): how long the device was without a
+    /// daemon is read from it.
+    pub fn log_first_request(&self) {
+        self.log_first.store(true, Ordering::SeqCst);
+    }
+
+    /// After each request: the first one, when asked for, is logged.
+    fn served(&self, qid: u16) {
+        if self.log_first.load(Ordering::Relaxed) && self.log_first.swap(false, Ordering::SeqCst) {
+            log::info!(
+                "queue {qid}: first request served at uptime {:.3}",
+                uptime_s()
+            );
+        }
     }
 
     /// The device's engine.
@@ -194,6 +219,7 @@ impl Queues {
         q.wait_and_handle_io(|q, tag, io| {
             if !io.is_tgt_io() {
                 serve_request(q, tag, &mut ctx, &mut bufs, &mut rl);
+                self.served(qid);
             } else if UblkIOCtx::user_data_to_op(io.user_data()) == TICK_OP {
                 self.on_tick(qs, &mut ctx);
                 if io.result() >= 0 && !q.is_stopping() {
@@ -216,6 +242,17 @@ impl Queues {
             .store(ctx.pending_frees() as u64, Ordering::SeqCst);
         qs.done.store(gen, Ordering::SeqCst);
     }
+}
+
+/// Seconds since boot (`CLOCK_BOOTTIME`, the clock of `/proc/uptime`).
+pub fn uptime_s() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into the local `ts`.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
 }
 
 /// Counts a queue thread out when it ends, however it ends.

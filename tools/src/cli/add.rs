@@ -1,14 +1,19 @@
-//! `zblk add` and the hidden `zblk daemon` it starts.
+//! `zblk add`, the hidden `zblk keeper` it starts (unless
+//! `--no-recovery`), the hidden `zblk daemon` the keeper (or `add`)
+//! starts, and `zblk recover --memfd`, the daemon the keeper starts after
+//! a crash.
 
-use super::args::{AddArgs, DaemonArgs};
+use super::args::{AddArgs, DaemonArgs, KeeperArgs, RecoverArgs};
 use super::{show, sys, CliError, CliResult};
 use std::fmt::Display;
 use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 use zblk_ublk::control::{self, DeviceInfo, Request};
-use zblk_ublk::{paths, DeviceConfig};
+use zblk_ublk::keeper::{self, ready, KeeperConfig};
+use zblk_ublk::{paths, DeviceConfig, Start};
 
 /// How long `add` waits for the daemon to bring the device up.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -64,7 +69,8 @@ fn foreground(a: AddArgs) -> CliResult {
             }
         }
     });
-    Ok(zblk_ublk::daemon::run(&a.dev, None, ready)?)
+    let start = Start::Fresh { keeper: None };
+    Ok(zblk_ublk::daemon::run(&a.dev, start, None, ready)?)
 }
 
 /// `mkswap` then swapon with discard and priority, like zram-generator
@@ -75,17 +81,15 @@ fn make_swap(bdev: &Path, priority: i32) -> CliResult {
 }
 
 /// The argument list that makes `zblk daemon` build the same device: the
-/// whole configuration as one JSON argument.
+/// whole configuration as one JSON argument. With recovery on, `zblk
+/// keeper`, which starts that daemon and outlives it.
 fn daemon_argv(d: &DeviceConfig) -> Vec<String> {
-    vec![
-        "daemon".to_string(),
-        "--config-json".to_string(),
-        d.to_json(),
-    ]
+    let cmd = if d.no_recovery { "daemon" } else { "keeper" };
+    vec![cmd.to_string(), "--config-json".to_string(), d.to_json()]
 }
 
-/// Starts `zblk daemon` in its own session, logging to /run/zblk, and
-/// waits for its readiness line.
+/// Starts `zblk keeper` (or `zblk daemon`) in its own session, logging to
+/// /run/zblk, and waits for its readiness line.
 fn spawn_daemon(d: &DeviceConfig) -> Result<DeviceInfo, CliError> {
     use std::os::unix::process::CommandExt;
     paths::ensure_run_dir()
@@ -146,40 +150,86 @@ fn spawn_daemon(d: &DeviceConfig) -> Result<DeviceInfo, CliError> {
 
 /// Reads the daemon's readiness line.
 fn parse_ready(line: &str) -> Result<DeviceInfo, CliError> {
-    let v: serde_json::Value = serde_json::from_str(line)
-        .map_err(|e| CliError(format!("bad readiness line from the daemon: {e}")))?;
-    if v["ok"] != serde_json::Value::Bool(true) {
-        let why = v["error"].as_str().unwrap_or("unknown error");
-        return Err(CliError(why.to_string()));
-    }
-    serde_json::from_value(v["device"].clone())
-        .map_err(|e| CliError(format!("bad device description from the daemon: {e}")))
+    ready::parse(line).map_err(CliError)
 }
 
 /// The readiness line for a start result.
 fn ready_line<E: Display + ?Sized>(r: Result<&DeviceInfo, &E>) -> String {
-    match r {
-        Ok(info) => serde_json::json!({ "ok": true, "device": info }).to_string(),
-        Err(e) => serde_json::json!({ "ok": false, "error": e.to_string() }).to_string(),
-    }
+    ready::line(r)
 }
 
-/// `zblk daemon`: serves the device; says on stdout (one JSON line) when it
-/// is ready or why it could not start, then lets go of stdout.
+/// Says on stdout (one JSON line) that the device is ready or why it could
+/// not start, then lets go of stdout.
+fn say_ready(r: Result<&DeviceInfo, &zblk_ublk::Error>) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{}", ready_line(r));
+    let _ = out.flush();
+    drop(out);
+    release_stdout();
+}
+
+/// `zblk daemon`: serves a new device (handing its memfd to the keeper on
+/// `--keeper-fd`).
 pub fn daemon(a: DaemonArgs) -> CliResult {
-    let ready = Box::new(|r: Result<&DeviceInfo, &zblk_ublk::Error>| {
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "{}", ready_line(r));
-        let _ = out.flush();
-        drop(out);
-        release_stdout();
-    });
+    let keeper = a
+        .keeper_fd
+        .map(inherited)
+        .transpose()?
+        .map(std::os::unix::net::UnixStream::from);
+    let start = Start::Fresh { keeper };
     // The error reaches the log through main's one-line report on stderr.
     Ok(zblk_ublk::daemon::run(
         &a.config_json,
+        start,
         a.log_file.as_deref(),
-        ready,
+        Box::new(say_ready),
     )?)
+}
+
+/// `zblk recover -n ID --memfd FD --config-json ..`: the daemon that
+/// takes over device ID with the store in the inherited FD.
+pub fn recover_daemon(a: RecoverArgs) -> CliResult {
+    let (Some(fd), Some(cfg)) = (a.memfd, a.config_json) else {
+        return Err(CliError("recover --memfd needs --config-json".into()));
+    };
+    if cfg.id != Some(a.id) {
+        return Err(CliError(format!(
+            "recover -n {}: the configuration is of device {:?}",
+            a.id, cfg.id
+        )));
+    }
+    let start = Start::Recover {
+        memfd: inherited(fd)?,
+    };
+    Ok(zblk_ublk::daemon::run(
+        &cfg,
+        start,
+        None,
+        Box::new(say_ready),
+    )?)
+}
+
+/// `zblk keeper`: starts the daemon, holds the store, restarts the daemon.
+pub fn keeper(a: KeeperArgs) -> CliResult {
+    let exe =
+        std::env::current_exe().map_err(|e| CliError(format!("cannot find my own binary: {e}")))?;
+    let k = KeeperConfig {
+        exe,
+        cfg: a.config_json,
+        log_file: a.log_file,
+    };
+    Ok(keeper::run(k, say_ready)?)
+}
+
+/// Takes ownership of inherited descriptor `fd` (made close-on-exec).
+fn inherited(fd: i32) -> Result<OwnedFd, CliError> {
+    // SAFETY: fcntl on any integer is harmless; it fails on a closed one.
+    if fd < 3 || unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } < 0 {
+        return Err(CliError(format!("descriptor {fd} is not an inherited one")));
+    }
+    // SAFETY: fd is open (fcntl succeeded), was inherited for us alone,
+    // and nothing else in this process owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Points stdout at /dev/null, so that `add` (reading the other end) sees
@@ -232,7 +282,8 @@ mod tests {
             panic!()
         };
         let argv = daemon_argv(&a.dev);
-        let Cmd::Daemon(d) = Cli::try_parse_from(std::iter::once("zblk".to_string()).chain(argv))
+        assert_eq!(argv[0], "keeper");
+        let Cmd::Keeper(d) = Cli::try_parse_from(std::iter::once("zblk".to_string()).chain(argv))
             .unwrap()
             .cmd
         else {

@@ -36,9 +36,16 @@ pub enum Cmd {
     Set(SetArgs),
     /// Run the engine over a file of pages (no device, no root).
     Bench(BenchArgs),
+    /// Start a daemon that takes over a device whose daemon died.
+    Recover(RecoverArgs),
+    /// Hand a device over to a new daemon (e.g. an upgraded binary), no swapoff.
+    Restart(IdArgs),
     /// Serve a device (what `add` starts in the background).
     #[command(hide = true)]
     Daemon(DaemonArgs),
+    /// Hold a device's store and restart its daemon (what `add` starts).
+    #[command(hide = true)]
+    Keeper(KeeperArgs),
 }
 
 /// How pages are compressed and grouped: the engine flags of `zblk add`
@@ -158,6 +165,37 @@ pub struct DaemonArgs {
     /// Log file to rename to /run/zblk/<id>.log once the id is known.
     #[arg(long)]
     pub log_file: Option<PathBuf>,
+    /// Inherited socket on which to hand the store's memfd to the keeper.
+    #[arg(long)]
+    pub keeper_fd: Option<i32>,
+}
+
+/// The hidden `zblk keeper`: starts the daemon of a new device, holds its
+/// store, restarts it; reports readiness as `daemon` does.
+#[derive(Debug, Args)]
+pub struct KeeperArgs {
+    /// The device, as JSON.
+    #[arg(long, value_parser = DeviceConfig::from_json)]
+    pub config_json: DeviceConfig,
+    /// Log file to rename to /run/zblk/<id>.log once the id is known.
+    #[arg(long)]
+    pub log_file: Option<PathBuf>,
+}
+
+/// `zblk recover`.
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("daemon").multiple(true).args(["memfd", "config_json"])))]
+pub struct RecoverArgs {
+    /// Device id.
+    #[arg(short = 'n', long)]
+    pub id: u32,
+    /// Become the daemon, with the store in this inherited descriptor
+    /// (what the keeper runs; needs --config-json).
+    #[arg(long, hide = true, requires = "config_json")]
+    pub memfd: Option<i32>,
+    /// The device as it was resolved (with --memfd).
+    #[arg(long, hide = true, requires = "memfd", value_parser = DeviceConfig::from_json)]
+    pub config_json: Option<DeviceConfig>,
 }
 
 #[cfg(test)]
@@ -313,5 +351,18 @@ mod tests {
             (2, 8, 16)
         );
         assert!(parse(&["bench"]).is_err());
+        assert!(matches!(
+            parse(&["restart", "-n", "4"]).unwrap().cmd,
+            Cmd::Restart(IdArgs { id: 4 })
+        ));
+        let Cmd::Recover(r) = parse(&["recover", "-n", "2"]).unwrap().cmd else {
+            panic!()
+        };
+        assert_eq!((r.id, r.memfd), (2, None));
+        assert!(parse(&["recover", "-n", "2", "--memfd", "3"]).is_err());
+        let Cmd::Add(a) = parse(&["add", "-s", "1G", "--no-recovery"]).unwrap().cmd else {
+            panic!()
+        };
+        assert!(a.dev.no_recovery);
     }
 }

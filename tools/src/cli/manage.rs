@@ -1,10 +1,14 @@
-//! `zblk del`, `zblk compact`, `zblk set`.
+//! `zblk del`, `zblk compact`, `zblk set`, `zblk recover`, `zblk restart`.
 
-use super::args::{DelArgs, IdArgs, SetArgs};
+use super::args::{DelArgs, IdArgs, RecoverArgs, SetArgs};
 use super::{sys, CliError, CliResult};
 use std::time::Duration;
-use zblk_ublk::control::{self, Request};
+use zblk_ublk::control::{self, ClientError, Request};
+use zblk_ublk::keeper::{self, KeeperRequest};
 use zblk_ublk::{paths, swap};
+
+/// How long `restart` waits for the handover (old daemon out, new one in).
+const RESTART_WAIT: Duration = Duration::from_secs(120);
 
 /// How long `del` waits for a daemon to delete its device and exit.
 const DEL_WAIT: Duration = Duration::from_secs(30);
@@ -87,5 +91,42 @@ pub fn set(a: SetArgs) -> CliResult {
         &Request::SetMemLimit { bytes: a.mem_limit },
         Duration::from_secs(10),
     )?;
+    Ok(())
+}
+
+/// The keeper's answer to `req`, or a one-line reason.
+fn ask_keeper(id: u32, req: &KeeperRequest) -> Result<serde_json::Value, CliError> {
+    keeper::request(id, req, RESTART_WAIT).map_err(|e| match e {
+        ClientError::NoDevice(_) => CliError(format!(
+            "device {id} has no keeper ({} is missing): it was added with --no-recovery, \
+             in the foreground, or its keeper is gone",
+            paths::keeper_socket_path(id).display()
+        )),
+        e => e.into(),
+    })
+}
+
+/// `zblk restart -n ID`: the keeper has the daemon hand over and starts
+/// the binary now at its path, which takes the device over.
+pub fn restart(a: IdArgs) -> CliResult {
+    let r = ask_keeper(a.id, &KeeperRequest::Restart)?;
+    println!(
+        "device {}: handed over to daemon pid {} in {} ms",
+        a.id,
+        r["pid"].as_u64().unwrap_or(0),
+        r["ms"].as_u64().unwrap_or(0)
+    );
+    Ok(())
+}
+
+/// `zblk recover -n ID` (by hand): the keeper starts a recovering daemon
+/// unless one serves the device.
+pub fn recover(a: RecoverArgs) -> CliResult {
+    let r = ask_keeper(a.id, &KeeperRequest::Recover)?;
+    println!(
+        "device {}: recovering daemon pid {}",
+        a.id,
+        r["pid"].as_u64().unwrap_or(0)
+    );
     Ok(())
 }

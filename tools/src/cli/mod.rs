@@ -80,6 +80,14 @@ pub fn run(cli: Cli) -> CliResult {
             init_log("info");
             add::daemon(a)
         }
+        Cmd::Keeper(a) => {
+            init_log("info");
+            add::keeper(a)
+        }
+        Cmd::Recover(a) if a.memfd.is_some() => {
+            init_log("info");
+            add::recover_daemon(a)
+        }
         Cmd::Add(a) => {
             init_log(if a.foreground { "info" } else { "warn" });
             add::add(a)
@@ -93,7 +101,9 @@ pub fn run(cli: Cli) -> CliResult {
                 Cmd::Compact(a) => manage::compact(a),
                 Cmd::Set(a) => manage::set(a),
                 Cmd::Bench(a) => bench::bench(a),
-                Cmd::Add(_) | Cmd::Daemon(_) => Ok(()),
+                Cmd::Recover(a) => manage::recover(a),
+                Cmd::Restart(a) => manage::restart(a),
+                Cmd::Add(_) | Cmd::Daemon(_) | Cmd::Keeper(_) => Ok(()),
             }
         }
     }

@@ -87,11 +87,28 @@ fn list_entry(reply: &Value) -> Value {
         "mem_limit": u(s, "mem_limit"),
         "mem_used": u(s, "mem_used_max"),
         "swap": swap::is_active_swap(Path::new(path)),
+        "state": "live",
+        "recovery": d["recovery"].as_str().unwrap_or("off"),
+        "recoveries": u(s, "recoveries"),
+        "features": d["features"],
+    })
+}
+
+/// A `zblk list` entry for device `id` whose daemon does not answer:
+/// `recovering` while its keeper brings a new daemon up, else `dead`.
+fn gone_entry(id: u32) -> Value {
+    let k = zblk_ublk::keeper::status(id);
+    let path = zblk_ublk::paths::bdev_path(id).display().to_string();
+    json!({
+        "name": path,
+        "state": if k.is_some() { "recovering" } else { "dead" },
+        "recoveries": k.map_or(0, |k| k.recoveries),
+        "swap": swap::is_active_swap(Path::new(&path)),
     })
 }
 
 /// The columns of `zblk list`, zramctl's where they apply.
-const LIST_COLUMNS: [&str; 11] = [
+const LIST_COLUMNS: [&str; 14] = [
     "NAME",
     "DISKSIZE",
     "DATA",
@@ -103,6 +120,9 @@ const LIST_COLUMNS: [&str; 11] = [
     "MEM-LIMIT",
     "MEM-USED",
     "SWAP",
+    "STATE",
+    "RECOVERY",
+    "RECOVERIES",
 ];
 
 fn list_row(e: &Value) -> Vec<String> {
@@ -123,6 +143,9 @@ fn list_row(e: &Value) -> Vec<String> {
         } else {
             "-".into()
         },
+        e["state"].as_str().unwrap_or("?").to_string(),
+        e["recovery"].as_str().unwrap_or("-").to_string(),
+        u(e, "recoveries").to_string(),
     ]
 }
 
@@ -132,9 +155,16 @@ pub fn list(a: ListArgs) -> CliResult {
     for id in super::device_ids()? {
         match control::request(id, &Request::Stats, STATS_TIMEOUT) {
             Ok(reply) => entries.push(list_entry(&reply)),
-            // A socket with no daemon behind it: say so and go on.
+            // A socket with no daemon behind it: a keeper may be bringing
+            // the next one up; otherwise the device is dead.
             Err(control::ClientError::NoDevice(_)) => {
-                eprintln!("zblk: device {id}: its daemon is gone (zblk del -n {id} removes it)")
+                let e = gone_entry(id);
+                if e["state"] == "dead" {
+                    eprintln!(
+                        "zblk: device {id}: its daemon is gone (zblk del -n {id} removes it)"
+                    );
+                }
+                entries.push(e);
             }
             Err(e) => eprintln!("zblk: device {id}: {e}"),
         }
@@ -178,13 +208,14 @@ const GAUGES: [&str; 6] = [
 pub fn stat_text(reply: &Value) -> String {
     let (d, s) = (&reply["device"], &reply["stats"]);
     let mut out = format!(
-        "{} (id {}, pid {}, {} queues x {} tags, {} I/O buffers)\n",
+        "{} (id {}, pid {}, {} queues x {} tags, {} I/O buffers, recovery {})\n",
         d["path"].as_str().unwrap_or("?"),
         u(d, "id"),
         u(d, "pid"),
         u(d, "queues"),
         u(d, "depth"),
         format_size(u(d, "io_buf_bytes")),
+        d["recovery"].as_str().unwrap_or("off"),
     );
     let mut rows = Vec::new();
     if let Some(obj) = s.as_object() {

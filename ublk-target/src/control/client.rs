@@ -44,8 +44,18 @@ pub fn request(
     req: &Request,
     timeout: Duration,
 ) -> Result<serde_json::Value, ClientError> {
-    let path = crate::paths::socket_path(id);
-    let mut s = UnixStream::connect(&path).map_err(|e| match e.kind() {
+    request_at(&crate::paths::socket_path(id), id, req, timeout)
+}
+
+/// Sends `req` (any request type) on the socket at `path`, which speaks
+/// for device `id`, and returns the reply's data.
+pub fn request_at<R: serde::Serialize>(
+    path: &std::path::Path,
+    id: u32,
+    req: &R,
+    timeout: Duration,
+) -> Result<serde_json::Value, ClientError> {
+    let mut s = UnixStream::connect(path).map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
             ClientError::NoDevice(id)
         }

@@ -14,6 +14,7 @@ pub mod server;
 pub use client::{request, ClientError};
 
 use crate::config::DeviceConfig;
+use crate::features::{Features, Recovery};
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
@@ -41,6 +42,10 @@ pub enum Request {
         #[serde(default)]
         force: bool,
     },
+    /// Stops serving without deleting the device, for a new daemon to take
+    /// it over (`zblk restart`): the daemon replies, then exits with
+    /// [`crate::keeper::EXIT_HANDOVER`]. Refused unless recovery is on.
+    Handover,
 }
 
 /// A daemon's answer.
@@ -92,6 +97,12 @@ pub struct DeviceInfo {
     pub config: DeviceConfig,
     /// Daemon process id.
     pub pid: u32,
+    /// How the device survives its daemon: `reissue`, `plain` or `off`.
+    #[serde(default)]
+    pub recovery: Recovery,
+    /// The feature bits the ublk driver reports (`USER_RECOVERY`, ...).
+    #[serde(default)]
+    pub features: Vec<String>,
 }
 
 impl DeviceInfo {
@@ -103,7 +114,16 @@ impl DeviceInfo {
             path,
             config: config.resolved(id, io_buf_bytes),
             pid: std::process::id(),
+            recovery: Recovery::Off,
+            features: Vec::new(),
         }
+    }
+
+    /// The same, with the recovery it got on a driver with `features`.
+    pub fn with_recovery(mut self, recovery: Recovery, features: Features) -> Self {
+        self.recovery = recovery;
+        self.features = features.names();
+        self
     }
 
     /// ublk device id (N of `/dev/ublkbN`).
@@ -169,6 +189,7 @@ mod tests {
                 Request::Shutdown { force: true },
                 r#"{"cmd":"shutdown","force":true}"#,
             ),
+            (Request::Handover, r#"{"cmd":"handover"}"#),
         ];
         for (req, wire) in cases {
             assert_eq!(serde_json::to_string(&req).unwrap(), wire);

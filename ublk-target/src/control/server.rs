@@ -13,6 +13,17 @@ use std::time::Duration;
 /// How long a client may take to send its request or read the reply.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// What the control loop does after a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Next {
+    /// Go on serving.
+    Serve,
+    /// Stop and delete the device.
+    Stop,
+    /// Stop serving and leave the device to the next daemon.
+    Handover,
+}
+
 /// A device's listening control socket, removed when dropped.
 pub struct ControlSocket {
     listener: UnixListener,
@@ -44,12 +55,11 @@ impl ControlSocket {
         self.listener.as_raw_fd()
     }
 
-    /// Answers the client waiting, if any; returns true when it asked the
-    /// daemon to stop.
-    pub fn serve_one(&self, queues: &Queues, info: &DeviceInfo) -> bool {
+    /// Answers the client waiting, if any; says what to do next.
+    pub fn serve_one(&self, queues: &Queues, info: &DeviceInfo) -> Next {
         match self.listener.accept() {
             Ok((stream, _)) => serve_client(queues, info, stream),
-            Err(_) => false,
+            Err(_) => Next::Serve,
         }
     }
 }
@@ -69,19 +79,19 @@ pub fn may_stop(bdev: &Path, force: bool) -> Result<()> {
     Ok(())
 }
 
-/// Answers one client; returns true when the daemon should stop.
-fn serve_client(queues: &Queues, info: &DeviceInfo, mut s: UnixStream) -> bool {
+/// Answers one client; says what the daemon does next.
+fn serve_client(queues: &Queues, info: &DeviceInfo, mut s: UnixStream) -> Next {
     let setup = s
         .set_nonblocking(false)
         .and_then(|()| s.set_read_timeout(Some(CLIENT_TIMEOUT)))
         .and_then(|()| s.set_write_timeout(Some(CLIENT_TIMEOUT)));
     if let Err(e) = setup {
         log::warn!("control client: {e}");
-        return false;
+        return Next::Serve;
     }
     let (resp, stop) = match read_request(&mut s) {
         Ok(req) => answer(queues, info, req),
-        Err(e) => (Response::err(e.to_string()), false),
+        Err(e) => (Response::err(e.to_string()), Next::Serve),
     };
     if let Err(e) = write_response(&mut s, &resp) {
         log::warn!("control client: {e}");
@@ -97,8 +107,8 @@ fn json_reply(v: serde_json::Result<serde_json::Value>) -> Response {
     }
 }
 
-/// The reply to one request, and whether to stop afterwards.
-fn answer(queues: &Queues, info: &DeviceInfo, req: Request) -> (Response, bool) {
+/// The reply to one request, and what to do afterwards.
+fn answer(queues: &Queues, info: &DeviceInfo, req: Request) -> (Response, Next) {
     let reply = match req {
         Request::Info => json_reply(serde_json::to_value(info)),
         Request::Stats => stats(queues, info),
@@ -115,12 +125,20 @@ fn answer(queues: &Queues, info: &DeviceInfo, req: Request) -> (Response, bool) 
         }
         Request::Shutdown { force } => {
             return match may_stop(Path::new(&info.path), force) {
-                Ok(()) => (Response::ok(serde_json::Value::Null), true),
-                Err(e) => (Response::err(e.to_string()), false),
+                Ok(()) => (Response::ok(serde_json::Value::Null), Next::Stop),
+                Err(e) => (Response::err(e.to_string()), Next::Serve),
             };
         }
+        Request::Handover if info.recovery.is_on() => {
+            log::info!("device {}: handing over to a new daemon", info.id());
+            return (Response::ok(serde_json::Value::Null), Next::Handover);
+        }
+        Request::Handover => Response::err(format!(
+            "device {} has no recovery: it cannot be handed over",
+            info.id()
+        )),
     };
-    (reply, false)
+    (reply, Next::Serve)
 }
 
 /// `{"device": .., "stats": ..}`, after every queue has freed its batch.
@@ -158,10 +176,12 @@ mod tests {
             path: "/dev/ublkb4094".into(),
             config: cfg(2),
             pid: std::process::id(),
+            recovery: crate::features::Recovery::Reissue,
+            features: vec!["USER_RECOVERY".into()],
         }
     }
 
-    fn ask(queues: &Queues, req: Request) -> (Response, bool) {
+    fn ask(queues: &Queues, req: Request) -> (Response, Next) {
         answer(queues, &info(), req)
     }
 
@@ -179,7 +199,7 @@ mod tests {
         let held = shared.store().stats().mem_used_total;
         assert!(held > 0, "batched objects still held");
         let (r, stop_now) = ask(&shared, Request::Stats);
-        assert!(r.ok && !stop_now, "{r:?}");
+        assert!(r.ok && stop_now == Next::Serve, "{r:?}");
         let s = &r.data["stats"];
         assert_eq!(s["deferred_free_pending"], 0);
         let after = s["mem_used_total"].as_u64().unwrap();
@@ -216,7 +236,15 @@ mod tests {
         );
         // Not swap (the node does not even exist): shutdown is accepted.
         let (r, stop) = ask(&shared, Request::Shutdown { force: false });
-        assert!(r.ok && stop);
+        assert!(r.ok && stop == Next::Stop);
+        let (r, next) = ask(&shared, Request::Handover);
+        assert!(r.ok && next == Next::Handover);
+        let off = DeviceInfo {
+            recovery: crate::features::Recovery::Off,
+            ..info()
+        };
+        let (r, next) = answer(&shared, &off, Request::Handover);
+        assert!(!r.ok && next == Next::Serve, "{r:?}");
     }
 
     #[test]
@@ -235,11 +263,15 @@ mod tests {
             "queues",
             "depth",
             "io_buf_bytes",
+            "no_recovery",
             "pid",
+            "recovery",
+            "features",
         ] {
             assert!(keys.contains(&k), "{k} missing from {keys:?}");
         }
-        assert_eq!(keys.len(), 12, "{keys:?}");
+        assert_eq!(keys.len(), 15, "{keys:?}");
+        assert_eq!(v["recovery"], "reissue");
         assert_eq!(v["algorithm"], "lz4");
         assert_eq!(v["mode"], "per-page");
         assert_eq!(v["io_buf_bytes"], 1 << 20);
@@ -249,7 +281,7 @@ mod tests {
     fn exchange(shared: &Queues, request: &[u8]) -> Response {
         let (mut a, b) = UnixStream::pair().unwrap();
         a.write_all(request).unwrap();
-        assert!(!serve_client(shared, &info(), b));
+        assert_eq!(serve_client(shared, &info(), b), Next::Serve);
         let mut line = String::new();
         BufReader::new(&a).read_line(&mut line).unwrap();
         serde_json::from_str(&line).unwrap()

@@ -59,7 +59,9 @@ refuse zblk stat -n 97 --json
 refuse zblk frobnicate
 
 # kill -9 under load: writers and readers on the device, then the daemon dies.
-zadd --size 256M --algo "$ZBLK_ALGO"
+# --no-recovery: this is the device that dies with its daemon (recovery,
+# the default, is the crash scenario's).
+zadd --size 256M --algo "$ZBLK_ALGO" --no-recovery
 old=$ZID olddev=$ZDEV
 pid=$(zdaemon_pid "$ZID") || fail "no process holds /dev/ublkc$ZID"
 dd if=/dev/urandom of=/tmp/zblk-vm.src bs=1048576 count=16 2>/dev/null

@@ -1,11 +1,11 @@
-# swapkill (not in the default set, run it alone or last): kill -9 of the
+# swapkill (run it alone or last): a device made with --no-recovery, and kill -9 of the
 # daemon of an ACTIVE SWAP device while a workload swaps through it. Swapped
 # pages are lost, so the workload may die (SIGBUS/SIGSEGV is acceptable);
 # what must not happen: a hang of the workload, of `zblk del --force`, or of
 # the guest, and `zblk add` must work afterwards. The kernel keeps the dead
 # swap area as "(deleted)" in /proc/swaps (no path is left to swapoff it),
 # which is why this scenario is not run before others.
-zadd --size 512M --algo "$ZBLK_ALGO" --swap
+zadd --size 512M --algo "$ZBLK_ALGO" --swap --no-recovery
 old=$ZID
 CG=$(cg_make swapkill 64)
 in_cg usemem --mb 96 --procs 2 --sleep 5 >/tmp/zblk-vm.usemem 2>&1 &
