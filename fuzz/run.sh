@@ -22,14 +22,13 @@ targets=("$@")
 nice_n=${ZBLK_FUZZ_NICE:-10}
 jobs=${ZBLK_FUZZ_JOBS:-1}
 
+mkdir -p work
 echo "== fuzz: building ${#targets[@]} targets (cargo +nightly fuzz build)"
-nice -n "$nice_n" cargo +nightly fuzz build --debug-assertions >/dev/null 2>build.log.tmp || {
-    cat build.log.tmp >&2
-    rm -f build.log.tmp
+nice -n "$nice_n" cargo +nightly fuzz build --debug-assertions >/dev/null 2>work/build.log || {
+    cat work/build.log >&2
     echo "fuzz: build failed" >&2
     exit 1
 }
-rm -f build.log.tmp
 bindir=target/x86_64-unknown-linux-gnu/release
 mkdir -p work/logs
 
@@ -40,10 +39,14 @@ run_one() {
     # The IAA codec leaks, on purpose, the 8 KB buffers of a descriptor the
     # device never completed (a late DMA must not land in reused memory),
     # which this target provokes: no leak detection there.
-    [ "$t" = iaa_model ] && extra+=(-detect_leaks=0)
+    local asan=${ASAN_OPTIONS:-}
+    if [ "$t" = iaa_model ]; then
+        extra+=(-detect_leaks=0)
+        asan=detect_leaks=0${asan:+:$asan}
+    fi
     # -rss_limit_mb: the store targets build small stores; 2 GB is a leak.
     # -timeout: one input taking 30 s is a hang.
-    nice -n "$nice_n" "$bindir/$t" \
+    ASAN_OPTIONS=$asan nice -n "$nice_n" "$bindir/$t" \
         -max_total_time="$secs" -print_final_stats=1 -timeout=30 -rss_limit_mb=2048 \
         -max_len=8192 -artifact_prefix="artifacts/$t/" "${extra[@]}" \
         "work/corpus/$t" "corpus/$t" >"work/logs/$t.log" 2>&1
