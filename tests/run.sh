@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test zblk has, on a fresh Debian machine, as root:
 #   format and lints, the engine's unit, model and stress tests, the daemon's
-#   and CLI's tests, then the real device as swap in qemu (tests/vm/run.sh:
+#   and CLI's tests, a short coverage-guided fuzz run (fuzz/run.sh), then the real device as swap in qemu (tests/vm/run.sh:
 #   every scenario on Debian's 6.12 and 7.3 kernels, one boot each).
 # Usage: tests/run.sh [--no-vm]   (ZBLK_SKIP_VM=1 also skips the VM stage)
 set -euo pipefail
@@ -20,6 +20,23 @@ echo "== cargo clippy -D warnings (workspace lints: every unsafe documented)"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== cargo test (workspace)"
 cargo test --workspace
+
+# Coverage-guided fuzzing, 10 s per target (fuzz/README.md): needs the
+# nightly toolchain and cargo-fuzz (installed from crates.io when missing,
+# about a minute once); without them, one line and go on.
+if rustup toolchain list 2>/dev/null | grep -q '^nightly' &&
+    ! cargo +nightly fuzz --version >/dev/null 2>&1; then
+    echo "== installing cargo-fuzz"
+    cargo install cargo-fuzz --locked >/dev/null 2>&1 || true
+fi
+if ! rustup toolchain list 2>/dev/null | grep -q '^nightly'; then
+    echo "== fuzz skipped: no nightly toolchain (rustup toolchain install nightly)"
+elif ! cargo +nightly fuzz --version >/dev/null 2>&1; then
+    echo "== fuzz skipped: cargo-fuzz not installed and could not be (cargo install cargo-fuzz)"
+else
+    echo "== fuzz (every target 10 s)"
+    bash fuzz/run.sh "${ZBLK_FUZZ_SECS:-10}"
+fi
 
 if [ "$skip_vm" = 1 ]; then
     echo "== VM tests skipped (--no-vm / ZBLK_SKIP_VM=1)"

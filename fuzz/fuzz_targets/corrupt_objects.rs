@@ -1,0 +1,293 @@
+//! Corrupted stored objects: every codec's decoder on arbitrary bytes, and
+//! a store whose objects (per-page compressed, huge, packed header fields
+//! and blobs) get arbitrary bytes overwritten while stored.
+//!
+//! The store runs over a spy allocator (the public `ObjAllocator` trait
+//! around `HeapAllocator`) that knows every live object, its size and its
+//! owner slot, so the fuzzer can change any byte of any object but a packed
+//! object's live mask (that word is the allocator's bookkeeping, not data a
+//! read decodes). Every data page carries a stamp (its page number and a
+//! generation), so a page handed out for another is recognised. Checks:
+//! - no panic, no out-of-bounds access (the sanitizer);
+//! - a page whose object was not touched reads back exactly;
+//! - a page whose object was touched reads as an error (EIO, buffer
+//!   zeroed), or as some page that is not another stored page and not
+//!   zeros (zram has no checksums: a flipped literal reads back flipped);
+//! - compaction over corrupt groups does not crash; overwriting every page
+//!   afterwards gives a clean store, and discarding it frees every byte.
+#![no_main]
+
+use arbitrary::Arbitrary;
+use libfuzzer_sys::fuzz_target;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use zblk::alloc::{AllocError, Handle, HeapAllocator, MemAccount, ObjAllocator};
+use zblk::codec::Codec;
+use zblk::{Algo, Error, Store, PAGE_SIZE};
+use zblk_fuzz::{Fill, Setup};
+
+const PAGE: u64 = PAGE_SIZE as u64;
+
+/// Live objects of the spy: handle -> (size, owner slot).
+type Objects = Arc<Mutex<BTreeMap<Handle, (u32, u64)>>>;
+
+struct Spy {
+    inner: HeapAllocator,
+    objects: Objects,
+}
+
+impl ObjAllocator for Spy {
+    fn alloc_bulk(&self, sizes: &[u32], owners: &[u64], out: &mut Vec<Handle>) -> Result<(), AllocError> {
+        let at = out.len();
+        self.inner.alloc_bulk(sizes, owners, out)?;
+        let mut m = self.objects.lock().unwrap();
+        for (i, &h) in out[at..].iter().enumerate() {
+            m.insert(h, (sizes[i], owners[i]));
+        }
+        Ok(())
+    }
+    fn free_bulk(&self, handles: &[Handle]) {
+        {
+            let mut m = self.objects.lock().unwrap();
+            for h in handles {
+                assert!(m.remove(h).is_some(), "free of an unknown handle {h:#x}");
+            }
+        }
+        self.inner.free_bulk(handles);
+    }
+    unsafe fn object_ptr(&self, h: Handle, len: usize) -> *mut u8 {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.inner.object_ptr(h, len) }
+    }
+    fn mem(&self) -> &MemAccount {
+        self.inner.mem()
+    }
+}
+
+#[derive(Arbitrary, Debug)]
+struct Write {
+    page: u8,
+    n: u8,
+    fills: Vec<Fill>,
+}
+
+#[derive(Arbitrary, Debug)]
+struct Corruption {
+    object: u16,
+    at: u16,
+    byte: u8,
+    xor: bool,
+}
+
+#[derive(Arbitrary, Debug)]
+struct Decode {
+    algo: u8,
+    /// Output length: n % 9 pages, or odd sizes.
+    out: u16,
+    bytes: Vec<u8>,
+    /// Or a real compressed page with these flips.
+    real: Option<(Fill, Vec<(u16, u8)>)>,
+}
+
+#[derive(Arbitrary, Debug)]
+struct Input {
+    decode: Vec<Decode>,
+    setup: Setup,
+    writes: Vec<Write>,
+    /// Read everything first (fills the packed read cache).
+    warm: bool,
+    corruptions: Vec<Corruption>,
+    compact: bool,
+}
+
+fn codec(sel: u8) -> Box<dyn Codec> {
+    match sel % 5 {
+        0 => Algo::Lz4,
+        1 => Algo::Zstd(1),
+        2 => Algo::Zstd(3),
+        3 => Algo::Deflate(1),
+        _ => Algo::DeflateIaa,
+    }
+    .new_codec()
+}
+
+fn decode_checks(d: &Decode) {
+    let mut c = codec(d.algo);
+    let out_len = if d.out & 0x8000 != 0 {
+        usize::from(d.out & 0x7fff)
+    } else {
+        usize::from(d.out % 9) * PAGE_SIZE
+    };
+    let mut out = vec![0u8; out_len];
+    let _ = c.decompress(&d.bytes, &mut out);
+    if let Some((fill, flips)) = &d.real {
+        let mut page = vec![0u8; PAGE_SIZE];
+        fill.fill(&mut page, 7);
+        let mut z = vec![0u8; 2 * PAGE_SIZE];
+        if let Ok(Some(n)) = c.compress(&page, &mut z) {
+            let mut back = vec![0u8; PAGE_SIZE];
+            c.decompress(&z[..n], &mut back).expect("an intact page decodes");
+            assert!(back == page, "round trip");
+            for &(at, x) in flips.iter().take(8) {
+                z[usize::from(at) % n] ^= x;
+            }
+            let _ = c.decompress(&z[..n], &mut back);
+            // Shorter and longer inputs, and a wrong output size.
+            let _ = c.decompress(&z[..n / 2], &mut back);
+            let _ = c.decompress(&z[..n + 1], &mut back);
+            let _ = c.decompress(&z[..n], &mut back[..PAGE_SIZE / 2]);
+        }
+    }
+}
+
+/// A data page: the fill with its page number and generation stamped in
+/// front (zeros and same-filled words stay as they are: no object).
+fn page_content(fill: &Fill, page: u64, generation: u64) -> Vec<u8> {
+    let mut p = vec![0u8; PAGE_SIZE];
+    fill.fill(&mut p, page ^ (generation << 20));
+    if !matches!(fill, Fill::Zeros | Fill::Word(_)) {
+        p[..8].copy_from_slice(&(page | 0x5a00_0000_0000_0000).to_le_bytes());
+        p[8..16].copy_from_slice(&(generation | 0xa500_0000_0000_0000).to_le_bytes());
+    }
+    p
+}
+
+fn is_stamped(p: &[u8]) -> bool {
+    p[7] == 0x5a && p[15] == 0xa5
+}
+
+/// Whether the object looks like a packed group: its `base` header field
+/// is its owner and its `orig` mask names at least two pages.
+fn looks_packed(bytes: &[u8], owner: u64) -> bool {
+    if bytes.len() < 32 {
+        return false;
+    }
+    let word = |i: usize| u64::from_ne_bytes(bytes[i..i + 8].try_into().unwrap());
+    word(16) == owner && word(8).count_ones() >= 2
+}
+
+fuzz_target!(|input: Input| {
+    for d in input.decode.iter().take(4) {
+        decode_checks(d);
+    }
+    let cfg = input.setup.config();
+    let npages = input.setup.page_count();
+    let group = cfg.group_pages as u64;
+    let objects: Objects = Arc::default();
+    let spy = Spy {
+        inner: HeapAllocator::new(),
+        objects: objects.clone(),
+    };
+    let store = Store::with_allocator(cfg, Box::new(spy)).expect("valid setup");
+    let mut ctx = store.new_ctx();
+    let mut model = vec![vec![0u8; PAGE_SIZE]; npages as usize];
+    let mut generation = 0;
+    for w in input.writes.iter().take(16) {
+        let first = u64::from(w.page) % npages;
+        let n = (1 + u64::from(w.n) % 24).min(npages - first);
+        generation += 1;
+        let mut data = Vec::new();
+        for p in first..first + n {
+            let fill = w.fills.get((p - first) as usize % w.fills.len().max(1)).unwrap_or(&Fill::Zeros);
+            data.extend(page_content(fill, p, generation));
+        }
+        ctx.write(first * PAGE, &data).expect("no limit: writes succeed");
+        for (i, pg) in data.chunks(PAGE_SIZE).enumerate() {
+            model[first as usize + i] = pg.to_vec();
+        }
+    }
+    if input.warm {
+        for p in 0..npages {
+            let mut buf = vec![0u8; PAGE_SIZE];
+            ctx.read(p * PAGE, &mut buf).unwrap();
+            assert!(buf == model[p as usize]);
+        }
+    }
+    // No frees in flight while bytes change.
+    ctx.flush_frees();
+    assert!(store.settle_frees(Duration::from_secs(10)));
+    let mut hit = vec![false; npages as usize];
+    {
+        let objs: Vec<(Handle, u32, u64)> = objects
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(&h, &(s, o))| (h, s, o))
+            .collect();
+        for c in input.corruptions.iter().take(8) {
+            if objs.is_empty() {
+                break;
+            }
+            let (h, size, owner) = objs[usize::from(c.object) % objs.len()];
+            // SAFETY: `h` is live (frees settled, nothing runs meanwhile),
+            // of `size` bytes; no reference to its bytes is held.
+            let bytes = unsafe {
+                std::slice::from_raw_parts_mut(store.allocator().object_ptr(h, size as usize), size as usize)
+            };
+            let packed = looks_packed(bytes, owner);
+            let at = usize::from(c.at) % size as usize;
+            if packed && at < 8 {
+                continue;
+            }
+            if c.xor {
+                bytes[at] ^= c.byte.max(1);
+            } else {
+                bytes[at] = c.byte;
+            }
+            let span = if packed { group } else { 1 };
+            for p in owner..(owner + span).min(npages) {
+                hit[p as usize] = true;
+            }
+        }
+    }
+    let check = |ctx: &mut zblk::QueueCtx, phase: &str| {
+        for p in 0..npages {
+            let want = &model[p as usize];
+            let mut buf = vec![0xA5u8; PAGE_SIZE];
+            match ctx.read(p * PAGE, &mut buf) {
+                Ok(()) if buf == *want => {}
+                Ok(()) => {
+                    assert!(hit[p as usize], "{phase}: page {p} was not corrupted but reads wrong");
+                    assert!(
+                        buf.iter().any(|&b| b != 0) || !is_stamped(want),
+                        "{phase}: corrupt page {p} read as zeros without an error"
+                    );
+                    assert!(
+                        !model.iter().enumerate().any(|(q, m)| q as u64 != p && *m == buf && is_stamped(m)),
+                        "{phase}: page {p} reads as another stored page"
+                    );
+                }
+                Err(e) => {
+                    assert!(hit[p as usize], "{phase}: page {p} fails untouched: {e}");
+                    assert!(matches!(e, Error::Corrupt { page, .. } if page == p), "{e}");
+                    assert_eq!(e.errno(), -libc::EIO);
+                    assert!(buf.iter().all(|&b| b == 0), "{phase}: failed read left bytes");
+                }
+            }
+        }
+    };
+    check(&mut ctx, "after corruption");
+    if input.compact {
+        ctx.flush_frees();
+        store.compact();
+        check(&mut ctx, "after compaction");
+    }
+    // Everything overwritten: a clean store again.
+    generation += 1;
+    let mut data = Vec::new();
+    for p in 0..npages {
+        data.extend(page_content(&Fill::Text(p as u16), p, generation));
+    }
+    ctx.write(0, &data).expect("overwrite");
+    let mut back = vec![0u8; data.len()];
+    ctx.read(0, &mut back).expect("read back after overwrite");
+    assert!(back == data, "overwritten store reads wrong");
+    ctx.discard(0, npages * PAGE).unwrap();
+    ctx.flush_frees();
+    assert!(store.settle_frees(Duration::from_secs(10)));
+    let s = store.stats();
+    assert_eq!(s.counters.stored_pages, 0);
+    assert_eq!(s.mem_used_total, 0, "memory left after discarding a corrupted store");
+    assert!(objects.lock().unwrap().is_empty(), "objects leaked");
+});
