@@ -22,7 +22,7 @@ echo "== cargo test (workspace)"
 cargo test --workspace
 
 # Coverage-guided fuzzing, 10 s per target (fuzz/README.md): needs the
-# nightly toolchain and cargo-fuzz (installed from crates.io when missing,
+# nightly toolchain and cargo-fuzz (installed with cargo install when missing,
 # about a minute once); without them, one line and go on.
 if rustup toolchain list 2>/dev/null | grep -q '^nightly' &&
     ! cargo +nightly fuzz --version >/dev/null 2>&1; then
