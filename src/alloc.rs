@@ -211,10 +211,13 @@ impl MemAccount {
 }
 
 /// One heap allocation per object: simple, correct, and the baseline the
-/// slab's memory efficiency is measured against.
+/// slab's memory efficiency is measured against. It keeps the set of live
+/// handles, so that a double free is refused and objects still live when
+/// it is dropped are freed (the slab gives back its whole mapping instead).
 #[derive(Debug, Default)]
 pub struct HeapAllocator {
     mem: MemAccount,
+    live: std::sync::Mutex<std::collections::HashSet<Handle>>,
 }
 
 /// Bytes in front of each heap object recording its length, so that a free
@@ -231,6 +234,37 @@ impl HeapAllocator {
         // What malloc really spends: the header and 16-byte rounding.
         (size as u64 + HEAP_HEADER as u64 + 15) & !15
     }
+
+    /// Frees one object; returns what it was charged.
+    ///
+    /// # Safety
+    /// `h` came from `alloc_bulk` and is freed exactly once.
+    unsafe fn free_one(h: Handle) -> u64 {
+        let p = h as *mut u8;
+        // SAFETY: the caller's contract: the header holds the size, and the
+        // box of that size plus the header is this object's.
+        unsafe {
+            let mut len = [0u8; HEAP_HEADER];
+            std::ptr::copy_nonoverlapping(p, len.as_mut_ptr(), HEAP_HEADER);
+            let size = u64::from_ne_bytes(len) as usize;
+            drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+                p,
+                size + HEAP_HEADER,
+            )));
+            Self::charge(size as u32)
+        }
+    }
+}
+
+impl Drop for HeapAllocator {
+    fn drop(&mut self) {
+        let live = self.live.get_mut().unwrap_or_else(|e| e.into_inner());
+        for h in live.drain() {
+            // SAFETY: each live handle is freed once, here, and nothing can
+            // use the allocator's objects once it is dropped.
+            unsafe { Self::free_one(h) };
+        }
+    }
 }
 
 impl ObjAllocator for HeapAllocator {
@@ -242,29 +276,27 @@ impl ObjAllocator for HeapAllocator {
     ) -> Result<(), AllocError> {
         let total: u64 = sizes.iter().map(|&s| Self::charge(s)).sum();
         self.mem.try_charge(total)?;
+        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
         for &size in sizes {
             let mut v = vec![0u8; size as usize + HEAP_HEADER].into_boxed_slice();
             v[..HEAP_HEADER].copy_from_slice(&(size as u64).to_ne_bytes());
-            out.push(Box::into_raw(v) as *mut u8 as Handle);
+            let h = Box::into_raw(v) as *mut u8 as Handle;
+            live.insert(h);
+            out.push(h);
         }
         Ok(())
     }
 
     fn free_bulk(&self, handles: &[Handle]) {
+        let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
         let mut freed = 0;
         for &h in handles {
-            let p = h as *mut u8;
-            // SAFETY: `h` came from alloc_bulk, whose header holds the size.
-            unsafe {
-                let mut len = [0u8; HEAP_HEADER];
-                std::ptr::copy_nonoverlapping(p, len.as_mut_ptr(), HEAP_HEADER);
-                let size = u64::from_ne_bytes(len) as usize;
-                drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
-                    p,
-                    size + HEAP_HEADER,
-                )));
-                freed += Self::charge(size as u32);
+            if !live.remove(&h) {
+                log::error!("heap allocator: double free or bad handle {h:#x}");
+                continue;
             }
+            // SAFETY: `h` was live (just removed from the set, so freed once).
+            freed += unsafe { Self::free_one(h) };
         }
         self.mem.uncharge(freed);
     }
@@ -302,6 +334,8 @@ mod tests {
         a.free_bulk(&hs);
         assert_eq!(a.mem_used_total(), 0);
         assert!(a.mem_used_max() >= 3011);
+        a.free_bulk(&hs[..1]);
+        assert_eq!(a.mem_used_total(), 0, "a double free is refused");
     }
 
     #[test]

@@ -208,7 +208,8 @@ pub(crate) fn read_page(
     // so it is live and stays put.
     let hdr = unsafe { PackHeader::read(alloc, e.val) };
     let pos = hdr.position(e.idx);
-    if hdr.orig.count_ones() != e.n as u32 || pos >= e.n as usize {
+    let present = hdr.orig & (1u64 << e.idx) != 0;
+    if !present || hdr.orig.count_ones() != e.n as u32 || pos >= e.n as usize {
         return Err("packed group header does not match its slot".into());
     }
     if let Some(p) = st.pack_cache.get(hdr.id, pos) {
