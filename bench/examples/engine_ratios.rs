@@ -40,13 +40,8 @@ fn bench(opts: &BenchOptions, data: &[u8]) -> Result<BenchReport, String> {
     Ok(rep)
 }
 
-/// A context on a new store of `data`'s size (in private memory).
-fn new_store(algo: Algo, g: usize, mode: Mode, data: &[u8]) -> Result<QueueCtx, String> {
-    new_store_in(algo, g, mode, false, data)
-}
-
 /// A context on a new store of `data`'s size, in shared memory if `shared`.
-fn new_store_in(
+fn new_store(
     algo: Algo,
     g: usize,
     mode: Mode,
@@ -74,7 +69,7 @@ fn write_all(ctx: &mut QueueCtx, data: &[u8]) -> Result<(), String> {
 /// Random single-page reads of a full store: per-read latency in µs
 /// (p50, p99), as a swap-in of one page sees it.
 fn random_reads(algo: Algo, g: usize, mode: Mode, data: &[u8]) -> Result<(f64, f64), String> {
-    let mut ctx = new_store(algo, g, mode, data)?;
+    let mut ctx = new_store(algo, g, mode, false, data)?;
     write_all(&mut ctx, data)?;
     let pages = (data.len() / PAGE_SIZE) as u64;
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
@@ -166,19 +161,15 @@ fn memcpy_mb_s(data: &[u8], rounds: usize) -> f64 {
 /// with other content (the corpus rotated by 7 requests), twice, as a device
 /// that has been running sees writes: old objects die while new ones are
 /// born, so the slab reuses memory instead of asking the OS for fresh pages.
-fn overwrite_mb_s(algo: Algo, g: usize, mode: Mode, data: &[u8]) -> Result<f64, String> {
-    overwrite_mb_s_in(algo, g, mode, false, data)
-}
-
-/// [`overwrite_mb_s`] on a store in shared memory if `shared`.
-fn overwrite_mb_s_in(
+/// In shared memory if `shared`.
+fn overwrite_mb_s(
     algo: Algo,
     g: usize,
     mode: Mode,
     shared: bool,
     data: &[u8],
 ) -> Result<f64, String> {
-    let mut ctx = new_store_in(algo, g, mode, shared, data)?;
+    let mut ctx = new_store(algo, g, mode, shared, data)?;
     let split = (7 * 16 * PAGE_SIZE).min(data.len());
     let rotated = [&data[split..], &data[..split]].concat();
     let mut secs = 0.0;
@@ -220,7 +211,7 @@ fn store_vs_codec(algos: &[Algo], rounds: usize, data: &[u8]) -> Result<(), Stri
                     data.len(),
                 ));
                 wr.push(rep.write_mb_s / ceil.compress_mb_s);
-                ow.push(overwrite_mb_s(algo, g, mode, data)? / ceil.compress_mb_s);
+                ow.push(overwrite_mb_s(algo, g, mode, false, data)? / ceil.compress_mb_s);
                 rr.push(rep.read_mb_s / ceil.decompress_mb_s);
                 c.push(ceil.compress_mb_s);
                 d.push(ceil.decompress_mb_s);
@@ -349,7 +340,7 @@ fn shared_cost(algos: &[Algo], rounds: usize, data: &[u8]) -> Result<(), String>
                     let rep = bench(&opts, data)?;
                     w[i].push(rep.write_mb_s);
                     r[i].push(rep.read_mb_s);
-                    o[i].push(overwrite_mb_s_in(algo, g, mode, shared, data)?);
+                    o[i].push(overwrite_mb_s(algo, g, mode, shared, data)?);
                 }
             }
             let [wp, ws] = w.map(median);

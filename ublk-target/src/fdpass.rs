@@ -9,19 +9,32 @@ use std::os::unix::net::UnixStream;
 /// Bytes of control-message space for one descriptor.
 const CMSG_SPACE: usize = 64;
 
+/// An iovec over one byte.
+fn one_byte(byte: &mut [u8; 1]) -> libc::iovec {
+    libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    }
+}
+
+/// A message header over `iov` with `space` for control messages (the
+/// pointers it holds are valid as long as `iov` and `space` are).
+fn header(iov: &mut libc::iovec, space: &mut [u64; CMSG_SPACE / 8]) -> libc::msghdr {
+    // SAFETY: msghdr is plain data, valid when zeroed.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = space.as_mut_ptr().cast();
+    msg.msg_controllen = CMSG_SPACE;
+    msg
+}
+
 /// Sends `fd` with a one-byte message.
 pub fn send_fd(sock: &UnixStream, fd: BorrowedFd<'_>) -> io::Result<()> {
     let mut byte = [b'F'];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
+    let mut iov = one_byte(&mut byte);
     let mut space = [0u64; CMSG_SPACE / 8];
-    // SAFETY: msghdr is plain data, valid when zeroed.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = space.as_mut_ptr().cast();
+    let mut msg = header(&mut iov, &mut space);
     // SAFETY: CMSG_SPACE computes a size; no memory is touched.
     msg.msg_controllen = unsafe { libc::CMSG_SPACE(size_of::<RawFd>() as u32) } as usize;
     // SAFETY: msg_control points at `space`, which is larger than
@@ -46,17 +59,9 @@ pub fn send_fd(sock: &UnixStream, fd: BorrowedFd<'_>) -> io::Result<()> {
 /// Receives one descriptor (close-on-exec) sent by [`send_fd`].
 pub fn recv_fd(sock: &UnixStream) -> io::Result<OwnedFd> {
     let mut byte = [0u8];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
+    let mut iov = one_byte(&mut byte);
     let mut space = [0u64; CMSG_SPACE / 8];
-    // SAFETY: msghdr is plain data, valid when zeroed.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = space.as_mut_ptr().cast();
-    msg.msg_controllen = CMSG_SPACE;
+    let mut msg = header(&mut iov, &mut space);
     // SAFETY: msg points at live buffers of the sizes it states.
     let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
     if n < 0 {
