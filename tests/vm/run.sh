@@ -79,7 +79,7 @@ REPO=$(cd "$HERE/../.." && pwd)
 CACHE=${ZBLK_VM_CACHE:-$REPO/.vmcache}
 WORK=${ZBLK_VM_WORK:-$REPO/tests/vm/work}
 # swapkill runs last: it leaves a dead swap area the kernel cannot remove.
-DEFAULT_SCENARIOS="swap munmap blockio stat lifecycle zram-compare swapkill crash upgrade"
+DEFAULT_SCENARIOS="swap munmap blockio stat lifecycle zram-compare crash upgrade swapkill"
 # bench measures and is slow: run by name only (tools/scripts/bench-device.sh).
 ALL_SCENARIOS="$DEFAULT_SCENARIOS bench"
 SCENARIOS=""

@@ -8,9 +8,12 @@
 # the workload is gone. Prints kill-to-live (keeper) and kill-to-first-
 # request (daemon log) times, median and max.
 #
-# Not in run.sh's default list (it takes ~1-2 min under TCG); run it with
-#   bash tests/vm/run.sh --scenario blockio --extra-script tests/vm/guest/scenarios/crash.sh
+# In run.sh's default list (before swapkill; about 1-2 min under TCG); alone:
+#   bash tests/vm/run.sh --scenario crash
 # or, once run.sh lists it, --scenario crash.
+# Another swap area (a dead one that swapkill leaves, say) would take part
+# of the workload's pages and its errors: this scenario needs its own alone.
+grep -q "(deleted)" /proc/swaps && fail "a dead swap area from an earlier scenario is active (run swapkill last)"
 SCEN=crash
 : "${ZBLK_CRASH_KILLS:=6}" "${ZBLK_CRASH_SEED:=$(cut -d. -f2 /proc/uptime)}"
 zadd --size "${ZBLK_DEV_MB}M" --algo "$ZBLK_ALGO" --swap

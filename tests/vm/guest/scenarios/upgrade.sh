@@ -6,8 +6,11 @@
 # first. Pass: usemem verified every page, `stat` shows the restarts as
 # recoveries, memory back to the baseline after the workload.
 #
-# Not in run.sh's default list; run it with
-#   bash tests/vm/run.sh --scenario blockio --extra-script tests/vm/guest/scenarios/upgrade.sh
+# In run.sh's default list (before swapkill); alone:
+#   bash tests/vm/run.sh --scenario upgrade
+# Another swap area (a dead one that swapkill leaves, say) would take part
+# of the workload's pages and its errors: this scenario needs its own alone.
+grep -q "(deleted)" /proc/swaps && fail "a dead swap area from an earlier scenario is active (run swapkill last)"
 SCEN=upgrade
 : "${ZBLK_UPGRADE_RESTARTS:=3}"
 zadd --size "${ZBLK_DEV_MB}M" --algo "$ZBLK_ALGO" --swap
