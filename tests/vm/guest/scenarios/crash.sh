@@ -10,7 +10,6 @@
 #
 # In run.sh's default list (before swapkill; about 1-2 min under TCG); alone:
 #   bash tests/vm/run.sh --scenario crash
-# or, once run.sh lists it, --scenario crash.
 # Another swap area (a dead one that swapkill leaves, say) would take part
 # of the workload's pages and its errors: this scenario needs its own alone.
 grep -q "(deleted)" /proc/swaps && fail "a dead swap area from an earlier scenario is active (run swapkill last)"
