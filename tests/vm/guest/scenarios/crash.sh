@@ -13,6 +13,10 @@
 # Another swap area (a dead one that swapkill leaves, say) would take part
 # of the workload's pages and its errors: this scenario needs its own alone.
 grep -q "(deleted)" /proc/swaps && fail "a dead swap area from an earlier scenario is active (run swapkill last)"
+# Kernel messages from here on are this scenario's (lifecycle's kill -9 of a
+# --no-recovery device logs I/O errors before it, on purpose).
+DMESG_FROM=$(( $(dmesg | wc -l) + 1 ))
+new_dmesg() { dmesg | tail -n +"$DMESG_FROM"; }
 SCEN=crash
 : "${ZBLK_CRASH_KILLS:=6}" "${ZBLK_CRASH_SEED:=$(cut -d. -f2 /proc/uptime)}"
 zadd --size "${ZBLK_DEV_MB}M" --algo "$ZBLK_ALGO" --swap
@@ -57,7 +61,7 @@ uj=$(grep '"program":"usemem"' /tmp/zblk-vm.usemem | tail -1)
 [ "$urc" = 0 ] || fail "usemem exit $urc after $kills kills: $(tail -c 400 /tmp/zblk-vm.usemem | tr '\n' ' ')"
 [ "$(echo "$uj" | jget ok)" = true ] || fail "usemem not ok: $uj"
 [ "$(echo "$uj" | jnum bad_pages)" = 0 ] || fail "usemem saw bad pages: $uj"
-dmesg | grep -qiE 'segfault|SIGBUS|I/O error, dev ublkb|(read|write)-error on swap' && fail "kernel saw errors: $(dmesg | grep -iE 'segfault|SIGBUS|I/O error|-error on swap' | tail -2 | tr '\n' '|')"
+new_dmesg | grep -qiE 'segfault|SIGBUS|I/O error, dev ublkb|(read|write)-error on swap' && fail "kernel saw errors: $(new_dmesg | grep -iE 'segfault|SIGBUS|I/O error|-error on swap' | tail -2 | tr '\n' '|')"
 rec=$(zstat | jnum recoveries)
 [ "$rec" = "$kills" ] || fail "stat shows recoveries=$rec after $kills kills"
 # Back to the baseline: swap slots of the exited workload are discarded.
