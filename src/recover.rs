@@ -177,6 +177,10 @@ fn claim(
     match (e.kind, claim) {
         (_, Claim::Invalid) => None,
         (Kind::Packed, _) => {
+            // A header that disagrees empties this slot; if this was the
+            // object's first claim it stays claimed (the slab cannot
+            // unclaim) until compaction or the next recovery: corrupt memory
+            // only, logged by the caller.
             // SAFETY: the object was just claimed live, nothing else runs in
             // the store, and its size covers the header.
             let pos = unsafe { packed::recover_page(alloc, e, first) }?;
