@@ -179,7 +179,7 @@ fn claim(
         (Kind::Packed, _) => {
             // A header that disagrees empties this slot; if this was the
             // object's first claim it stays claimed (the slab cannot
-            // unclaim) until compaction or the next recovery: corrupt memory
+            // unclaim) until the next recovery reclaims it: corrupt memory
             // only, logged by the caller.
             // SAFETY: the object was just claimed live, nothing else runs in
             // the store, and its size covers the header.
