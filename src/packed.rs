@@ -90,6 +90,25 @@ impl PackHeader {
     fn position(&self, idx: u8) -> usize {
         (self.orig & ((1u64 << idx) - 1)).count_ones() as usize
     }
+
+    /// The position in the blob of the page slot entry `e` names, if the
+    /// header agrees with the entry: the page is in the blob, and the blob
+    /// holds as many pages as the slot says.
+    fn position_of(&self, e: &Entry) -> Option<usize> {
+        let pos = self.position(e.idx);
+        let present = self.orig & (1u64 << e.idx) != 0;
+        (present && self.orig.count_ones() == e.n as u32 && pos < e.n as usize).then_some(pos)
+    }
+}
+
+/// Whether the object at `h` is aligned for the header's atomic live mask.
+///
+/// # Safety
+/// `h` is a live object of `alloc`; only its address is looked at.
+unsafe fn aligned(alloc: &dyn ObjAllocator, h: Handle) -> bool {
+    // SAFETY: the caller's contract.
+    let addr = unsafe { alloc.object_ptr(h, PACK_HEADER) } as usize;
+    addr % std::mem::align_of::<AtomicU64>() == 0
 }
 
 /// Packs the group `data` (pages from `first`): classifies every page,
@@ -184,10 +203,8 @@ fn allocate(
         )
         .map_err(|e| Error::NoSpace { limit: e.limit })?;
     let h = st.plan.handles[0];
-    // SAFETY: the object is fresh and this thread's alone; only its
-    // address is looked at.
-    let addr = unsafe { alloc.object_ptr(h, PACK_HEADER) } as usize;
-    if addr % std::mem::align_of::<AtomicU64>() == 0 {
+    // SAFETY: the object is fresh and this thread's alone.
+    if unsafe { aligned(alloc, h) } {
         return Ok(Some(h));
     }
     log::warn!("allocator returned an unaligned object: storing the group per page");
@@ -207,11 +224,9 @@ pub(crate) fn read_page(
     // SAFETY: the caller holds the lock of a slot referencing the object,
     // so it is live and stays put.
     let hdr = unsafe { PackHeader::read(alloc, e.val) };
-    let pos = hdr.position(e.idx);
-    let present = hdr.orig & (1u64 << e.idx) != 0;
-    if !present || hdr.orig.count_ones() != e.n as u32 || pos >= e.n as usize {
+    let Some(pos) = hdr.position_of(e) else {
         return Err("packed group header does not match its slot".into());
-    }
+    };
     if let Some(p) = st.pack_cache.get(hdr.id, pos) {
         out.copy_from_slice(p);
         return Ok(());
@@ -268,18 +283,13 @@ pub(crate) unsafe fn recover_page(
     e: &Entry,
     first: bool,
 ) -> Option<usize> {
-    // SAFETY: the caller's contract; only the address is looked at.
-    let addr = unsafe { alloc.object_ptr(e.val, PACK_HEADER) } as usize;
-    if addr % std::mem::align_of::<AtomicU64>() != 0 {
+    // SAFETY: the caller's contract.
+    if !unsafe { aligned(alloc, e.val) } {
         return None;
     }
     // SAFETY: the caller's contract.
-    let hdr = unsafe { PackHeader::read(alloc, e.val) };
-    let pos = hdr.position(e.idx);
+    let pos = unsafe { PackHeader::read(alloc, e.val) }.position_of(e)?;
     let bit = 1u64 << e.idx;
-    if hdr.orig & bit == 0 || hdr.orig.count_ones() != e.n as u32 || pos >= e.n as usize {
-        return None;
-    }
     // SAFETY: the caller's contract; aligned, checked above.
     let live = unsafe { live_mask(alloc, e.val) };
     if first {

@@ -48,10 +48,10 @@ fn now() -> u64 {
         .unwrap_or(0)
 }
 
-/// The header a store of `cfg` over `slab` gets.
-fn header_for(cfg: &StoreConfig, slab: &SlabAllocator) -> Header {
+/// The header a store of `cfg` gets.
+fn header_for(cfg: &StoreConfig) -> Header {
     Header {
-        fingerprint: slab.fingerprint(),
+        fingerprint: SlabAllocator::fingerprint(),
         size: cfg.size,
         group_pages: cfg.group_pages as u64,
         mode: u64::from(cfg.mode == Mode::Packed),
@@ -66,7 +66,7 @@ fn header_for(cfg: &StoreConfig, slab: &SlabAllocator) -> Header {
 /// A new store's shared memory, its header written.
 pub(crate) fn create(cfg: &StoreConfig) -> Result<SharedMem> {
     let shm = SharedMem::create()?;
-    shm.write_header(&header_for(cfg, &SlabAllocator::default()))?;
+    shm.write_header(&header_for(cfg))?;
     Ok(shm)
 }
 
@@ -75,7 +75,7 @@ pub(crate) fn create(cfg: &StoreConfig) -> Result<SharedMem> {
 pub(crate) fn open(cfg: &StoreConfig, fd: OwnedFd) -> Result<(SharedMem, Header)> {
     let shm = SharedMem::open(fd)?;
     let found = shm.read_header()?;
-    let want = header_for(cfg, &SlabAllocator::default());
+    let want = header_for(cfg);
     let differs = |what: &str, a: &dyn std::fmt::Display, b: &dyn std::fmt::Display| {
         Error::InvalidConfig(format!(
             "shared memory holds a store with {what} {a}, not {b}: recover it with its own settings"

@@ -148,9 +148,10 @@ impl Store {
     /// may differ. Nothing else may use the memory meanwhile.
     pub fn recover(cfg: StoreConfig, fd: OwnedFd) -> Result<Arc<Store>> {
         cfg.validate()?;
-        if !cfg.shared || cfg.allocator != AllocatorKind::Slab {
+        // (validate refuses shared memory without the slab.)
+        if !cfg.shared {
             return Err(Error::InvalidConfig(
-                "only a store in shared memory with the slab can be recovered".into(),
+                "only a store in shared memory (StoreConfig::shared) can be recovered".into(),
             ));
         }
         let (shm, header) = crate::recover::open(&cfg, fd)?;

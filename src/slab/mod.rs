@@ -254,6 +254,14 @@ struct SizeClass {
     state: Mutex<ClassState>,
 }
 
+impl SizeClass {
+    /// Zspage ids the class can use: what handles can encode, and what its
+    /// address space (its region of a shared store) has room for.
+    fn id_limit(&self) -> u64 {
+        MAX_ID.min(self.dir.max_ids())
+    }
+}
+
 /// The size-class slab allocator.
 pub struct SlabAllocator {
     table: ClassTable,
@@ -295,7 +303,7 @@ impl SlabAllocator {
     /// A hash of the class table and of the handle and slot encodings: a
     /// process can use zspages another left in shared memory only if its
     /// fingerprint is the same.
-    pub(crate) fn fingerprint(&self) -> u64 {
+    pub(crate) fn fingerprint() -> u64 {
         // FNV-1a over every class's shape and the encoding constants.
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
         let mut mix = |x: u64| {
@@ -307,7 +315,7 @@ impl SlabAllocator {
         mix(u64::from(IDX_BITS));
         mix(u64::from(CLASS_SHIFT));
         mix(vm::CHUNK0);
-        for spec in self.table.specs.iter() {
+        for spec in ClassTable::new().specs.iter() {
             mix(u64::from(spec.size));
             mix(u64::from(spec.pages));
             mix(u64::from(spec.objs));
@@ -412,7 +420,7 @@ impl SlabAllocator {
             }
             None => {
                 let id = st.zs.len() as u64;
-                if id >= MAX_ID.min(class.dir.max_ids()) || !class.dir.ensure(id) {
+                if id >= class.id_limit() || !class.dir.ensure(id) {
                     self.uncharge(class.cost);
                     return Err(AllocError { limit: 0 });
                 }
@@ -568,9 +576,17 @@ impl SlabAllocator {
             return;
         }
         st.dead.sort_unstable();
-        let release = |first: u64, n: u64| class.dir.release(first, n, self.mlock);
+        self.release_runs(class, &st.dead);
+        self.uncharge(class.cost * st.dead.len() as u64);
+        let ClassState { dead, free_ids, .. } = st;
+        free_ids.append(dead);
+    }
+
+    /// Gives the pages of the zspages `ids` (sorted) back to the OS, one
+    /// call per run of neighbouring zspages within a chunk.
+    fn release_runs(&self, class: &SizeClass, ids: &[u64]) {
         let mut run: Option<(u64, u64)> = None; // (first id, count)
-        for &id in &st.dead {
+        for &id in ids {
             run = match run {
                 Some((first, n))
                     if first + n == id && vm::chunk_of(first).0 == vm::chunk_of(id).0 =>
@@ -578,18 +594,15 @@ impl SlabAllocator {
                     Some((first, n + 1))
                 }
                 Some((first, n)) => {
-                    release(first, n);
+                    class.dir.release(first, n, self.mlock);
                     Some((id, 1))
                 }
                 None => Some((id, 1)),
             };
         }
         if let Some((first, n)) = run {
-            release(first, n);
+            class.dir.release(first, n, self.mlock);
         }
-        self.uncharge(class.cost * st.dead.len() as u64);
-        let ClassState { dead, free_ids, .. } = st;
-        free_ids.append(dead);
     }
 
     /// Frees handles that `alloc_bulk` made before it failed.

@@ -10,7 +10,7 @@
 //! in a free batch or the drain queue at the crash, spares, emptied
 //! zspages. Nothing leaks, and nothing claimed can be handed out again.
 
-use super::{group_of, lock, unpack, SlabAllocator, ZsMeta, FREE, MAX_ID, NIL};
+use super::{group_of, lock, unpack, SlabAllocator, ZsMeta, FREE, NIL};
 use crate::alloc::Handle;
 
 /// What claiming a handle found.
@@ -34,7 +34,7 @@ impl SlabAllocator {
             return Claim::Invalid;
         };
         let fits = self.table.class_of(len) == Some(c) && idx < class.spec.objs;
-        if !fits || id >= MAX_ID.min(class.dir.max_ids()) {
+        if !fits || id >= class.id_limit() {
             return Claim::Invalid;
         }
         let mut st = lock(class);
@@ -68,18 +68,10 @@ impl SlabAllocator {
             let mut st = lock(class);
             let objs = class.spec.objs;
             let mut live = 0;
-            let mut dead_run: Option<(u64, u64)> = None;
             for id in 0..st.zs.len() as u64 {
                 if !st.zs[id as usize].is_live() {
                     st.free_ids.push(id);
-                    dead_run = match dead_run {
-                        Some((first, n)) => Some((first, n + 1)),
-                        None => Some((id, 1)),
-                    };
                     continue;
-                }
-                if let Some((first, n)) = dead_run.take() {
-                    class.dir.release(first, n, self.mlock);
                 }
                 let z = &mut st.zs[id as usize];
                 let mut head = NIL;
@@ -99,10 +91,10 @@ impl SlabAllocator {
                     super::vm::lock_range(addr, class.spec.zspage_bytes());
                 }
             }
-            if let Some((first, n)) = dead_run {
-                class.dir.release(first, n, self.mlock);
-            }
-            // Beyond the last claimed zspage: spares, emptied zspages.
+            // The unclaimed zspages among the claimed ones (free ids, in
+            // ascending order), and all beyond the last: pending frees,
+            // spares, emptied zspages.
+            self.release_runs(class, &st.free_ids);
             class.dir.release_from(st.zs.len() as u64);
             // Recovery runs before any limit is set: this cannot be refused.
             let _ = self.mem.try_charge(class.cost * live);
