@@ -264,3 +264,52 @@ munmap_workload() {
     echo "$M_FIGS" >/tmp/figures.munmap.$kind.$mb
     return 0
 }
+
+# --- Handover workloads (crash, upgrade): a zblk swap device that gets a new
+# daemon while usemem swaps through it and verifies every page.
+
+# Starts the workload with PASSES verify passes on a new swap device, alone
+# (another swap area, say the dead one swapkill leaves, would take part of
+# its pages and its errors), and waits until it reaches swap. Sets U (its
+# pid), BASE (mem_used_total before), CG, and DMESG_FROM: kernel messages
+# from here on are this scenario's (lifecycle's kill -9 of a --no-recovery
+# device logs I/O errors before it, on purpose).
+handover_start() {
+    grep -q "(deleted)" /proc/swaps && fail "a dead swap area from an earlier scenario is active (run swapkill last)"
+    DMESG_FROM=$(( $(dmesg | wc -l) + 1 ))
+    zadd --size "${ZBLK_DEV_MB}M" --algo "$ZBLK_ALGO" --swap
+    BASE=$(zstat | jnum mem_used_total)
+    CG=$(cg_make "$SCEN" "$ZBLK_LIMIT_MB")
+    in_cg usemem --mb "$ZBLK_USEMEM_MB" --procs "$ZBLK_USEMEM_PROCS" --sleep 1 --passes "$1" >/tmp/zblk-vm.usemem 2>&1 &
+    U=$!
+    track $U
+    local i=0
+    while [ "$(zstat | jnum stored_pages)" -lt 4096 ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
+}
+
+# Waits for the workload after N handovers (WHAT: kills, restarts) and
+# checks: usemem verified every page, the kernel saw no swap error since
+# handover_start, stat counts N recoveries, and the memory falls back to
+# BASE once the workload is gone (at most 1 MB + 2% of PEAK pages left).
+# Sets UJ (usemem's result line), REC and MEM.
+handover_finish() {
+    local n=$1 what=$2 urc i
+    wait $U
+    urc=$?
+    UJ=$(grep '"program":"usemem"' /tmp/zblk-vm.usemem | tail -1)
+    [ "$urc" = 0 ] || fail "usemem exit $urc after $n $what: $(tail -c 400 /tmp/zblk-vm.usemem | tr '\n' ' ')"
+    [ "$(echo "$UJ" | jget ok)" = true ] || fail "usemem not ok: $UJ"
+    [ "$(echo "$UJ" | jnum bad_pages)" = 0 ] || fail "usemem saw bad pages: $UJ"
+    dmesg | tail -n +"$DMESG_FROM" | grep -qiE 'segfault|SIGBUS|I/O error, dev ublkb|(read|write)-error on swap' &&
+        fail "kernel saw errors: $(dmesg | tail -n +"$DMESG_FROM" | grep -iE 'segfault|SIGBUS|I/O error|-error on swap' | tail -2 | tr '\n' '|')"
+    REC=$(zstat | jnum recoveries)
+    [ "$REC" = "$n" ] || fail "stat shows recoveries=$REC after $n $what"
+    rmdir "$CG" 2>/dev/null
+    i=0
+    while :; do
+        MEM=$(zstat | jnum mem_used_total)
+        [ $((MEM - BASE)) -le $((1048576 + PEAK * 4096 / 50)) ] && break
+        [ $i -lt 200 ] || fail "memory did not fall back: baseline $BASE, now $MEM (stored $(zstat | jnum stored_pages))"
+        sleep 0.1; i=$((i + 1))
+    done
+}

@@ -10,31 +10,16 @@
 #
 # In run.sh's default list (before swapkill; about 1-2 min under TCG); alone:
 #   bash tests/vm/run.sh --scenario crash
-# Another swap area (a dead one that swapkill leaves, say) would take part
-# of the workload's pages and its errors: this scenario needs its own alone.
-grep -q "(deleted)" /proc/swaps && fail "a dead swap area from an earlier scenario is active (run swapkill last)"
-# Kernel messages from here on are this scenario's (lifecycle's kill -9 of a
-# --no-recovery device logs I/O errors before it, on purpose).
-DMESG_FROM=$(( $(dmesg | wc -l) + 1 ))
-new_dmesg() { dmesg | tail -n +"$DMESG_FROM"; }
 SCEN=crash
 : "${ZBLK_CRASH_KILLS:=6}" "${ZBLK_CRASH_SEED:=$(cut -d. -f2 /proc/uptime)}"
-zadd --size "${ZBLK_DEV_MB}M" --algo "$ZBLK_ALGO" --swap
+handover_start 4
 [ "$(zstat | jget recovery)" = reissue ] || fail "device recovery is '$(zstat | jget recovery)', want reissue"
 LOG=/run/zblk/$ZID.log
-base=$(zstat | jnum mem_used_total)
-CG=$(cg_make crash "$ZBLK_LIMIT_MB")
-in_cg usemem --mb "$ZBLK_USEMEM_MB" --procs "$ZBLK_USEMEM_PROCS" --sleep 1 --passes 4 >/tmp/zblk-vm.usemem 2>&1 &
-u=$!
-track $u
-# Let the workload reach swap before the first kill.
-i=0
-while [ "$(zstat | jnum stored_pages)" -lt 4096 ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
-kills=0 live_ms="" first_ms="" peak=0 n=0
-while [ $kills -lt "$ZBLK_CRASH_KILLS" ] && kill -0 $u 2>/dev/null; do
+kills=0 live_ms="" first_ms="" PEAK=0 n=0
+while [ $kills -lt "$ZBLK_CRASH_KILLS" ] && kill -0 $U 2>/dev/null; do
     n=$((n + 1))
     sleep "$(awk -v s="$ZBLK_CRASH_SEED" -v n=$n 'BEGIN { srand(s + n); printf "%.1f", 0.5 + rand() * 2.5 }')"
-    st=$(zstat | jnum stored_pages); [ "$st" -gt "$peak" ] && peak=$st
+    st=$(zstat | jnum stored_pages); [ "$st" -gt "$PEAK" ] && PEAK=$st
     pid=$(zdaemon_pid "$ZID") || continue
     taken=$(grep -c 'took over in' "$LOG")
     served=$(grep -c 'first request served at uptime' "$LOG")
@@ -55,23 +40,6 @@ while [ $kills -lt "$ZBLK_CRASH_KILLS" ] && kill -0 $u 2>/dev/null; do
     log "kill $kills of pid $pid with $st pages stored: new daemon live in ${ms} ms"
 done
 [ $kills -ge 5 ] || fail "only $kills kills before the workload ended (want >= 5): raise zblk.usemem_mb"
-wait $u
-urc=$?
-uj=$(grep '"program":"usemem"' /tmp/zblk-vm.usemem | tail -1)
-[ "$urc" = 0 ] || fail "usemem exit $urc after $kills kills: $(tail -c 400 /tmp/zblk-vm.usemem | tr '\n' ' ')"
-[ "$(echo "$uj" | jget ok)" = true ] || fail "usemem not ok: $uj"
-[ "$(echo "$uj" | jnum bad_pages)" = 0 ] || fail "usemem saw bad pages: $uj"
-new_dmesg | grep -qiE 'segfault|SIGBUS|I/O error, dev ublkb|(read|write)-error on swap' && fail "kernel saw errors: $(new_dmesg | grep -iE 'segfault|SIGBUS|I/O error|-error on swap' | tail -2 | tr '\n' '|')"
-rec=$(zstat | jnum recoveries)
-[ "$rec" = "$kills" ] || fail "stat shows recoveries=$rec after $kills kills"
-# Back to the baseline: swap slots of the exited workload are discarded.
-rmdir "$CG" 2>/dev/null
-i=0
-while :; do
-    mem=$(zstat | jnum mem_used_total)
-    [ $((mem - base)) -le $((1048576 + peak * 4096 / 50)) ] && break
-    [ $i -lt 200 ] || fail "memory did not fall back: baseline $base, now $mem (stored $(zstat | jnum stored_pages))"
-    sleep 0.1; i=$((i + 1))
-done
+handover_finish "$kills" kills
 stats() { echo "$1" | tr ' ' '\n' | grep . | sort -n | awk '{ v[NR] = $1 } END { if (NR) printf "median=%d max=%d n=%d", v[int((NR + 1) / 2)], v[NR], NR; else printf "n=0" }'; }
-pass "kills=$kills recoveries=$rec usemem_ok bad_pages=0 total_mb=$(echo "$uj" | jget total_mb) peak_stored_pages=$peak mem=$base->$mem kill_to_live_ms: $(stats "$live_ms") kill_to_first_request_ms: $(stats "$first_ms")"
+pass "kills=$kills recoveries=$REC usemem_ok bad_pages=0 total_mb=$(echo "$UJ" | jget total_mb) peak_stored_pages=$PEAK mem=$BASE->$MEM kill_to_live_ms: $(stats "$live_ms") kill_to_first_request_ms: $(stats "$first_ms")"
