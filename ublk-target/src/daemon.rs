@@ -233,8 +233,15 @@ fn start_device(
 fn hand_over(ctrl: &UblkCtrl, queues: &Queues, id: u32) -> ! {
     let quiesce = u64::from(libublk::sys::UBLK_F_QUIESCE);
     if ctrl.dev_info().flags & quiesce != 0 {
+        queues.begin_handover();
         match ctrl.quiesce_dev(QUIESCE_TIMEOUT_MS) {
-            Ok(_) => queues.wait_exit(),
+            // The queue threads do not end (see crate::queue): what matters
+            // is that the requests they served are committed.
+            Ok(_) if !queues.drain_for_handover() => log::warn!(
+                "device {id}: a queue did not go quiet after the quiesce; \
+                 the next daemon gets its requests again"
+            ),
+            Ok(_) => {}
             Err(e) => log::warn!(
                 "device {id}: quiesce failed ({}); exiting anyway",
                 crate::error::UblkCause(&e)

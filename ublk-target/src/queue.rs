@@ -7,6 +7,16 @@
 //! its batch (only it may touch its context) and publishes the tick it has
 //! seen. [`Queues::flush_all`] waits for every queue to do so, so that
 //! `stats` merges shards with nothing batched.
+//!
+//! A handover under `UBLK_F_QUIESCE` needs the same ticks for another
+//! reason. Quiesce returns once every queue has at least one idle tag and
+//! then aborts the idle ones; a tag that was busy at that moment is
+//! committed afterwards and parks in the kernel for good, so a loaded
+//! queue never sees all its commands come back and its thread never ends.
+//! [`Queues::drain_for_handover`] instead waits until every queue has
+//! answered ticks with nothing served in between: its commits are then
+//! submitted, and the process may exit (the driver cancels the parked
+//! commands; anything it still held is reissued to the next daemon).
 
 use crate::config::DeviceConfig;
 use crate::error::{Error, Result, Step, UblkCause};
@@ -29,12 +39,23 @@ const FLUSH_WAIT: Duration = Duration::from_secs(2);
 /// How long [`Queues::wait_exit`] waits for the queue threads to end.
 const STOP_WAIT: Duration = Duration::from_secs(30);
 
+/// How long [`Queues::drain_for_handover`] waits for the queues to go
+/// quiet; past it the next daemon gets what is left reissued.
+const DRAIN_WAIT: Duration = Duration::from_secs(2);
+
+/// [`QueueShared::done`] of a queue whose thread has ended: it answers
+/// every tick.
+const GONE: u64 = u64::MAX;
+
 /// What a queue thread shares with the control loop.
 struct QueueShared {
     /// eventfd the control loop writes to wake the queue.
     kick: OwnedFd,
-    /// Last tick generation the queue has handled.
+    /// Last tick generation the queue has handled ([`GONE`] once its
+    /// thread has ended).
     done: AtomicU64,
+    /// Requests the queue has served (for [`Queues::drain_for_handover`]).
+    served: AtomicU64,
     /// Handles batched in the queue's context at that moment.
     pending: AtomicU64,
     /// Where the queue's ring reads the eventfd counter to (never read).
@@ -53,6 +74,7 @@ impl QueueShared {
             // SAFETY: fd is a fresh descriptor owned by nobody else.
             kick: unsafe { OwnedFd::from_raw_fd(fd) },
             done: AtomicU64::new(0),
+            served: AtomicU64::new(0),
             pending: AtomicU64::new(0),
             kick_buf: AtomicU64::new(0),
         })
@@ -82,6 +104,8 @@ pub struct Queues {
     alive: AtomicUsize,
     /// Whether the first request served is to be logged (after a recovery).
     log_first: AtomicBool,
+    /// Set before a quiesce: queues keep answering ticks once stopping.
+    handover: AtomicBool,
 }
 
 impl Queues {
@@ -106,6 +130,7 @@ impl Queues {
             ctxs: Mutex::new(ctxs),
             tick_gen: AtomicU64::new(0),
             log_first: AtomicBool::new(false),
+            handover: AtomicBool::new(false),
         })
     }
 
@@ -116,8 +141,10 @@ impl Queues {
         self.log_first.store(true, Ordering::SeqCst);
     }
 
-    /// After each request: the first one, when asked for, is logged.
-    fn served(&self, qid: u16) {
+    /// After each request of queue `qs`: counts it; the first one, when
+    /// asked for, is logged.
+    fn served(&self, qs: &QueueShared, qid: u16) {
+        qs.served.fetch_add(1, Ordering::Relaxed);
         if self.log_first.load(Ordering::Relaxed) && self.log_first.swap(false, Ordering::SeqCst) {
             log::info!(
                 "queue {qid}: first request served at uptime {:.3}",
@@ -147,23 +174,63 @@ impl Queues {
     /// gone, or `FLUSH_WAIT` passed). Returns the handles still pending.
     pub fn flush_all(&self) -> u64 {
         let gen = self.kick_all();
-        let t0 = Instant::now();
-        while self.alive() > 0
-            && self
-                .queues
-                .iter()
-                .any(|q| q.done.load(Ordering::SeqCst) < gen)
-        {
-            if t0.elapsed() > FLUSH_WAIT {
-                log::warn!("stats: a queue did not answer within {FLUSH_WAIT:?}");
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(1));
+        if !self.wait_ticks(gen, FLUSH_WAIT) {
+            log::warn!("stats: a queue did not answer within {FLUSH_WAIT:?}");
         }
         self.queues
             .iter()
             .map(|q| q.pending.load(Ordering::SeqCst))
             .sum()
+    }
+
+    /// Called before `UBLK_U_CMD_QUIESCE_DEV`: from now on the queues
+    /// answer ticks even after the driver aborted their commands.
+    pub fn begin_handover(&self) {
+        self.handover.store(true, Ordering::SeqCst);
+    }
+
+    /// After a successful quiesce: kicks the queues until a round of ticks
+    /// passes with no request served on any queue, twice in a row (the
+    /// first quiet round may still hold commits not yet submitted; the
+    /// tick read of the second is submitted after them), or [`DRAIN_WAIT`]
+    /// passes. True when the queues went quiet.
+    pub fn drain_for_handover(&self) -> bool {
+        let t0 = Instant::now();
+        let mut quiet_rounds = 0;
+        let mut served = self.served_counts();
+        while quiet_rounds < 2 {
+            let gen = self.kick_all();
+            if !self.wait_ticks(gen, DRAIN_WAIT.saturating_sub(t0.elapsed())) {
+                return false;
+            }
+            let now = self.served_counts();
+            quiet_rounds = if now == served { quiet_rounds + 1 } else { 0 };
+            served = now;
+        }
+        true
+    }
+
+    fn served_counts(&self) -> Vec<u64> {
+        self.queues
+            .iter()
+            .map(|q| q.served.load(Ordering::SeqCst))
+            .collect()
+    }
+
+    /// Waits up to `limit` until every queue has answered tick `gen`.
+    fn wait_ticks(&self, gen: u64, limit: Duration) -> bool {
+        let t0 = Instant::now();
+        while self
+            .queues
+            .iter()
+            .any(|q| q.done.load(Ordering::SeqCst) < gen)
+        {
+            if t0.elapsed() > limit {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        true
     }
 
     /// Keeps kicking the queues (so none sleeps in its ring wait) until all
@@ -183,8 +250,9 @@ impl Queues {
     /// Body of queue thread `qid` (libublk has already made it an
     /// io-flusher): serves the queue until the device stops.
     pub fn serve(&self, qid: u16, dev: &UblkDev) {
-        let _alive = AliveGuard(&self.alive);
-        let (Some(ctx), Some(qs)) = (self.take_ctx(qid), self.queues.get(usize::from(qid))) else {
+        let qs = self.queues.get(usize::from(qid));
+        let _alive = AliveGuard(&self.alive, qs.map(|q| &q.done));
+        let (Some(ctx), Some(qs)) = (self.take_ctx(qid), qs) else {
             log::error!("queue {qid}: no engine context");
             // Makes start_dev fail instead of waiting for this queue forever.
             dev.notify_buffer_registration_complete(true);
@@ -219,10 +287,14 @@ impl Queues {
         q.wait_and_handle_io(|q, tag, io| {
             if !io.is_tgt_io() {
                 serve_request(q, tag, &mut ctx, &mut bufs, &mut rl);
-                self.served(qid);
+                self.served(qs, qid);
             } else if UblkIOCtx::user_data_to_op(io.user_data()) == TICK_OP {
                 self.on_tick(qs, &mut ctx);
-                if io.result() >= 0 && !q.is_stopping() {
+                // Once stopping, a tick armed again would keep an ending
+                // queue busy, except in a handover, where the queue never
+                // ends by itself and the ticks are what drains it.
+                let handover = self.handover.load(Ordering::SeqCst);
+                if io.result() >= 0 && (!q.is_stopping() || handover) {
                     submit_tick_read(q, qs);
                 }
             }
@@ -255,11 +327,15 @@ pub fn uptime_s() -> f64 {
     ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
 }
 
-/// Counts a queue thread out when it ends, however it ends.
-struct AliveGuard<'a>(&'a AtomicUsize);
+/// Counts a queue thread out when it ends, however it ends, and marks its
+/// tick answer [`GONE`] so that no one waits for it.
+struct AliveGuard<'a>(&'a AtomicUsize, Option<&'a AtomicU64>);
 
 impl Drop for AliveGuard<'_> {
     fn drop(&mut self) {
+        if let Some(done) = self.1 {
+            done.store(GONE, Ordering::SeqCst);
+        }
         self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
@@ -321,6 +397,9 @@ pub(crate) mod fake {
     /// Marks every queue thread gone (for tests that start none).
     pub fn no_threads(q: &Queues) {
         q.alive.store(0, Ordering::SeqCst);
+        q.queues
+            .iter()
+            .for_each(|s| s.done.store(GONE, Ordering::SeqCst));
     }
 
     /// Stands in for queue thread `qid`: writes ten pages and discards them
@@ -332,7 +411,7 @@ pub(crate) mod fake {
         stop: Arc<AtomicBool>,
     ) -> std::thread::JoinHandle<()> {
         std::thread::spawn(move || {
-            let _alive = AliveGuard(&shared.alive);
+            let _alive = AliveGuard(&shared.alive, Some(&shared.queues[usize::from(qid)].done));
             let mut ctx = shared.take_ctx(qid).unwrap();
             let page: Vec<u8> = (0..PAGE_SIZE)
                 .map(|i| (i % 251) as u8 ^ qid as u8)

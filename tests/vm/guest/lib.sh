@@ -89,6 +89,17 @@ zdaemon_pid() {
     return 1
 }
 
+# One line per thread of process $1: its name, state and where the kernel
+# holds it (wchan, and the kernel stack's top frames where readable): what
+# a hang report needs.
+proc_stacks() {
+    local t
+    for t in /proc/"$1"/task/*; do
+        [ -d "$t" ] || continue
+        echo "${t##*/} $(cat "$t/comm" 2>/dev/null) $(awk '{ print $3 }' "$t/stat" 2>/dev/null) wchan=$(cat "$t/wchan" 2>/dev/null) $(head -4 "$t/stack" 2>/dev/null | awk '{ print $2 }' | tr '\n' ' ')"
+    done
+}
+
 # True when $1 (a /dev path) is an active swap area.
 is_swap() { grep -q "^$1 " /proc/swaps; }
 

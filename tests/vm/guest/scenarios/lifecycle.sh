@@ -93,4 +93,34 @@ dd if=/tmp/zblk-vm.src of="$ZDEV" bs=1048576 count=4 oflag=direct conv=notrunc 2
 dd if="$ZDEV" of=/tmp/zblk-vm.back bs=1048576 count=4 iflag=direct 2>/dev/null || fail "read of the new $ZDEV failed"
 head -c 4194304 /tmp/zblk-vm.src | cmp -s - /tmp/zblk-vm.back || fail "data read back from the new $ZDEV differs"
 must zblk del -n "$ZID"
-pass "del and SIGTERM refused on active swap, del --force removed it; SIGTERM stopped an idle device; taken id refused; --foreground served until del; 6 bad commands refused; kill -9 under load: loaders stopped in $((i / 10))s, new device $ZDEV verified"
+
+# Crash loop: a recovering device whose daemon is killed as soon as each new
+# one takes over. The keeper gives up at the 5th crash within 10 s
+# (keeper/policy.rs): it says so once, deletes the device, and I/O on it
+# fails instead of stalling for good.
+zadd --size 64M --algo "$ZBLK_ALGO"
+loop_id=$ZID loop_dev=$ZDEV
+LOG=/run/zblk/$loop_id.log
+dd if=/tmp/zblk-vm.src of="$loop_dev" bs=1048576 count=4 oflag=direct conv=notrunc 2>/dev/null || fail "write to $loop_dev failed"
+k=0
+while [ $k -lt 5 ] && ! grep -q 'giving up' "$LOG"; do
+    taken=$(grep -c 'took over in' "$LOG")
+    pid=$(zdaemon_pid "$loop_id") || { sleep 0.1; continue; }
+    kill -9 "$pid" && k=$((k + 1))
+    i=0
+    while [ "$(grep -c 'took over in' "$LOG")" -le "$taken" ] && ! grep -q 'giving up' "$LOG" && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+    [ $i -lt 300 ] || fail "crash loop, kill $k: neither a new daemon nor giving up within 30 s: $(tail -2 "$LOG" | tr '\n' '|')"
+done
+i=0
+while ! grep -q 'giving up' "$LOG" && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+grep -q 'giving up' "$LOG" || fail "crash loop: the keeper did not give up after $k kills: $(tail -2 "$LOG" | tr '\n' '|')"
+[ "$(grep -c 'giving up' "$LOG")" = 1 ] || fail "crash loop: the keeper said 'giving up' $(grep -c 'giving up' "$LOG") times"
+if [ -b "$loop_dev" ]; then
+    timeout 20 dd if="$loop_dev" of=/dev/null bs=4096 count=1 iflag=direct 2>/dev/null
+    rc=$?
+    [ "$rc" = 0 ] && fail "crash loop: a read of $loop_dev succeeded after the keeper gave up"
+    [ "$rc" = 124 ] && fail "crash loop: a read of $loop_dev hangs after the keeper gave up"
+fi
+zblk list 2>&1 | grep -E "^ *$loop_id " | grep -q live && fail "crash loop: zblk list still shows device $loop_id live"
+zblk del -n "$loop_id" --force >/dev/null 2>&1
+pass "del and SIGTERM refused on active swap, del --force removed it; SIGTERM stopped an idle device; taken id refused; --foreground served until del; 6 bad commands refused; kill -9 under load: loaders stopped in $((i / 10))s, new device $ZDEV verified; crash loop: the keeper gave up after $k kills and $loop_dev failed I/O"

@@ -15,7 +15,8 @@ n=0 PEAK=0 took=""
 while [ $n -lt "$ZBLK_UPGRADE_RESTARTS" ] && kill -0 $U 2>/dev/null; do
     sleep 2
     st=$(zstat | jnum stored_pages); [ "$st" -gt "$PEAK" ] && PEAK=$st
-    out=$(zblk restart -n "$ZID" 2>&1) || fail "restart $((n + 1)): $out"
+    old_pid=$(zdaemon_pid "$ZID")
+    out=$(zblk restart -n "$ZID" 2>&1) || fail "restart $((n + 1)): $out; old daemon $old_pid: $(proc_stacks "$old_pid" | tr '\n' '|')"
     n=$((n + 1))
     took="$took $(echo "$out" | sed 's/.* in \([0-9]*\) ms.*/\1/')"
     log "restart $n with $st pages stored: $out"
