@@ -17,6 +17,7 @@
 //!   on swap (mlockall, io-flusher, OOM score);
 //! - [`swap`]: whether a device is active swap (`/proc/swaps`), swapon,
 //!   swapoff;
+//! - [`notify`]: `READY=1` to systemd once a device serves I/O;
 //! - `signals`: SIGTERM and SIGINT through a signalfd;
 //! - `queue`: the queue threads, one engine context each, and their ticks;
 //! - [`control`]: the per-device control socket: its protocol, the client
@@ -39,6 +40,7 @@ pub mod fdpass;
 pub mod features;
 pub mod io;
 pub mod keeper;
+pub mod notify;
 pub mod params;
 pub mod paths;
 mod queue;
