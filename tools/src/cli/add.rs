@@ -13,7 +13,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 use zblk_ublk::control::{self, DeviceInfo, Request};
 use zblk_ublk::keeper::{self, ready, KeeperConfig};
-use zblk_ublk::{paths, DeviceConfig, Start};
+use zblk_ublk::swap::Discard;
+use zblk_ublk::{notify, paths, DeviceConfig, Ready, Start};
 
 /// How long `add` waits for the daemon to bring the device up.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -21,18 +22,38 @@ const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// `zblk add`: checks, starts the daemon (or becomes it), waits for the
 /// device, optionally makes it swap, prints it.
 pub fn add(a: AddArgs) -> CliResult {
+    preflight(&a)?;
+    if a.foreground {
+        return foreground(a, Discard::Both);
+    }
+    let info = start(&a, Discard::Both)?;
+    show::print_device(&info, a.json)
+}
+
+/// The driver is there, we are root, and no daemon serves the device id
+/// asked for.
+pub(super) fn preflight(a: &AddArgs) -> CliResult {
     sys::check_driver()?;
     sys::check_root("zblk add")?;
     if let Some(id) = a.dev.id {
-        if control::request(id, &Request::Info, Duration::from_secs(2)).is_ok() {
+        if is_live(id) {
             return Err(CliError(format!(
                 "device {id} is busy: a zblk daemon already serves it"
             )));
         }
     }
-    if a.foreground {
-        return foreground(a);
-    }
+    Ok(())
+}
+
+/// Whether a zblk daemon answers for device `id`.
+pub(super) fn is_live(id: u32) -> bool {
+    control::request(id, &Request::Info, Duration::from_secs(2)).is_ok()
+}
+
+/// Starts the daemon in the background, waits for the device and, with
+/// `--swap`, makes it swap with `discard` (a failure removes the device).
+/// What `zblk add` and `zblk setup` both run.
+pub(super) fn start(a: &AddArgs, discard: Discard) -> Result<DeviceInfo, CliError> {
     let info = spawn_daemon(&a.dev)?;
     let bdev = PathBuf::from(&info.path);
     if !sys::wait_for(Duration::from_secs(10), || bdev.exists()) {
@@ -43,7 +64,7 @@ pub fn add(a: AddArgs) -> CliResult {
         )));
     }
     if a.swap {
-        if let Err(e) = make_swap(&bdev, a.priority) {
+        if let Err(e) = make_swap(&bdev, a.priority, discard) {
             let _ = control::request(
                 info.id(),
                 &Request::Shutdown { force: true },
@@ -52,32 +73,41 @@ pub fn add(a: AddArgs) -> CliResult {
             return Err(CliError(format!("{e}; device {} removed", info.id())));
         }
     }
-    show::print_device(&info, a.json)
+    Ok(info)
 }
 
 /// Serves the device in this process until SIGTERM/SIGINT or `zblk del`.
-fn foreground(a: AddArgs) -> CliResult {
-    let (json, swap, prio) = (a.json, a.swap, a.priority);
-    let ready = Box::new(move |r: Result<&DeviceInfo, &zblk_ublk::Error>| {
-        let Ok(info) = r else { return };
-        if let Err(e) = show::print_device(info, json) {
-            log::error!("{e}");
-        }
-        if swap {
-            if let Err(e) = make_swap(Path::new(&info.path), prio) {
-                log::error!("{e}");
-            }
-        }
-    });
+pub(super) fn foreground(a: AddArgs, discard: Discard) -> CliResult {
+    let ready = foreground_ready(a.json, a.swap.then_some((a.priority, discard)));
     let start = Start::Fresh { keeper: None };
     Ok(zblk_ublk::daemon::run(&a.dev, start, None, ready)?)
 }
 
-/// `mkswap` then swapon with discard and priority, like zram-generator
+/// What a foreground daemon does once its device serves I/O: print it,
+/// make it swap if asked, then tell systemd (`READY=1`; nothing outside a
+/// `Type=notify` unit), so that units ordered after it find swap on.
+fn foreground_ready(json: bool, swap: Option<(i32, Discard)>) -> Ready {
+    Box::new(move |r: Result<&DeviceInfo, &zblk_ublk::Error>| {
+        let Ok(info) = r else { return };
+        if let Err(e) = show::print_device(info, json) {
+            log::error!("{e}");
+        }
+        if let Some((prio, discard)) = swap {
+            if let Err(e) = make_swap(Path::new(&info.path), prio, discard) {
+                log::error!("{e}");
+            }
+        }
+        if let Err(e) = notify::ready(&format!("serving {}", info.path)) {
+            log::warn!("cannot tell systemd the device is ready: {e}");
+        }
+    })
+}
+
+/// `mkswap` then swapon with `discard` and priority, like zram-generator
 /// (by system call: busybox's swapon has neither `--discard` nor `-p`).
-fn make_swap(bdev: &Path, priority: i32) -> CliResult {
+fn make_swap(bdev: &Path, priority: i32, discard: Discard) -> CliResult {
     sys::run_tool("mkswap", &[&bdev.to_string_lossy()])?;
-    Ok(zblk_ublk::swap::swap_on(bdev, priority)?)
+    Ok(zblk_ublk::swap::swap_on_with(bdev, priority, discard)?)
 }
 
 /// The argument list that makes `zblk daemon` build the same device: the
@@ -295,6 +325,39 @@ mod tests {
             (y.id, y.queues, y.depth, y.io_buf),
             (Some(9), Some(3), 32, Some(256 << 10))
         );
+    }
+
+    /// The hook the daemon fires when the device is live, fired here by
+    /// hand (no device): READY=1 reaches systemd's socket. The only test
+    /// of this crate that sets NOTIFY_SOCKET.
+    #[test]
+    fn the_foreground_ready_hook_tells_systemd() {
+        use std::os::unix::net::UnixDatagram;
+        let Cmd::Add(a) = Cli::try_parse_from(["zblk", "add", "-s", "1G"])
+            .unwrap()
+            .cmd
+        else {
+            panic!()
+        };
+        let info = DeviceInfo::new(5, "/dev/ublkb5".into(), &a.dev, 1 << 21);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("notify");
+        let sock = UnixDatagram::bind(&path).unwrap();
+        sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        std::env::set_var("NOTIFY_SOCKET", &path);
+        foreground_ready(true, None)(Ok(&info));
+        std::env::remove_var("NOTIFY_SOCKET");
+        let mut buf = [0u8; 256];
+        let n = sock.recv(&mut buf).unwrap();
+        let msg = std::str::from_utf8(&buf[..n]).unwrap();
+        assert_eq!(msg, "READY=1\nSTATUS=serving /dev/ublkb5\n");
+        // A device that failed to start is not ready: nothing is sent.
+        std::env::set_var("NOTIFY_SOCKET", &path);
+        foreground_ready(true, None)(Err(&zblk_ublk::Error::Refused("no".into())));
+        std::env::remove_var("NOTIFY_SOCKET");
+        sock.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        assert!(sock.recv(&mut buf).is_err(), "READY=1 for a failed start");
     }
 
     #[test]

@@ -40,6 +40,8 @@ pub enum Cmd {
     Recover(RecoverArgs),
     /// Hand a device over to a new daemon (e.g. an upgraded binary), no swapoff.
     Restart(IdArgs),
+    /// Bring up the swap devices of the configuration file (/etc/zblk/zblk.conf).
+    Setup(SetupArgs),
     /// Serve a device (what `add` starts in the background).
     #[command(hide = true)]
     Daemon(DaemonArgs),
@@ -71,6 +73,24 @@ pub struct AddArgs {
     /// Print the device as JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `zblk setup`.
+#[derive(Debug, Args)]
+pub struct SetupArgs {
+    /// The configuration file: one [ublkbN] section per device.
+    #[arg(short, long, value_name = "FILE", default_value = super::conf::DEFAULT_PATH)]
+    pub config: PathBuf,
+    /// Print what would be done, with each evaluated size; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Only the device N of the file (its [ublkbN] section).
+    #[arg(short = 'n', long)]
+    pub id: Option<u32>,
+    /// Serve that device in this process until stopped, telling systemd
+    /// when it is swap (what zblk@N.service runs).
+    #[arg(short, long, requires = "id", conflicts_with = "dry_run")]
+    pub foreground: bool,
 }
 
 /// `zblk list`.
@@ -364,5 +384,22 @@ mod tests {
             panic!()
         };
         assert!(a.dev.no_recovery);
+        let Cmd::Setup(s) = parse(&["setup", "--dry-run"]).unwrap().cmd else {
+            panic!()
+        };
+        assert_eq!(s.config, PathBuf::from("/etc/zblk/zblk.conf"));
+        assert!(s.dry_run && !s.foreground && s.id.is_none());
+        let Cmd::Setup(s) = parse(&["setup", "-c", "x.conf", "-n", "2", "-f"])
+            .unwrap()
+            .cmd
+        else {
+            panic!()
+        };
+        assert_eq!(
+            (s.config, s.id, s.foreground),
+            ("x.conf".into(), Some(2), true)
+        );
+        assert!(parse(&["setup", "--foreground"]).is_err(), "needs --id");
+        assert!(parse(&["setup", "-n", "1", "-f", "--dry-run"]).is_err());
     }
 }

@@ -3,7 +3,9 @@
 mod add;
 mod args;
 mod bench;
+mod conf;
 mod manage;
+mod setup;
 mod show;
 mod size;
 mod sys;
@@ -92,6 +94,10 @@ pub fn run(cli: Cli) -> CliResult {
             init_log(if a.foreground { "info" } else { "warn" });
             add::add(a)
         }
+        Cmd::Setup(a) => {
+            init_log(if a.foreground { "info" } else { "warn" });
+            setup::setup(a)
+        }
         cmd => {
             init_log("warn");
             match cmd {
@@ -103,7 +109,7 @@ pub fn run(cli: Cli) -> CliResult {
                 Cmd::Bench(a) => bench::bench(a),
                 Cmd::Recover(a) => manage::recover(a),
                 Cmd::Restart(a) => manage::restart(a),
-                Cmd::Add(_) | Cmd::Daemon(_) | Cmd::Keeper(_) => Ok(()),
+                Cmd::Add(_) | Cmd::Setup(_) | Cmd::Daemon(_) | Cmd::Keeper(_) => Ok(()),
             }
         }
     }

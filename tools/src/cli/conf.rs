@@ -1,0 +1,450 @@
+//! The configuration file of `zblk setup`, `/etc/zblk/zblk.conf`: TOML, in
+//! the spirit of zram-generator's `zram-generator.conf`, one section per
+//! device:
+//!
+//! ```toml
+//! [ublkb0]
+//! size = "min(ram / 2, 4096)"     # MB; ram is this machine's, in MB
+//! compression-algorithm = "zstd:3"
+//! swap-priority = 100
+//! ```
+//!
+//! A section is named after the device it makes (`[ublkb0]` makes
+//! `/dev/ublkb0`), as zram-generator's `[zram0]` is: the name is what
+//! `swapon --show` and `zblk list` print, and TOML itself refuses the same
+//! section twice, so no two sections can claim one device.
+//!
+//! Each section becomes the [`AddArgs`] of `zblk add --swap`: its values
+//! go through `zblk add`'s own flag parsers, so the file takes exactly
+//! what the flags take (`zstd:3`, `2G`) and gets the same defaults.
+
+use super::args::AddArgs;
+use clap::{Args, FromArgMatches};
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::Path;
+use toml::Spanned;
+use zblk_ublk::swap::Discard;
+
+/// Where `zblk setup` reads its devices from by default.
+pub const DEFAULT_PATH: &str = "/etc/zblk/zblk.conf";
+
+/// One 4 KB page: sizes are rounded down to it.
+const PAGE: u64 = 4096;
+
+/// One `[ublkbN]` section as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct Section {
+    /// MB, an expression of `ram` (a string) or a number.
+    size: Spanned<toml::Value>,
+    compression_algorithm: Option<Spanned<String>>,
+    mode: Option<Spanned<String>>,
+    group_pages: Option<Spanned<i64>>,
+    /// Like `--mem-limit`: a size with a suffix, or bytes.
+    mem_limit: Option<Spanned<toml::Value>>,
+    swap_priority: Option<Spanned<i64>>,
+    /// swapon options, as in fstab (`discard`, `discard=pages`).
+    options: Option<Spanned<String>>,
+    recovery: Option<bool>,
+}
+
+/// A device the file asks for, ready for `zblk add --swap`'s code.
+#[derive(Debug)]
+pub struct Entry {
+    /// The section name, `ublkbN`.
+    pub name: String,
+    /// The `size` as written.
+    pub size_expr: String,
+    /// What `zblk add` would have parsed its flags into (`swap` set).
+    pub add: AddArgs,
+    /// The discard policy from `options`.
+    pub discard: Discard,
+}
+
+/// Reads `file`, with `ram_mb` the machine's memory for `size`.
+pub fn read(file: &Path, ram_mb: f64) -> Result<Vec<Entry>, String> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    parse(file, &text, ram_mb)
+}
+
+/// Parses the text of `file`; the first error is one line naming the
+/// file, the line and the key.
+pub fn parse(file: &Path, text: &str, ram_mb: f64) -> Result<Vec<Entry>, String> {
+    let doc = Doc { file, text };
+    let sections: BTreeMap<Spanned<String>, Spanned<Section>> =
+        toml::from_str(text).map_err(|e| doc.toml_error(&e))?;
+    let mut entries = sections
+        .into_iter()
+        .map(|(name, s)| doc.entry(name, s.into_inner(), ram_mb))
+        .collect::<Result<Vec<_>, _>>()?;
+    entries.sort_by_key(|e| e.add.dev.id);
+    Ok(entries)
+}
+
+/// Evaluates a `size` expression: MB, with `ram` the machine's memory in
+/// MB; the bytes rounded down to 4 KB, at least one page.
+pub fn eval_size(expr: &str, ram_mb: f64) -> Result<u64, String> {
+    use evalexpr::{ContextWithMutableVariables, DefaultNumericTypes, HashMapContext, Value};
+    let mut ctx = HashMapContext::<DefaultNumericTypes>::new();
+    ctx.set_value("ram".into(), Value::Float(ram_mb))
+        .map_err(|e| e.to_string())?;
+    let mb = evalexpr::eval_number_with_context(expr, &ctx)
+        .map_err(|e| format!("bad size expression '{expr}': {e}"))?;
+    let bytes = mb * 1024.0 * 1024.0;
+    if !bytes.is_finite() || bytes < 0.0 || bytes >= u64::MAX as f64 {
+        return Err(format!(
+            "size '{expr}' is {mb} MB: not a size (ram = {ram_mb} MB)"
+        ));
+    }
+    Ok(((bytes as u64) / PAGE * PAGE).max(PAGE))
+}
+
+/// The machine's memory in MB, from `/proc/meminfo`.
+pub fn ram_mb() -> Result<f64, String> {
+    zblk_ublk::params::mem_total()
+        .map(|b| b as f64 / (1024.0 * 1024.0))
+        .ok_or_else(|| "cannot read MemTotal from /proc/meminfo".to_string())
+}
+
+/// The file being read, for errors that name its lines.
+struct Doc<'a> {
+    file: &'a Path,
+    text: &'a str,
+}
+
+impl Doc<'_> {
+    /// `file:line: key: message` for a byte range of the text.
+    fn error_at(&self, span: Range<usize>, key: &str, msg: &str) -> String {
+        let line = self.line_of(span.start);
+        format!("{}:{line}: {key}: {msg}", self.file.display())
+    }
+
+    /// 1-based line of byte `offset`.
+    fn line_of(&self, offset: usize) -> usize {
+        let end = offset.min(self.text.len());
+        self.text.as_bytes()[..end]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count()
+            + 1
+    }
+
+    /// A TOML or serde error, with the key read back from its line (the
+    /// `toml` crate's error carries the span but not the key path).
+    fn toml_error(&self, e: &toml::de::Error) -> String {
+        let mut msg = e.message().trim();
+        if msg.ends_with("expected struct Section") {
+            // A key = value before the first section header.
+            msg = "every setting belongs to a section: [ublkb0] for /dev/ublkb0";
+        }
+        let Some(span) = e.span() else {
+            return format!("{}: {msg}", self.file.display());
+        };
+        match self.key_at(span.start) {
+            Some(key) => self.error_at(span, &key, msg),
+            None => format!(
+                "{}:{}: {msg}",
+                self.file.display(),
+                self.line_of(span.start)
+            ),
+        }
+    }
+
+    /// `section.key` (or `[section]`) of the line holding byte `offset`.
+    fn key_at(&self, offset: usize) -> Option<String> {
+        let n = self.line_of(offset);
+        let lines: Vec<&str> = self.text.lines().collect();
+        let here = lines.get(n - 1)?.trim();
+        if here.starts_with('[') {
+            return Some(here.to_string());
+        }
+        let key = here.split_once('=')?.0.trim();
+        let section = lines[..n - 1]
+            .iter()
+            .rev()
+            .map(|l| l.trim())
+            .find(|l| l.starts_with('['))
+            .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim());
+        Some(match section {
+            Some(s) => format!("{s}.{key}"),
+            None => key.to_string(),
+        })
+    }
+
+    /// One section, checked value by value, as `zblk add --swap` flags.
+    fn entry(&self, name: Spanned<String>, s: Section, ram_mb: f64) -> Result<Entry, String> {
+        let sect = name.get_ref().clone();
+        let key = |k: &str| format!("{sect}.{k}");
+        let id = section_id(&sect)
+            .ok_or_else(|| self.error_at(name.span(), &format!("[{sect}]"), NAME_HELP))?;
+        let size_expr = match s.size.get_ref() {
+            toml::Value::String(_) | toml::Value::Integer(_) | toml::Value::Float(_) => {
+                value_text(s.size.get_ref())
+            }
+            _ => return Err(self.error_at(s.size.span(), &key("size"), SIZE_HELP)),
+        };
+        let bytes = eval_size(&size_expr, ram_mb)
+            .map_err(|e| self.error_at(s.size.span(), &key("size"), &e))?;
+        let mut flags = vec![
+            ("--id", id.to_string(), name.span(), format!("[{sect}]")),
+            ("--size", bytes.to_string(), s.size.span(), key("size")),
+        ];
+        let mut opt = |flag, v: Option<(String, Range<usize>)>, k: &str| {
+            if let Some((v, span)) = v {
+                flags.push((flag, v, span, key(k)));
+            }
+        };
+        opt(
+            "--algo",
+            text(s.compression_algorithm),
+            "compression-algorithm",
+        );
+        opt("--mode", text(s.mode), "mode");
+        opt("--group-pages", num(s.group_pages), "group-pages");
+        opt("--mem-limit", value(s.mem_limit), "mem-limit");
+        opt("--priority", num(s.swap_priority), "swap-priority");
+        for (flag, v, span, k) in &flags {
+            add_args(&[flag, v]).map_err(|e| self.error_at(span.clone(), k, &e))?;
+        }
+        let discard = match &s.options {
+            Some(o) => Discard::from_options(o.get_ref())
+                .map_err(|e| self.error_at(o.span(), &key("options"), &e))?,
+            None => Discard::Both,
+        };
+        let mut words: Vec<&str> = flags.iter().flat_map(|f| [f.0, &f.1]).collect();
+        if s.recovery == Some(false) {
+            words.push("--no-recovery");
+        }
+        let add = add_args(&words).map_err(|e| self.error_at(name.span(), &sect, &e))?;
+        Ok(Entry {
+            name: sect,
+            size_expr,
+            add,
+            discard,
+        })
+    }
+}
+
+/// What `size` must be.
+const SIZE_HELP: &str = "must be MB: a number, or an expression of ram in quotes";
+
+/// What a section must be called.
+const NAME_HELP: &str = "a section is named after the device it makes: [ublkb0] for /dev/ublkb0";
+
+/// N of a section named `ublkbN` (digits only, no sign or leading zero).
+fn section_id(name: &str) -> Option<u32> {
+    let digits = name.strip_prefix("ublkb")?;
+    let ok = !digits.is_empty()
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && (digits == "0" || !digits.starts_with('0'));
+    ok.then(|| digits.parse().ok()).flatten()
+}
+
+/// A number or a string as the text a flag takes.
+fn value_text(v: &toml::Value) -> String {
+    match v {
+        toml::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn text(v: Option<Spanned<String>>) -> Option<(String, Range<usize>)> {
+    v.map(|v| (v.get_ref().clone(), v.span()))
+}
+
+fn num(v: Option<Spanned<i64>>) -> Option<(String, Range<usize>)> {
+    v.map(|v| (v.get_ref().to_string(), v.span()))
+}
+
+fn value(v: Option<Spanned<toml::Value>>) -> Option<(String, Range<usize>)> {
+    v.map(|v| (value_text(v.get_ref()), v.span()))
+}
+
+/// `zblk add --swap` with these flags, through its own parsers; a
+/// refusal is the parser's reason alone (not clap's whole message, which
+/// names a flag the file does not have).
+fn add_args(flags: &[&str]) -> Result<AddArgs, String> {
+    let cmd = AddArgs::augment_args(clap::Command::new("zblk"));
+    let mut words = vec!["zblk", "--swap"];
+    if !flags.contains(&"--size") {
+        // Checking one value alone: any valid size.
+        words.extend(["--size", "4096"]);
+    }
+    words.extend_from_slice(flags);
+    let m = cmd.try_get_matches_from(words).map_err(|e| reason(&e))?;
+    AddArgs::from_arg_matches(&m).map_err(|e| reason(&e))
+}
+
+/// The value parser's own words if it gave any, else clap's line.
+fn reason(e: &clap::Error) -> String {
+    match std::error::Error::source(e) {
+        Some(src) => src.to_string(),
+        None => super::one_line(&e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use zblk::{Algo, Mode};
+
+    const FILE: &str = "/etc/zblk/zblk.conf";
+
+    fn parse_ok(text: &str, ram_mb: f64) -> Vec<Entry> {
+        parse(Path::new(FILE), text, ram_mb).unwrap()
+    }
+
+    fn parse_err(text: &str) -> String {
+        parse(Path::new(FILE), text, 16384.0).unwrap_err()
+    }
+
+    #[test]
+    fn a_sample_file_becomes_add_swap_arguments() {
+        let text = "# swap for this machine\n\
+                    [ublkb1]\n\
+                    size = 512\n\
+                    \n\
+                    [ublkb0]\n\
+                    size = \"min(ram / 2, 4096)\"\n\
+                    compression-algorithm = \"zstd:3\"\n\
+                    mode = \"packed\"\n\
+                    group-pages = 4\n\
+                    mem-limit = \"1G\"\n\
+                    swap-priority = 50\n\
+                    options = \"discard=pages\"\n\
+                    recovery = false\n";
+        let e = parse_ok(text, 16000.0);
+        assert_eq!(e.len(), 2);
+        let (a, b) = (&e[0], &e[1]);
+        assert_eq!((a.name.as_str(), a.add.dev.id), ("ublkb0", Some(0)));
+        assert_eq!(a.size_expr, "min(ram / 2, 4096)");
+        assert_eq!(a.add.dev.size, 4096 << 20);
+        assert_eq!(a.add.dev.engine.algo, Algo::Zstd(3));
+        assert_eq!(a.add.dev.engine.mode, Mode::Packed);
+        assert_eq!(a.add.dev.engine.group_pages, 4);
+        assert_eq!(a.add.dev.mem_limit, 1 << 30);
+        assert!(a.add.swap && a.add.dev.no_recovery);
+        assert_eq!((a.add.priority, a.discard), (50, Discard::Pages));
+        // What is not written takes zblk add's defaults.
+        assert_eq!((b.name.as_str(), b.add.dev.id), ("ublkb1", Some(1)));
+        assert_eq!(b.add.dev.size, 512 << 20);
+        assert_eq!(b.add.dev.engine.algo, Algo::Lz4);
+        assert_eq!(b.add.dev.engine.mode, Mode::PerPage);
+        assert_eq!((b.add.dev.engine.group_pages, b.add.dev.mem_limit), (8, 0));
+        assert_eq!((b.add.priority, b.discard), (100, Discard::Both));
+        assert!(b.add.swap && !b.add.dev.no_recovery && !b.add.foreground);
+        // A file of comments only makes no device.
+        assert!(parse_ok("# nothing here\n", 1.0).is_empty());
+    }
+
+    #[test]
+    fn size_expressions() {
+        assert_eq!(eval_size("ram / 2", 8000.0), Ok(4000 << 20));
+        assert_eq!(eval_size("min(ram / 2, 4096)", 16384.0), Ok(4096 << 20));
+        assert_eq!(eval_size("min(ram / 2, 4096)", 2048.0), Ok(1024 << 20));
+        assert_eq!(eval_size("8192", 1.0), Ok(8192 << 20));
+        assert_eq!(eval_size("max(ram * 0.25, 1)", 1000.0), Ok(250 << 20));
+        // Rounded down to 4 KB, at least one page.
+        assert_eq!(eval_size("ram / 3", 1.0), Ok(349_525 / 4096 * 4096));
+        assert_eq!(eval_size("0.0001", 1.0), Ok(4096));
+        assert!(eval_size("ram - 2 * ram", 8.0)
+            .unwrap_err()
+            .contains("not a size"));
+        assert!(eval_size("ram / 0", 8.0).is_err());
+        let e = eval_size("rom / 2", 8.0).unwrap_err();
+        assert!(e.starts_with("bad size expression 'rom / 2'"), "{e}");
+    }
+
+    #[test]
+    fn bad_toml_names_the_line() {
+        let e = parse_err("[ublkb0]\nsize = 1024\nmode = \"packed\n");
+        assert!(e.starts_with("/etc/zblk/zblk.conf:3: ublkb0.mode: "), "{e}");
+        let e = parse_err("[ublkb0]\nsize = 1\n[ublkb0]\nsize = 2\n");
+        assert!(e.starts_with("/etc/zblk/zblk.conf:3: [ublkb0]: "), "{e}");
+    }
+
+    #[test]
+    fn an_unknown_key_is_refused_with_its_line() {
+        let e = parse_err("[ublkb0]\nsize = 1024\n\nzram-size = 4\n");
+        assert!(
+            e.starts_with("/etc/zblk/zblk.conf:4: ublkb0.zram-size: unknown field `zram-size`"),
+            "{e}"
+        );
+        let e = parse_err("size = 1024\n[ublkb0]\nsize = 1\n");
+        assert!(
+            e.starts_with("/etc/zblk/zblk.conf:1: size: every setting belongs to a section"),
+            "{e}"
+        );
+        let e = parse_err("[ublkb0]\ncompression-algorithm = \"lz4\"\n");
+        assert!(e.contains("missing field `size`"), "{e}");
+        let e = parse_err("[ublkb0]\nsize = 1024\ngroup-pages = \"four\"\n");
+        assert!(
+            e.starts_with("/etc/zblk/zblk.conf:3: ublkb0.group-pages: "),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_bad_size_expression_names_its_key() {
+        let e = parse_err("[ublkb0]\n\nsize = \"ram * (2\"\n");
+        assert!(
+            e.starts_with("/etc/zblk/zblk.conf:3: ublkb0.size: bad size expression 'ram * (2'"),
+            "{e}"
+        );
+        let e = parse_err("[ublkb2]\nsize = \"-ram\"\n");
+        assert!(e.starts_with("/etc/zblk/zblk.conf:2: ublkb2.size: "), "{e}");
+        assert!(e.contains("not a size"), "{e}");
+        let e = parse_err("[ublkb0]\nsize = [1024]\n");
+        assert!(
+            e.starts_with("/etc/zblk/zblk.conf:2: ublkb0.size: must be MB"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_bad_algorithm_and_other_values_say_why() {
+        let cases = [
+            (
+                "compression-algorithm = \"lzo\"",
+                "compression-algorithm: unknown algorithm 'lzo'",
+            ),
+            (
+                "compression-algorithm = \"zstd:99\"",
+                "compression-algorithm: invalid level",
+            ),
+            ("mode = \"dense\"", "mode: unknown mode 'dense'"),
+            ("group-pages = 65", "group-pages: 65 is not in 1..=64"),
+            ("mem-limit = \"1X\"", "mem-limit: invalid size '1X'"),
+            (
+                "swap-priority = 40000",
+                "swap-priority: 40000 is not in -1..=32767",
+            ),
+            (
+                "options = \"discard,nofail\"",
+                "options: unknown swap option 'nofail'",
+            ),
+        ];
+        for (line, want) in cases {
+            let e = parse_err(&format!("[ublkb0]\nsize = 64\n{line}\n"));
+            let want = format!("/etc/zblk/zblk.conf:3: ublkb0.{want}");
+            assert!(e.starts_with(&want), "{line}: {e}");
+        }
+        let e = parse_err("[zram0]\nsize = 64\n");
+        assert!(
+            e.starts_with("/etc/zblk/zblk.conf:1: [zram0]: a section is named"),
+            "{e}"
+        );
+        for bad in ["ublkb", "ublkb01", "ublkb-1", "ublkb 1", "ublkb99999999999"] {
+            assert_eq!(section_id(bad), None, "{bad}");
+        }
+        assert_eq!(section_id("ublkb10"), Some(10));
+        let e = parse_err("[ublkb9999999]\nsize = 64\n");
+        assert!(
+            e.starts_with("/etc/zblk/zblk.conf:1: [ublkb9999999]: "),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,192 @@
+//! `zblk setup`: brings up the devices of the configuration file
+//! ([`super::conf`]) through `zblk add --swap`'s code, leaving alone those
+//! already served, one line per device; or, with `--id N --foreground`,
+//! serves one of them in this process (systemd's `zblk@N.service`).
+
+use super::args::SetupArgs;
+use super::conf::{self, Entry};
+use super::{add, sys, CliError, CliResult};
+
+/// `zblk setup [--config F] [--dry-run] [--id N [--foreground]]`.
+pub fn setup(a: SetupArgs) -> CliResult {
+    let entries = conf::read(&a.config, conf::ram_mb()?)?;
+    let entries = select(entries, a.id, &a.config)?;
+    if a.dry_run {
+        for line in dry_run_lines(&entries, add::is_live) {
+            println!("{line}");
+        }
+        return Ok(());
+    }
+    if a.foreground {
+        return match entries.into_iter().next() {
+            Some(e) => {
+                let fg = super::args::AddArgs {
+                    foreground: true,
+                    ..e.add
+                };
+                add::preflight(&fg)?;
+                add::foreground(fg, e.discard)
+            }
+            None => Ok(()),
+        };
+    }
+    sys::check_driver()?;
+    sys::check_root("zblk setup")?;
+    if entries.is_empty() {
+        println!("{}: no devices", a.config.display());
+    }
+    let mut failed = 0;
+    for e in &entries {
+        match bring_up(e) {
+            Ok(line) => println!("{line}"),
+            Err(err) => {
+                eprintln!("zblk: {}: {err}", e.name);
+                failed += 1;
+            }
+        }
+    }
+    match failed {
+        0 => Ok(()),
+        n => Err(CliError(format!(
+            "{n} of {} devices not set up",
+            entries.len()
+        ))),
+    }
+}
+
+/// The entries to act on: all, or the one section `ublkbN` of `--id N`.
+fn select(
+    entries: Vec<Entry>,
+    id: Option<u32>,
+    file: &std::path::Path,
+) -> Result<Vec<Entry>, CliError> {
+    let Some(id) = id else {
+        return Ok(entries);
+    };
+    let one: Vec<Entry> = entries
+        .into_iter()
+        .filter(|e| e.add.dev.id == Some(id))
+        .collect();
+    if one.is_empty() {
+        return Err(CliError(format!(
+            "{} has no section [ublkb{id}]",
+            file.display()
+        )));
+    }
+    Ok(one)
+}
+
+/// Creates one device unless it is live already; says what it did.
+fn bring_up(e: &Entry) -> Result<String, CliError> {
+    let id = e.add.dev.id.unwrap_or(0);
+    if add::is_live(id) {
+        return Ok(format!(
+            "{}: /dev/ublkb{id} is live already, left alone",
+            e.name
+        ));
+    }
+    let info = add::start(&e.add, e.discard)?;
+    Ok(format!(
+        "{}: created {}: {}",
+        e.name,
+        info.path,
+        settings(e)
+    ))
+}
+
+/// What `--dry-run` prints: one line per entry, `is_live` saying which
+/// devices are served already.
+pub fn dry_run_lines(entries: &[Entry], is_live: impl Fn(u32) -> bool) -> Vec<String> {
+    entries
+        .iter()
+        .map(|e| {
+            let id = e.add.dev.id.unwrap_or(0);
+            if is_live(id) {
+                format!("{}: /dev/ublkb{id} is live: would leave it alone", e.name)
+            } else {
+                format!("{}: would create /dev/ublkb{id}: {}", e.name, settings(e))
+            }
+        })
+        .collect()
+}
+
+/// An entry's settings in words, the size with its expression.
+fn settings(e: &Entry) -> String {
+    let d = &e.add.dev;
+    let mem_limit = match d.mem_limit {
+        0 => "none".to_string(),
+        n => format!("{n} bytes"),
+    };
+    format!(
+        "size {} = {} MiB ({} bytes), {}, {}, {} pages a group, mem-limit {mem_limit}, \
+         recovery {}; swap at priority {} with {}",
+        e.size_expr,
+        d.size >> 20,
+        d.size,
+        d.engine.algo,
+        d.engine.mode,
+        d.engine.group_pages,
+        if d.no_recovery { "off" } else { "on" },
+        e.add.priority,
+        e.discard,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    const TWO: &str = "[ublkb0]\n\
+                       size = \"min(ram / 2, 4096)\"\n\
+                       compression-algorithm = \"zstd:3\"\n\
+                       [ublkb1]\n\
+                       size = \"ram / 4\"\n\
+                       mode = \"packed\"\n\
+                       mem-limit = \"256M\"\n\
+                       swap-priority = 10\n\
+                       options = \"\"\n\
+                       recovery = false\n";
+
+    #[test]
+    fn dry_run_prints_each_device_with_its_evaluated_size() {
+        let entries = conf::parse(Path::new("t.conf"), TWO, 6000.0).unwrap();
+        let lines = dry_run_lines(&entries, |_| false);
+        assert_eq!(
+            lines,
+            [
+                "ublkb0: would create /dev/ublkb0: size min(ram / 2, 4096) = 3000 MiB \
+                 (3145728000 bytes), zstd:3, per-page, 8 pages a group, mem-limit none, \
+                 recovery on; swap at priority 100 with discard",
+                "ublkb1: would create /dev/ublkb1: size ram / 4 = 1500 MiB (1572864000 bytes), \
+                 lz4, packed, 8 pages a group, mem-limit 268435456 bytes, recovery off; \
+                 swap at priority 10 with no discard",
+            ]
+        );
+        // More RAM: the first device hits its cap of 4096 MB.
+        let entries = conf::parse(Path::new("t.conf"), TWO, 65536.0).unwrap();
+        let lines = dry_run_lines(&entries, |id| id == 1);
+        assert!(
+            lines[0].contains("= 4096 MiB (4294967296 bytes)"),
+            "{}",
+            lines[0]
+        );
+        assert_eq!(
+            lines[1],
+            "ublkb1: /dev/ublkb1 is live: would leave it alone"
+        );
+    }
+
+    #[test]
+    fn one_device_is_chosen_by_id() {
+        let f = Path::new("t.conf");
+        let pick = |id| select(conf::parse(f, TWO, 6000.0).unwrap(), id, f);
+        assert_eq!(pick(None).unwrap().len(), 2);
+        let one = pick(Some(1)).unwrap();
+        assert_eq!((one.len(), one[0].name.as_str()), (1, "ublkb1"));
+        assert_eq!(
+            pick(Some(7)).unwrap_err().0,
+            "t.conf has no section [ublkb7]"
+        );
+    }
+}
