@@ -340,6 +340,21 @@ mod tests {
         assert!(parse_ok("# nothing here\n", 1.0).is_empty());
     }
 
+    /// The files the package ships: the example makes two devices, the
+    /// conffile (all comments) none.
+    #[test]
+    fn the_shipped_files_parse() {
+        let ex = include_str!("../../../dist/zblk.conf.example");
+        let e = parse_ok(ex, 16384.0);
+        let names: Vec<&str> = e.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, ["ublkb0", "ublkb1"]);
+        assert_eq!(e[0].add.dev.size, 4096 << 20);
+        assert_eq!(e[0].add.dev.engine.algo, Algo::Zstd(3));
+        assert_eq!(e[1].add.dev.size, 2048 << 20);
+        assert_eq!(e[1].add.dev.mem_limit, 512 << 20);
+        assert!(parse_ok(include_str!("../../../dist/zblk.conf"), 16384.0).is_empty());
+    }
+
     #[test]
     fn size_expressions() {
         assert_eq!(eval_size("ram / 2", 8000.0), Ok(4000 << 20));
