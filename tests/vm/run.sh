@@ -81,7 +81,7 @@ WORK=${ZBLK_VM_WORK:-$REPO/tests/vm/work}
 # swapkill runs last: it leaves a dead swap area the kernel cannot remove.
 DEFAULT_SCENARIOS="swap munmap blockio stat lifecycle zram-compare crash upgrade swapkill"
 # bench measures and is slow: run by name only (tools/scripts/bench-device.sh).
-ALL_SCENARIOS="$DEFAULT_SCENARIOS bench"
+ALL_SCENARIOS="$DEFAULT_SCENARIOS bench recovery-cost"
 SCENARIOS=""
 MEM=2G
 CPUS=2

@@ -96,6 +96,25 @@ pub fn give_up(id: u32) -> Result<()> {
     delete(&ctrl, id)
 }
 
+/// Device `id`'s state as the driver reports it, in `zblk list`'s words:
+/// `live`, `quiesced` (no daemon; the driver holds its I/O for the next
+/// one), `fail-io` (no daemon; its I/O fails), `dead` (stopped), or
+/// `gone` (no such device).
+pub fn driver_state(id: u32) -> &'static str {
+    let Ok(sid) = i32::try_from(id) else {
+        return "gone";
+    };
+    let Ok(ctrl) = UblkCtrl::new_simple(sid) else {
+        return "gone";
+    };
+    match u32::from(ctrl.dev_info().state) {
+        libublk::sys::UBLK_S_DEV_LIVE => "live",
+        libublk::sys::UBLK_S_DEV_QUIESCED => "quiesced",
+        libublk::sys::UBLK_S_DEV_FAIL_IO => "fail-io",
+        _ => "dead",
+    }
+}
+
 /// Deletes a device this process took over (a control for recovery does
 /// not delete its device when dropped, one for adding does).
 pub fn delete_recovered(ctrl: &UblkCtrl, id: u32) {

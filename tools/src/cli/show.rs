@@ -94,15 +94,16 @@ fn list_entry(reply: &Value) -> Value {
     })
 }
 
-/// A `zblk list` entry for device `id` whose daemon does not answer:
-/// `recovering` while its keeper brings a new daemon up, else `dead`.
+/// A `zblk list` entry for device `id` whose daemon does not answer: its
+/// keeper's word (`recovering` while a new daemon starts, `quiesced` while
+/// none runs), else `dead`.
 fn gone_entry(id: u32) -> Value {
     let k = zblk_ublk::keeper::status(id);
     let path = zblk_ublk::paths::bdev_path(id).display().to_string();
     json!({
         "name": path,
-        "state": if k.is_some() { "recovering" } else { "dead" },
-        "recoveries": k.map_or(0, |k| k.recoveries),
+        "state": k.as_ref().map_or("dead", |k| k.state.as_str()),
+        "recoveries": k.as_ref().map_or(0, |k| k.recoveries),
         "swap": swap::is_active_swap(Path::new(&path)),
     })
 }
