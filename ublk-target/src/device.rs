@@ -5,6 +5,7 @@
 use crate::config::DeviceConfig;
 use crate::error::{Error, Result, Step, UblkCause};
 use crate::features::{Features, Recovery};
+use crate::transport::Transport;
 use crate::{params, paths};
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
 use libublk::io::UblkDev;
@@ -18,10 +19,16 @@ const RECOVER_WAIT: Duration = Duration::from_secs(30);
 /// Adds the device of `cfg` to the driver (not started yet: no queues, no
 /// disk), with `recovery`'s flags, and with `UBLK_F_QUIESCE` where the
 /// driver has it and recovery is on (the graceful handover of `zblk
-/// restart`). Its id and I/O buffer size are the driver's answer
+/// restart`), and with `transport`'s flag. Its id and I/O buffer size
+/// are the driver's answer
 /// (`dev_info()`).
-pub fn create(cfg: &DeviceConfig, recovery: Recovery, features: Features) -> Result<UblkCtrl> {
-    let mut flags = recovery.ctrl_flags();
+pub fn create(
+    cfg: &DeviceConfig,
+    recovery: Recovery,
+    features: Features,
+    transport: Transport,
+) -> Result<UblkCtrl> {
+    let mut flags = recovery.ctrl_flags() | transport.ctrl_flags();
     if recovery.is_on() && features.has(libublk::sys::UBLK_F_QUIESCE) {
         flags |= u64::from(libublk::sys::UBLK_F_QUIESCE);
     }

@@ -91,6 +91,7 @@ fn list_entry(reply: &Value) -> Value {
         "recovery": d["recovery"].as_str().unwrap_or("off"),
         "recoveries": u(s, "recoveries"),
         "features": d["features"],
+        "transport": d["transport_in_use"],
     })
 }
 
