@@ -21,11 +21,15 @@ pub fn scrape(run_dir: &Path, timeout: Duration) -> Result<Vec<Scrape>, CliError
     let (tx, rx) = mpsc::channel();
     for &id in &ids {
         let (tx, sock) = (tx.clone(), paths::socket_path_in(run_dir, id));
-        std::thread::spawn(move || {
+        let asked = std::thread::Builder::new().spawn(move || {
             let r = request_at(&sock, id, &control::Request::Stats, timeout);
             // The receiver is gone when the deadline passed: fine.
             let _ = tx.send((id, r));
         });
+        // Without a thread the device just does not answer this round.
+        if let Err(e) = asked {
+            log::warn!("device {id}: cannot start a thread to ask it: {e}");
+        }
     }
     drop(tx);
     let deadline = Instant::now() + timeout;
@@ -37,13 +41,17 @@ pub fn scrape(run_dir: &Path, timeout: Duration) -> Result<Vec<Scrape>, CliError
         };
         got.push((id, r));
     }
-    Ok(ids.iter().map(|id| outcome(*id, &mut got)).collect())
+    Ok(ids
+        .iter()
+        .map(|id| outcome(*id, &mut got, timeout))
+        .collect())
 }
 
 /// What device `id` gave, taken out of `got`.
 fn outcome(
     id: u32,
     got: &mut Vec<(u32, Result<serde_json::Value, control::ClientError>)>,
+    timeout: Duration,
 ) -> Scrape {
     match got
         .iter()
@@ -52,11 +60,11 @@ fn outcome(
     {
         Some((_, Ok(reply))) => Scrape::Up(reply),
         Some((_, Err(e))) => {
-            log::warn!("exporter: device {id}: {e}");
+            log::warn!("device {id}: {e}");
             Scrape::Down(id)
         }
         None => {
-            log::warn!("exporter: device {id}: no answer within the timeout");
+            log::warn!("device {id}: no answer within {timeout:?}");
             Scrape::Down(id)
         }
     }
