@@ -3,7 +3,12 @@
 mod add;
 mod args;
 mod bench;
+mod columns;
+mod docs;
+mod exporter;
 mod manage;
+mod metrics;
+mod scrape;
 mod show;
 mod size;
 mod sys;
@@ -103,6 +108,8 @@ pub fn run(cli: Cli) -> CliResult {
                 Cmd::Bench(a) => bench::bench(a),
                 Cmd::Recover(a) => manage::recover(a),
                 Cmd::Restart(a) => manage::restart(a),
+                Cmd::Exporter(a) => exporter::exporter(a),
+                Cmd::GenDocs(a) => docs::gen_docs(&a.out_dir),
                 Cmd::Add(_) | Cmd::Daemon(_) | Cmd::Keeper(_) => Ok(()),
             }
         }
