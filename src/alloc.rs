@@ -170,6 +170,9 @@ impl MemAccount {
     /// the limit.
     pub fn try_charge(&self, bytes: u64) -> Result<(), AllocError> {
         let limit = self.limit.load(Relaxed);
+        if crate::fault::fail("mem:charge") {
+            return Err(AllocError { limit });
+        }
         let prev = self.used.fetch_add(bytes, Relaxed);
         if limit != 0 && prev + bytes > limit {
             self.used.fetch_sub(bytes, Relaxed);
@@ -230,6 +233,11 @@ impl HeapAllocator {
         Self::default()
     }
 
+    /// Objects allocated and not yet freed: what a leak check counts.
+    pub fn live_objects(&self) -> usize {
+        self.live.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
     fn charge(size: u32) -> u64 {
         // What malloc really spends: the header and 16-byte rounding.
         (size as u64 + HEAP_HEADER as u64 + 15) & !15
@@ -276,6 +284,11 @@ impl ObjAllocator for HeapAllocator {
     ) -> Result<(), AllocError> {
         let total: u64 = sizes.iter().map(|&s| Self::charge(s)).sum();
         self.mem.try_charge(total)?;
+        if crate::fault::fail("heap:alloc") {
+            // What a refused malloc would need: the charge given back.
+            self.mem.uncharge(total);
+            return Err(AllocError { limit: 0 });
+        }
         let mut live = self.live.lock().unwrap_or_else(|e| e.into_inner());
         for &size in sizes {
             let mut v = vec![0u8; size as usize + HEAP_HEADER].into_boxed_slice();

@@ -129,6 +129,9 @@ struct Shared {
     abandoned: AtomicBool,
     /// The drain thread has returned.
     exited: AtomicBool,
+    /// Tests: the drain waits, freeing nothing, while this is set.
+    #[cfg(feature = "test-support")]
+    stalled: AtomicBool,
     idle_hook: Mutex<Option<IdleHook>>,
 }
 
@@ -208,6 +211,8 @@ impl Freer {
             stop: AtomicBool::new(false),
             abandoned: AtomicBool::new(false),
             exited: AtomicBool::new(false),
+            #[cfg(feature = "test-support")]
+            stalled: AtomicBool::new(false),
             idle_hook: Mutex::new(None),
         });
         let mut f = Freer {
@@ -300,6 +305,17 @@ impl Freer {
         }
     }
 
+    /// Tests: stalls the drain (it frees nothing until un-stalled, as a
+    /// drain starved of CPU would) or lets it go again. Queue threads keep
+    /// handing batches on and free synchronously once the queue is full.
+    #[cfg(feature = "test-support")]
+    pub fn stall(&self, on: bool) {
+        self.shared.stalled.store(on, Ordering::SeqCst);
+        if let Some(t) = &self.drain_thread {
+            t.unpark();
+        }
+    }
+
     /// Wakes the drain if it sleeps (a stat or compact wants the truth soon).
     pub fn wake(&self) {
         // Pairs with the fence in `drain_loop`: either the drain sees the
@@ -383,6 +399,11 @@ fn drain_loop(sh: &Shared) {
         if sh.abandoned.load(Ordering::SeqCst) {
             sh.exited.store(true, Ordering::SeqCst);
             return;
+        }
+        #[cfg(feature = "test-support")]
+        if sh.stalled.load(Ordering::SeqCst) && !sh.stop.load(Ordering::SeqCst) {
+            std::thread::park_timeout(DRAIN_IDLE);
+            continue;
         }
         sh.drain_once(&mut buf);
         if sh.stop.load(Ordering::SeqCst) {

@@ -28,6 +28,7 @@ mod compact;
 mod config;
 mod ctx;
 mod error;
+mod fault;
 mod free;
 mod inject;
 mod packed;

@@ -24,6 +24,7 @@
 //! [`share`]) and the compactor whether a group is sparse ([`is_sparse`]).
 
 use crate::alloc::{Handle, ObjAllocator};
+use crate::codec::CodecError;
 use crate::ctx::CtxState;
 use crate::error::{Error, Result};
 use crate::page::{same_filled, PAGE_SIZE};
@@ -136,6 +137,9 @@ pub(crate) fn pack_group(
     else {
         return Ok(false);
     };
+    if clen > budget {
+        return Err(Error::Codec(CodecError::overflow(clen, budget)));
+    }
     st.shard.add(Counter::SwPages, k as i64);
     let Some(h) = allocate(st, alloc, first, clen)? else {
         return Ok(false);

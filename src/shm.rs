@@ -200,6 +200,9 @@ impl SharedMem {
     /// Returns the address, or `None` (logged) if the OS refused.
     pub(crate) fn map(&self, offset: u64, len: usize) -> Option<usize> {
         let off = libc::off_t::try_from(offset).ok()?;
+        if crate::fault::fail("shm:map") {
+            return None;
+        }
         // SAFETY: a fresh shared mapping of our own file; the result is
         // checked against MAP_FAILED before use.
         let p = unsafe {

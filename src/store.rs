@@ -311,6 +311,14 @@ impl Store {
         self.table.frees().settle(timeout)
     }
 
+    /// Tests: stalls the free drain (`on`) or lets it go; see
+    /// `tests/store_drain_stall.rs`.
+    #[cfg(feature = "test-support")]
+    #[doc(hidden)]
+    pub fn debug_stall_drain(&self, on: bool) {
+        self.table.frees().stall(on);
+    }
+
     /// Merges every queue's statistics into one snapshot.
     pub fn stats(&self) -> StoreStats {
         // A stat asks for the truth: let the drain free what is queued

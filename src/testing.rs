@@ -6,6 +6,13 @@ use crate::alloc::{Handle, Relocate};
 /// Passes through crash points so far in this process (see
 /// `ZBLK_CRASH_AT` in the engine's `inject` module).
 pub use crate::inject::passed as crash_points_passed;
+
+/// Failure points (see the engine's `fault` module and
+/// docs/fault-injection.md): arm one by name for its Nth pass on this
+/// thread, count passes, see whether it fired.
+pub mod faults {
+    pub use crate::fault::{arm, disarm, passes, take_fired, POINTS};
+}
 use std::sync::Mutex;
 
 /// A minimal slot table for exercising an allocator's compaction: one

@@ -82,7 +82,8 @@ fn compress_group(cfg: &StoreConfig, st: &mut CtxState, first: u64, data: &[u8])
     let mut results = st.plan.results.iter();
     for e in st.plan.entries.iter_mut().filter(|e| e.kind == Kind::Empty) {
         *e = match results.next() {
-            Some(Some(n)) => Entry::new(Kind::Compressed, *n as u32, 0),
+            Some(Some(n)) if *n <= budget => Entry::new(Kind::Compressed, *n as u32, 0),
+            Some(Some(n)) => return Err(Error::Codec(CodecError::overflow(*n, budget))),
             Some(None) => Entry::new(Kind::Huge, PAGE_SIZE as u32, 0),
             None => {
                 return Err(Error::Codec(CodecError::Internal(

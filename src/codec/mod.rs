@@ -41,6 +41,17 @@ impl fmt::Display for CodecError {
 
 impl std::error::Error for CodecError {}
 
+impl CodecError {
+    /// A codec reported `n` bytes of output for a buffer of `cap`: the
+    /// bytes past the buffer are not its output, so the engine refuses the
+    /// result instead of storing (or slicing past) them.
+    pub fn overflow(n: usize, cap: usize) -> CodecError {
+        CodecError::Internal(format!(
+            "codec reported {n} bytes of output for a {cap}-byte buffer"
+        ))
+    }
+}
+
 /// A compressor/decompressor with its own context.
 pub trait Codec: Send {
     /// The algorithm this codec implements.

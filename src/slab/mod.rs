@@ -269,6 +269,8 @@ pub struct SlabAllocator {
     mem: MemAccount,
     mlock: bool,
     mlock_warned: AtomicBool,
+    /// Zspages live in a memfd: a page it cannot get is refused up front.
+    shared: bool,
 }
 
 impl std::fmt::Debug for SlabAllocator {
@@ -325,6 +327,7 @@ impl SlabAllocator {
 
     fn build(cfg: SlabConfig, shm: Option<Arc<SharedMem>>) -> Self {
         let table = ClassTable::new();
+        let shared = shm.is_some();
         let classes = table
             .specs
             .iter()
@@ -353,6 +356,7 @@ impl SlabAllocator {
             mem: MemAccount::default(),
             mlock: cfg.mlock,
             mlock_warned: AtomicBool::new(false),
+            shared,
         }
     }
 
@@ -410,6 +414,10 @@ impl SlabAllocator {
             return Ok(id);
         }
         self.charge(class.cost)?;
+        if crate::fault::fail("slab:zspage") {
+            self.uncharge(class.cost);
+            return Err(AllocError { limit: 0 });
+        }
         let id = match st.free_ids.pop() {
             // A recovered slab's free ids may lie in chunks nobody mapped.
             Some(id) if class.dir.ensure(id) => id,
@@ -436,18 +444,30 @@ impl SlabAllocator {
     /// Backs the pages of new zspage `id` (after the class lock was let go:
     /// the zspage cannot die meanwhile, the caller holds objects in it; a
     /// thread that writes to it first just takes the page faults).
-    fn back(&self, class: &SizeClass, id: u64) {
+    ///
+    /// Returns false when a shared store could not back it: the memfd did
+    /// not grow, and the first write into the zspage would fault where no
+    /// error can be returned, so the allocation is refused now. Private
+    /// memory that cannot be backed now faults in on first use.
+    fn back(&self, class: &SizeClass, id: u64) -> bool {
         let addr = class.dir.zspage_addr(id);
-        if !self.mlock {
-            vm::populate_range(addr, class.spec.zspage_bytes());
-        } else if !vm::lock_range(addr, class.spec.zspage_bytes())
-            && !self.mlock_warned.swap(true, Relaxed)
-        {
-            log::warn!(
-                "slab: mlock failed ({}); stored pages may be swapped out",
-                std::io::Error::last_os_error()
-            );
+        let len = class.spec.zspage_bytes();
+        if self.mlock {
+            if vm::lock_range(addr, len) {
+                return true;
+            }
+            if !self.mlock_warned.swap(true, Relaxed) {
+                log::warn!(
+                    "slab: mlock failed ({}); stored pages may be swapped out",
+                    std::io::Error::last_os_error()
+                );
+            }
+            if !self.shared {
+                return true;
+            }
         }
+        let backed = vm::populate_range(addr, len);
+        !self.shared || (backed && !crate::fault::fail("shm:grow"))
     }
 
     /// Makes zspage `id` an empty live zspage in fullness group 0.
@@ -494,6 +514,9 @@ impl SlabAllocator {
         st: &mut ClassState,
         owner: u64,
     ) -> Result<Handle, AllocError> {
+        if crate::fault::fail("slab:obj") {
+            return Err(AllocError { limit: 0 });
+        }
         let id = match st.fullest_partial(None) {
             Some(id) => id,
             None => self.new_zspage(class, st)?,
@@ -695,7 +718,10 @@ impl ObjAllocator for SlabAllocator {
                 let fresh = std::mem::take(&mut st.fresh);
                 drop(st);
                 for &id in &fresh {
-                    self.back(class, id);
+                    if !self.back(class, id) && failed.is_none() {
+                        // This run's objects are in `done`: rolled back below.
+                        failed = Some(AllocError { limit: 0 });
+                    }
                 }
             },
         );

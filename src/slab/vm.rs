@@ -149,6 +149,9 @@ impl ChunkDir {
         let Some(len) = (chunk_len(c) as usize).checked_mul(self.zspage_bytes) else {
             return false;
         };
+        if crate::fault::fail("slab:chunk") {
+            return false;
+        }
         match self.map_chunk(c, len) {
             Some(p) => {
                 slot.store(p, Ordering::Release);
@@ -221,14 +224,14 @@ pub fn lock_range(addr: usize, len: usize) -> bool {
 /// allocates a zspage's pages when it creates it: one `madvise` instead of
 /// a page fault per page on the first copy into each page. Either way a
 /// fresh page costs about 2 µs on a KVM guest, almost half of compressing
-/// a page with lz4. Failure is harmless: the pages then fault in on first
-/// use.
-pub fn populate_range(addr: usize, len: usize) {
+/// a page with lz4. Returns false if the OS refused the memory; a kernel
+/// older than 5.14 (no `MADV_POPULATE_WRITE`) counts as success, its pages
+/// fault in on first use as private pages that cannot be backed now do.
+pub fn populate_range(addr: usize, len: usize) -> bool {
     // SAFETY: the range lies inside a chunk this allocator mapped; populating
-    // writes nothing visible (fresh anonymous pages read as zeros).
-    unsafe {
-        libc::madvise(addr as *mut libc::c_void, len, libc::MADV_POPULATE_WRITE);
-    }
+    // writes nothing visible (fresh pages read as zeros).
+    let r = unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_POPULATE_WRITE) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL)
 }
 
 /// Gives a dead zspage's pages back to the OS. The range stays mapped and

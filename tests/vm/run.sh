@@ -16,11 +16,14 @@
 #                       time CI allows); repeatable and comma-separated too;
 #                       the kernels boot one after the other, in the given order
 #   --scenario NAME     run only this scenario (repeatable; default: all, in order
-#                       swap munmap blockio stat lifecycle zram-compare
-#                       swapkill, the last because its kill -9 of an active
+#                       swap munmap blockio stat lifecycle zram-compare crash
+#                       upgrade swapkill, the last because its kill -9 of an active
 #                       swap device's daemon leaves a dead swap area behind;
-#                       also bench, by name only: the device benchmarks of
-#                       tools/scripts/bench-device.sh, BENCH lines, no limits)
+#                       also, by name only: bench (the device benchmarks of
+#                       tools/scripts/bench-device.sh, BENCH lines, no limits),
+#                       recovery-cost (shared vs private memory A/B, recovery
+#                       time by stored size) and transport-ab (BATCH_IO vs
+#                       classic A/B, 7.x))
 #   --mem SIZE          guest memory (qemu -m syntax, default 2G)
 #   --cpus N            guest vCPUs (default 2)
 #   --keep              keep the work folder (initramfs, console log) and print it
@@ -81,7 +84,7 @@ WORK=${ZBLK_VM_WORK:-$REPO/tests/vm/work}
 # swapkill runs last: it leaves a dead swap area the kernel cannot remove.
 DEFAULT_SCENARIOS="swap munmap blockio stat lifecycle zram-compare crash upgrade swapkill"
 # bench measures and is slow: run by name only (tools/scripts/bench-device.sh).
-ALL_SCENARIOS="$DEFAULT_SCENARIOS bench"
+ALL_SCENARIOS="$DEFAULT_SCENARIOS bench recovery-cost transport-ab"
 SCENARIOS=""
 MEM=2G
 CPUS=2

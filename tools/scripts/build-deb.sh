@@ -63,7 +63,8 @@ COPYRIGHT
 if [[ -x tools/scripts/gen-docs.sh ]]; then
     gen=$(mktemp -d)
     trap 'rm -rf "$root" "$gen"' EXIT
-    tools/scripts/gen-docs.sh "$gen"
+    # The binary being packed writes them, so they say what its --help says.
+    ZBLK="$PWD/$bin" tools/scripts/gen-docs.sh "$gen" >/dev/null
     while IFS= read -r -d '' f; do
         name=$(basename "$f")
         case $name in

@@ -9,6 +9,7 @@
 
 use crate::params;
 use crate::size::{parse_disk_size, parse_size};
+use crate::transport::TransportChoice;
 use clap::{Args, FromArgMatches};
 use serde::{Deserialize, Serialize};
 use zblk::{Algo, Mode, StoreConfig};
@@ -76,6 +77,12 @@ pub struct DeviceConfig {
     #[arg(long)]
     #[serde(default)]
     pub no_recovery: bool,
+    /// How requests reach the queues: classic (one command per request),
+    /// batch (UBLK_F_BATCH_IO, Linux 7.x), or auto (batch where the
+    /// driver has it).
+    #[arg(long, value_enum, default_value_t = TransportChoice::Classic)]
+    #[serde(default)]
+    pub transport: TransportChoice,
 }
 
 impl DeviceConfig {

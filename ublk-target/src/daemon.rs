@@ -16,6 +16,7 @@ use crate::error::{Error, Result, Step};
 use crate::features::{Features, Recovery};
 use crate::queue::Queues;
 use crate::signals::StopSignals;
+use crate::transport::Transport;
 use crate::{device, fdpass, keeper, paths, safety};
 use libublk::ctrl::UblkCtrl;
 use std::os::fd::OwnedFd;
@@ -118,7 +119,8 @@ fn serve(
         cfg,
         dev.ctrl.dev_info().max_io_buf_bytes,
     )
-    .with_recovery(dev.recovery, features);
+    .with_recovery(dev.recovery, features)
+    .with_transport(Transport::of_flags(dev.ctrl.dev_info().flags));
     log_start(&info, dev.recovered, t0);
     let r = start_device(&dev, info, socket.clone(), signals, ready.clone());
     if dev.recovered && r.is_ok() {
@@ -161,7 +163,8 @@ fn fresh(cfg: &DeviceConfig, features: Features, keeper: Option<UnixStream>) -> 
     if let (Some(k), Some(fd)) = (keeper, queues.store().memory_fd()) {
         fdpass::send_fd(&k, fd).map_err(Error::os(Step::SendMemfd))?;
     }
-    let ctrl = device::create(cfg, recovery, features)?;
+    let transport = Transport::choose(cfg.transport, features).map_err(Error::Refused)?;
+    let ctrl = device::create(cfg, recovery, features, transport)?;
     Ok(Device {
         ctrl,
         queues,
@@ -226,13 +229,15 @@ fn start_device(
 }
 
 /// Stops serving without deleting the device and exits with
-/// [`keeper::EXIT_HANDOVER`]: with `UBLK_F_QUIESCE` the driver first
-/// waits for the requests in flight to complete; without it the process
-/// just exits and the driver issues them again to the next daemon, as
-/// after a crash.
+/// [`keeper::EXIT_HANDOVER`]: with `UBLK_F_QUIESCE` (and the classic
+/// transport) the driver first waits for the requests in flight to
+/// complete; without it the process just exits and the driver issues them
+/// again to the next daemon, as after a crash.
 fn hand_over(ctrl: &UblkCtrl, queues: &Queues, id: u32) -> ! {
-    let quiesce = u64::from(libublk::sys::UBLK_F_QUIESCE);
-    if ctrl.dev_info().flags & quiesce != 0 {
+    let flags = ctrl.dev_info().flags;
+    // Not for a batch device: see crate::transport.
+    let batch = Transport::of_flags(flags) == Transport::Batch;
+    if flags & u64::from(libublk::sys::UBLK_F_QUIESCE) != 0 && !batch {
         queues.begin_handover();
         match ctrl.quiesce_dev(QUIESCE_TIMEOUT_MS) {
             // The queue threads do not end (see crate::queue): what matters

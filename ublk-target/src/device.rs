@@ -5,6 +5,7 @@
 use crate::config::DeviceConfig;
 use crate::error::{Error, Result, Step, UblkCause};
 use crate::features::{Features, Recovery};
+use crate::transport::Transport;
 use crate::{params, paths};
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
 use libublk::io::UblkDev;
@@ -18,10 +19,16 @@ const RECOVER_WAIT: Duration = Duration::from_secs(30);
 /// Adds the device of `cfg` to the driver (not started yet: no queues, no
 /// disk), with `recovery`'s flags, and with `UBLK_F_QUIESCE` where the
 /// driver has it and recovery is on (the graceful handover of `zblk
-/// restart`). Its id and I/O buffer size are the driver's answer
+/// restart`), and with `transport`'s flag. Its id and I/O buffer size
+/// are the driver's answer
 /// (`dev_info()`).
-pub fn create(cfg: &DeviceConfig, recovery: Recovery, features: Features) -> Result<UblkCtrl> {
-    let mut flags = recovery.ctrl_flags();
+pub fn create(
+    cfg: &DeviceConfig,
+    recovery: Recovery,
+    features: Features,
+    transport: Transport,
+) -> Result<UblkCtrl> {
+    let mut flags = recovery.ctrl_flags() | transport.ctrl_flags();
     if recovery.is_on() && features.has(libublk::sys::UBLK_F_QUIESCE) {
         flags |= u64::from(libublk::sys::UBLK_F_QUIESCE);
     }
@@ -94,6 +101,25 @@ pub fn give_up(id: u32) -> Result<()> {
     let ctrl = UblkCtrl::new_simple(sid).map_err(Error::ublk(Step::OpenDevice(id)))?;
     let _ = ctrl.kill_dev();
     delete(&ctrl, id)
+}
+
+/// Device `id`'s state as the driver reports it, in `zblk list`'s words:
+/// `live`, `quiesced` (no daemon; the driver holds its I/O for the next
+/// one), `fail-io` (no daemon; its I/O fails), `dead` (stopped), or
+/// `gone` (no such device).
+pub fn driver_state(id: u32) -> &'static str {
+    let Ok(sid) = i32::try_from(id) else {
+        return "gone";
+    };
+    let Ok(ctrl) = UblkCtrl::new_simple(sid) else {
+        return "gone";
+    };
+    match u32::from(ctrl.dev_info().state) {
+        libublk::sys::UBLK_S_DEV_LIVE => "live",
+        libublk::sys::UBLK_S_DEV_QUIESCED => "quiesced",
+        libublk::sys::UBLK_S_DEV_FAIL_IO => "fail-io",
+        _ => "dead",
+    }
 }
 
 /// Deletes a device this process took over (a control for recovery does

@@ -48,6 +48,7 @@ pub mod safety;
 mod signals;
 pub mod size;
 pub mod swap;
+pub mod transport;
 
 pub use config::{DeviceConfig, EngineConfig};
 pub use control::{DeviceInfo, Request, Response};

@@ -1,6 +1,6 @@
 //! Where zblk keeps its run-time files.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Directory of control sockets and daemon logs (root only, mode 0700).
 pub const RUN_DIR: &str = "/run/zblk";
@@ -10,7 +10,13 @@ pub const UBLK_CONTROL: &str = "/dev/ublk-control";
 
 /// Control socket of device `id`.
 pub fn socket_path(id: u32) -> PathBuf {
-    PathBuf::from(format!("{RUN_DIR}/{id}.sock"))
+    socket_path_in(Path::new(RUN_DIR), id)
+}
+
+/// Control socket of device `id` in `dir` (a stand-in for [`RUN_DIR`]
+/// in tests).
+pub fn socket_path_in(dir: &Path, id: u32) -> PathBuf {
+    dir.join(format!("{id}.sock"))
 }
 
 /// Socket of the keeper of device `id` (see `crate::keeper`); its name
@@ -49,7 +55,13 @@ pub fn ensure_run_dir() -> std::io::Result<()> {
 /// Ids of the devices that have a control socket, in order (none when
 /// [`RUN_DIR`] does not exist).
 pub fn device_ids() -> std::io::Result<Vec<u32>> {
-    let dir = match std::fs::read_dir(RUN_DIR) {
+    device_ids_in(Path::new(RUN_DIR))
+}
+
+/// Ids of the devices that have a control socket in `dir` (a stand-in for
+/// [`RUN_DIR`] in tests), in order; none when `dir` does not exist.
+pub fn device_ids_in(dir: &Path) -> std::io::Result<Vec<u32>> {
+    let dir = match std::fs::read_dir(dir) {
         Ok(d) => d,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(e),

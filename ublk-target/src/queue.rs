@@ -21,7 +21,11 @@
 use crate::config::DeviceConfig;
 use crate::error::{Error, Result, Step, UblkCause};
 use crate::io::{handle_io, IoDesc, RateLimit};
-use libublk::io::{UblkDev, UblkIOCtx, UblkQueue};
+use crate::transport::Transport;
+use libublk::io::{
+    UblkBatchBuffers, UblkBatchCompletion, UblkBatchConfig, UblkBatchQueue, UblkDev, UblkIOCtx,
+    UblkQueue,
+};
 use libublk::{BufDesc, BufDescList, UblkIORes};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -270,7 +274,16 @@ impl Queues {
             .and_then(Option::take)
     }
 
-    fn serve_queue(&self, qs: &QueueShared, mut ctx: QueueCtx, qid: u16, dev: &UblkDev) {
+    /// Serves queue `qid` with the transport the device was created with.
+    fn serve_queue(&self, qs: &QueueShared, ctx: QueueCtx, qid: u16, dev: &UblkDev) {
+        match Transport::of_flags(dev.dev_info.flags) {
+            Transport::Classic => self.serve_classic(qs, ctx, qid, dev),
+            Transport::Batch => self.serve_batch(qs, ctx, qid, dev),
+        }
+    }
+
+    /// One command per request: each completion is the next fetch.
+    fn serve_classic(&self, qs: &QueueShared, mut ctx: QueueCtx, qid: u16, dev: &UblkDev) {
         let mut bufs = dev.alloc_queue_io_bufs();
         let q = match UblkQueue::new(qid, dev)
             .and_then(|q| q.submit_fetch_commands_unified(BufDescList::Slices(Some(&bufs))))
@@ -288,20 +301,115 @@ impl Queues {
             if !io.is_tgt_io() {
                 serve_request(q, tag, &mut ctx, &mut bufs, &mut rl);
                 self.served(qs, qid);
-            } else if UblkIOCtx::user_data_to_op(io.user_data()) == TICK_OP {
-                self.on_tick(qs, &mut ctx);
-                // Once stopping, a tick armed again would keep an ending
-                // queue busy, except in a handover, where the queue never
-                // ends by itself and the ticks are what drains it.
-                let handover = self.handover.load(Ordering::SeqCst);
-                if io.result() >= 0 && (!q.is_stopping() || handover) {
-                    submit_tick_read(q, qs);
-                }
+            } else {
+                let cqe = (io.user_data(), io.result());
+                self.on_target_cqe(q, qs, &mut ctx, cqe, q.is_stopping());
             }
         });
         ctx.flush_frees();
         qs.pending.store(0, Ordering::SeqCst);
         log::info!("queue {qid}: done");
+    }
+
+    /// `UBLK_F_BATCH_IO`: multishot fetches hand over groups of tags, whose
+    /// results go back in one commit per wake-up (see `crate::transport`).
+    fn serve_batch(&self, qs: &QueueShared, mut ctx: QueueCtx, qid: u16, dev: &UblkDev) {
+        let q = match UblkQueue::new(qid, dev) {
+            Ok(q) => q,
+            Err(e) => {
+                log::error!("queue {qid}: setup failed: {}", UblkCause(&e));
+                dev.notify_buffer_registration_complete(true);
+                return;
+            }
+        };
+        let bufs = UblkBatchBuffers::IoBufs(dev.alloc_queue_io_bufs());
+        // On failure it tells the device's start itself.
+        let mut batch = match UblkBatchQueue::new(&q, bufs, UblkBatchConfig::default()) {
+            Ok(b) => b,
+            Err(e) => {
+                log::error!("queue {qid}: batch setup failed: {}", UblkCause(&e));
+                return;
+            }
+        };
+        submit_tick_read(&q, qs);
+        let mut rl = RateLimit::default();
+        let mut done: Vec<UblkBatchCompletion> =
+            Vec::with_capacity(usize::from(dev.dev_info.queue_depth));
+        loop {
+            let mut failed = None;
+            let r = q.flush_and_wake_io_tasks(
+                |_, cqe, _| {
+                    let mine = batch.handle_cqe(cqe, |b, tags| {
+                        for &tag in tags {
+                            let iod = IoDesc::from(q.get_iod(tag));
+                            let res = match b.io_buf_mut(tag) {
+                                Some(buf) => handle_io(&mut ctx, &iod, buf.as_mut_slice(), &mut rl),
+                                None => -libc::EIO,
+                            };
+                            done.push(UblkBatchCompletion::new(tag, res));
+                            self.served(qs, qid);
+                        }
+                        Ok(())
+                    });
+                    match mine {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            let own = (cqe.user_data(), cqe.result());
+                            self.on_target_cqe(&q, qs, &mut ctx, own, batch.all_fetches_stopped());
+                        }
+                        Err(e) => failed = Some(e),
+                    }
+                },
+                1,
+            );
+            if let Some(e) = failed.or(r.err()) {
+                if !matches!(e, libublk::UblkError::QueueIsDown) {
+                    log::error!("queue {qid}: {}", UblkCause(&e));
+                }
+                break;
+            }
+            match batch.try_submit_completions(&done) {
+                Ok(true) => done.clear(),
+                // Every commit slot in flight: kept for the next round.
+                Ok(false) => {}
+                Err(e) => {
+                    log::error!("queue {qid}: commit: {}", UblkCause(&e));
+                    break;
+                }
+            }
+            match batch.try_begin_shutdown() {
+                Ok(true) if batch.is_shutdown_complete() => break,
+                Ok(_) => {}
+                Err(e) => {
+                    log::error!("queue {qid}: shutdown: {}", UblkCause(&e));
+                    break;
+                }
+            }
+        }
+        ctx.flush_frees();
+        qs.pending.store(0, Ordering::SeqCst);
+        log::info!("queue {qid}: done");
+    }
+
+    /// A completion of the queue's own (not a request): the tick, armed
+    /// again unless the queue is ending (`stopping`): a tick armed again
+    /// would keep an ending queue busy, except in a handover, where the
+    /// queue never ends by itself and the ticks are what drains it.
+    fn on_target_cqe(
+        &self,
+        q: &UblkQueue,
+        qs: &QueueShared,
+        ctx: &mut QueueCtx,
+        (user_data, result): (u64, i32),
+        stopping: bool,
+    ) {
+        if UblkIOCtx::user_data_to_op(user_data) != TICK_OP {
+            return;
+        }
+        self.on_tick(qs, ctx);
+        if result >= 0 && (!stopping || self.handover.load(Ordering::SeqCst)) {
+            submit_tick_read(q, qs);
+        }
     }
 
     /// A queue's answer to a kick: only the queue's own thread may touch

@@ -279,7 +279,8 @@ munmap_workload() {
 # --- Handover workloads (crash, upgrade): a zblk swap device that gets a new
 # daemon while usemem swaps through it and verifies every page.
 
-# Starts the workload with PASSES verify passes on a new swap device, alone
+# Starts the workload with PASSES ($1) verify passes on a new swap device
+# (the rest: more `zblk add` flags), alone
 # (another swap area, say the dead one swapkill leaves, would take part of
 # its pages and its errors), and waits until it reaches swap. Sets U (its
 # pid), BASE (mem_used_total before), CG, and DMESG_FROM: kernel messages
@@ -288,10 +289,12 @@ munmap_workload() {
 handover_start() {
     grep -q "(deleted)" /proc/swaps && fail "a dead swap area from an earlier scenario is active (run swapkill last)"
     DMESG_FROM=$(( $(dmesg | wc -l) + 1 ))
-    zadd --size "${ZBLK_DEV_MB}M" --algo "$ZBLK_ALGO" --swap
+    local passes=$1
+    shift
+    zadd --size "${ZBLK_DEV_MB}M" --algo "$ZBLK_ALGO" --swap "$@"
     BASE=$(zstat | jnum mem_used_total)
     CG=$(cg_make "$SCEN" "$ZBLK_LIMIT_MB")
-    in_cg usemem --mb "$ZBLK_USEMEM_MB" --procs "$ZBLK_USEMEM_PROCS" --sleep 1 --passes "$1" >/tmp/zblk-vm.usemem 2>&1 &
+    in_cg usemem --mb "$ZBLK_USEMEM_MB" --procs "$ZBLK_USEMEM_PROCS" --sleep 1 --passes "$passes" >/tmp/zblk-vm.usemem 2>&1 &
     U=$!
     track $U
     local i=0

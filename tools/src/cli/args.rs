@@ -1,6 +1,8 @@
 //! Every argument of every subcommand, in one place.
 
-use clap::{Args, Parser, Subcommand};
+use super::columns::Columns;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use zblk_ublk::size::parse_size;
 use zblk_ublk::DeviceConfig;
@@ -42,6 +44,11 @@ pub enum Cmd {
     Restart(IdArgs),
     /// Bring up the swap devices of the configuration file (/etc/zblk/zblk.conf).
     Setup(SetupArgs),
+    /// Serve every device's statistics to Prometheus over HTTP (/metrics).
+    Exporter(ExporterArgs),
+    /// Write the man pages and shell completions into a directory.
+    #[command(hide = true)]
+    GenDocs(GenDocsArgs),
     /// Serve a device (what `add` starts in the background).
     #[command(hide = true)]
     Daemon(DaemonArgs),
@@ -93,12 +100,35 @@ pub struct SetupArgs {
     pub foreground: bool,
 }
 
-/// `zblk list`.
+/// `zblk list`: zramctl's and lsblk's `--output`, `--noheadings` and
+/// `--bytes`, with their short flags (`list` takes no device id, so its
+/// `-n` is zramctl's `--noheadings`, not `--id`).
 #[derive(Debug, Args)]
 pub struct ListArgs {
-    /// Print JSON.
-    #[arg(long)]
+    /// Print JSON (every field, raw numbers; the column flags do not apply).
+    #[arg(short = 'J', long)]
     pub json: bool,
+    /// Columns to print, comma-separated (zramctl's names; STREAMS and
+    /// MOUNTPOINT are zramctl's words for QUEUES and SWAP) [default: all].
+    #[arg(short, long, value_name = "COLUMNS", value_parser = Columns::parse)]
+    pub output: Option<Columns>,
+    /// Do not print the header line.
+    #[arg(short, long)]
+    pub noheadings: bool,
+    /// Print sizes in bytes, not in human units.
+    #[arg(short, long)]
+    pub bytes: bool,
+}
+
+/// How `zblk stat` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StatFormat {
+    /// A table of fields, latencies and queues.
+    Text,
+    /// One JSON document per device and round.
+    Json,
+    /// Prometheus text exposition (for node_exporter's textfile collector).
+    Prometheus,
 }
 
 /// `zblk stat`.
@@ -107,12 +137,49 @@ pub struct StatArgs {
     /// Device id [default: every device].
     #[arg(short = 'n', long)]
     pub id: Option<u32>,
-    /// Print JSON (one document per device and round).
-    #[arg(long)]
+    /// Print JSON (one document per device and round): --format json.
+    #[arg(long, conflicts_with = "format")]
     pub json: bool,
+    /// Output format [default: text].
+    #[arg(long, value_enum)]
+    pub format: Option<StatFormat>,
     /// Print again every SECS seconds, until interrupted.
     #[arg(short, long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
     pub watch: Option<u64>,
+}
+
+impl StatArgs {
+    /// The format asked for, `--json` being `--format json`.
+    pub fn format(&self) -> StatFormat {
+        match (self.json, self.format) {
+            (true, _) => StatFormat::Json,
+            (false, Some(f)) => f,
+            (false, None) => StatFormat::Text,
+        }
+    }
+}
+
+/// `zblk exporter`.
+#[derive(Debug, Args)]
+pub struct ExporterArgs {
+    /// Address to listen on (loopback by default: the statistics are root's).
+    #[arg(short, long, value_name = "ADDR", default_value = "127.0.0.1:9586")]
+    pub listen: SocketAddr,
+    /// Longest one scrape waits for the devices' daemons, in seconds.
+    #[arg(short, long, value_name = "SECS", default_value_t = 5,
+          value_parser = clap::value_parser!(u64).range(1..=60))]
+    pub timeout: u64,
+    /// Directory of the control sockets (tests point it elsewhere).
+    #[arg(long, hide = true, default_value = zblk_ublk::paths::RUN_DIR)]
+    pub run_dir: PathBuf,
+}
+
+/// The hidden `zblk gen-docs`: what tools/scripts/gen-docs.sh runs.
+#[derive(Debug, Args)]
+pub struct GenDocsArgs {
+    /// Directory to write into (created if missing): zblk.1, zblk-SUB.1
+    /// per subcommand, and completions/zblk.bash, _zblk, zblk.fish.
+    pub out_dir: PathBuf,
 }
 
 /// `zblk del`.
@@ -344,12 +411,13 @@ mod tests {
     fn other_subcommands_parse() {
         assert!(matches!(
             parse(&["list", "--json"]).unwrap().cmd,
-            Cmd::List(ListArgs { json: true })
+            Cmd::List(ListArgs { json: true, .. })
         ));
         let Cmd::Stat(s) = parse(&["stat", "-n", "3", "--watch", "2"]).unwrap().cmd else {
             panic!()
         };
         assert_eq!((s.id, s.watch, s.json), (Some(3), Some(2), false));
+        assert_eq!(s.format(), StatFormat::Text);
         assert!(parse(&["stat", "--watch", "0"]).is_err());
         assert!(matches!(
             parse(&["compact", "-n", "2"]).unwrap().cmd,
@@ -401,5 +469,58 @@ mod tests {
         );
         assert!(parse(&["setup", "--foreground"]).is_err(), "needs --id");
         assert!(parse(&["setup", "-n", "1", "-f", "--dry-run"]).is_err());
+    }
+
+    #[test]
+    fn stat_formats() {
+        let fmt = |args: &[&str]| {
+            let Cmd::Stat(s) = parse(args).unwrap().cmd else {
+                panic!()
+            };
+            s.format()
+        };
+        assert_eq!(fmt(&["stat", "--json"]), StatFormat::Json);
+        assert_eq!(fmt(&["stat", "--format", "json"]), StatFormat::Json);
+        assert_eq!(
+            fmt(&["stat", "--format", "prometheus"]),
+            StatFormat::Prometheus
+        );
+        assert_eq!(fmt(&["stat", "--format", "text"]), StatFormat::Text);
+        let e = parse(&["stat", "--format", "xml"]).unwrap_err();
+        assert!(e.to_string().contains("prometheus"), "{e}");
+        let e = parse(&["stat", "--json", "--format", "text"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ArgumentConflict);
+    }
+
+    #[test]
+    fn list_takes_zramctl_flags() {
+        let Cmd::List(l) = parse(&["list", "-o", "name,DATA", "-n", "-b"]).unwrap().cmd else {
+            panic!()
+        };
+        assert!(l.noheadings && l.bytes && !l.json);
+        let names: Vec<&str> = l.output.unwrap().0.iter().map(|c| c.name).collect();
+        assert_eq!(names, ["NAME", "DATA"]);
+        let e = parse(&["list", "--output", "NAME,FOO"]).unwrap_err();
+        let msg = e.to_string();
+        assert!(msg.contains("unknown column 'FOO'"), "{msg}");
+        assert!(
+            msg.contains("DISKSIZE") && msg.contains("MOUNTPOINT"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn exporter_listens_on_loopback_by_default() {
+        let Cmd::Exporter(x) = parse(&["exporter"]).unwrap().cmd else {
+            panic!()
+        };
+        assert!(x.listen.ip().is_loopback());
+        assert_eq!((x.listen.port(), x.timeout), (9586, 5));
+        let Cmd::Exporter(x) = parse(&["exporter", "--listen", "[::1]:0"]).unwrap().cmd else {
+            panic!()
+        };
+        assert_eq!(x.listen.port(), 0);
+        assert!(parse(&["exporter", "--listen", "nowhere"]).is_err());
+        assert!(parse(&["exporter", "--timeout", "0"]).is_err());
     }
 }

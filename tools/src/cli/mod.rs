@@ -3,8 +3,13 @@
 mod add;
 mod args;
 mod bench;
+mod columns;
 mod conf;
+mod docs;
+mod exporter;
 mod manage;
+mod metrics;
+mod scrape;
 mod setup;
 mod show;
 mod size;
@@ -109,6 +114,8 @@ pub fn run(cli: Cli) -> CliResult {
                 Cmd::Bench(a) => bench::bench(a),
                 Cmd::Recover(a) => manage::recover(a),
                 Cmd::Restart(a) => manage::restart(a),
+                Cmd::Exporter(a) => exporter::exporter(a),
+                Cmd::GenDocs(a) => docs::gen_docs(&a.out_dir),
                 Cmd::Add(_) | Cmd::Setup(_) | Cmd::Daemon(_) | Cmd::Keeper(_) => Ok(()),
             }
         }

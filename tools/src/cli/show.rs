@@ -1,6 +1,7 @@
 //! `zblk list`, `zblk stat`, and the device line `zblk add` prints.
 
-use super::args::{ListArgs, StatArgs};
+use super::args::{ListArgs, StatArgs, StatFormat};
+use super::metrics::{self, Scrape};
 use super::size::format_size;
 use super::{CliError, CliResult};
 use serde_json::{json, Value};
@@ -14,7 +15,16 @@ const STATS_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Prints rows under headers, columns padded to their widest cell.
 pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
-    let mut width: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    render_table(headers, rows, true)
+}
+
+/// [`table`], without the header line unless `show_headers` (whose width
+/// then does not count, as in zramctl's `--noheadings`).
+fn render_table(headers: &[&str], rows: &[Vec<String>], show_headers: bool) -> String {
+    let mut width: Vec<usize> = match show_headers {
+        true => headers.iter().map(|h| h.len()).collect(),
+        false => vec![0; headers.len()],
+    };
     for r in rows {
         for (w, c) in width.iter_mut().zip(r) {
             *w = (*w).max(c.len());
@@ -28,12 +38,15 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
             .collect();
         padded.join(" ").trim_end().to_string()
     };
-    let mut out = line(headers.to_vec());
-    for r in rows {
-        out.push('\n');
-        out.push_str(&line(r.iter().map(String::as_str).collect()));
+    let mut lines = Vec::with_capacity(rows.len() + 1);
+    if show_headers {
+        lines.push(line(headers.to_vec()));
     }
-    out
+    lines.extend(
+        rows.iter()
+            .map(|r| line(r.iter().map(String::as_str).collect())),
+    );
+    lines.join("\n")
 }
 
 /// Prints a device as `zblk add` reports it.
@@ -91,62 +104,22 @@ fn list_entry(reply: &Value) -> Value {
         "recovery": d["recovery"].as_str().unwrap_or("off"),
         "recoveries": u(s, "recoveries"),
         "features": d["features"],
+        "transport": d["transport_in_use"],
     })
 }
 
-/// A `zblk list` entry for device `id` whose daemon does not answer:
-/// `recovering` while its keeper brings a new daemon up, else `dead`.
+/// A `zblk list` entry for device `id` whose daemon does not answer: its
+/// keeper's word (`recovering` while a new daemon starts, `quiesced` while
+/// none runs), else `dead`.
 fn gone_entry(id: u32) -> Value {
     let k = zblk_ublk::keeper::status(id);
     let path = zblk_ublk::paths::bdev_path(id).display().to_string();
     json!({
         "name": path,
-        "state": if k.is_some() { "recovering" } else { "dead" },
-        "recoveries": k.map_or(0, |k| k.recoveries),
+        "state": k.as_ref().map_or("dead", |k| k.state.as_str()),
+        "recoveries": k.as_ref().map_or(0, |k| k.recoveries),
         "swap": swap::is_active_swap(Path::new(&path)),
     })
-}
-
-/// The columns of `zblk list`, zramctl's where they apply.
-const LIST_COLUMNS: [&str; 14] = [
-    "NAME",
-    "DISKSIZE",
-    "DATA",
-    "COMPR",
-    "TOTAL",
-    "ALGORITHM",
-    "QUEUES",
-    "ZERO-PAGES",
-    "MEM-LIMIT",
-    "MEM-USED",
-    "SWAP",
-    "STATE",
-    "RECOVERY",
-    "RECOVERIES",
-];
-
-fn list_row(e: &Value) -> Vec<String> {
-    let sz = |k: &str| format_size(u(e, k));
-    vec![
-        e["name"].as_str().unwrap_or("?").to_string(),
-        sz("disksize"),
-        sz("data"),
-        sz("compr"),
-        sz("total"),
-        e["algorithm"].as_str().unwrap_or("?").to_string(),
-        u(e, "queues").to_string(),
-        u(e, "zero_pages").to_string(),
-        sz("mem_limit"),
-        sz("mem_used"),
-        if e["swap"] == Value::Bool(true) {
-            "[SWAP]".into()
-        } else {
-            "-".into()
-        },
-        e["state"].as_str().unwrap_or("?").to_string(),
-        e["recovery"].as_str().unwrap_or("-").to_string(),
-        u(e, "recoveries").to_string(),
-    ]
 }
 
 /// `zblk list`.
@@ -172,8 +145,12 @@ pub fn list(a: ListArgs) -> CliResult {
     if a.json {
         println!("{}", json!({ "devices": entries }));
     } else {
-        let rows: Vec<Vec<String>> = entries.iter().map(list_row).collect();
-        println!("{}", table(&LIST_COLUMNS, &rows));
+        let cols = a.output.unwrap_or_default();
+        let rows: Vec<Vec<String>> = entries.iter().map(|e| cols.row(e, a.bytes)).collect();
+        let text = render_table(&cols.headers(), &rows, !a.noheadings);
+        if !text.is_empty() {
+            println!("{text}");
+        }
     }
     Ok(())
 }
@@ -298,37 +275,56 @@ pub fn stat_text(reply: &Value) -> String {
 
 /// `zblk stat`.
 pub fn stat(a: StatArgs) -> CliResult {
+    let format = a.format();
     loop {
-        let ids = match a.id {
-            Some(id) => vec![id],
-            None => super::device_ids()?,
-        };
-        let mut replies = Vec::new();
-        for id in ids {
-            replies.push(fetch(id)?);
-        }
-        if a.json {
-            for r in &replies {
-                println!("{r}");
+        match format {
+            StatFormat::Prometheus => print!("{}", metrics::render(&scrape(a.id)?)),
+            StatFormat::Json => {
+                for r in fetch_all(a.id)? {
+                    println!("{r}");
+                }
             }
-        } else {
-            let texts: Vec<String> = replies.iter().map(stat_text).collect();
-            println!("{}", texts.join("\n"));
+            StatFormat::Text => {
+                let texts: Vec<String> = fetch_all(a.id)?.iter().map(stat_text).collect();
+                println!("{}", texts.join("\n"));
+            }
         }
         let Some(secs) = a.watch else { return Ok(()) };
         std::thread::sleep(Duration::from_secs(secs));
-        if !a.json {
+        if format == StatFormat::Text {
             println!();
         }
     }
 }
 
+/// The replies of device `id`, or of every device: all or an error.
+fn fetch_all(id: Option<u32>) -> Result<Vec<Value>, CliError> {
+    let ids = match id {
+        Some(id) => vec![id],
+        None => super::device_ids()?,
+    };
+    ids.into_iter().map(fetch).collect()
+}
+
+/// What `--format prometheus` shows: device `id`, which must answer, or
+/// every device, one that does not answer becoming `zblk_up 0` (and a
+/// warning on stderr), so that one dead daemon does not blank a textfile.
+fn scrape(id: Option<u32>) -> Result<Vec<Scrape>, CliError> {
+    match id {
+        Some(id) => Ok(vec![Scrape::Up(fetch(id)?)]),
+        None => super::scrape::scrape(Path::new(zblk_ublk::paths::RUN_DIR), STATS_TIMEOUT),
+    }
+}
+
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
+    use super::super::columns::Columns;
     use super::*;
     use zblk_ublk::DeviceConfig;
 
-    fn sample() -> Value {
+    /// A stats reply of a 1 MB device with two queues: queue 0 wrote two
+    /// text pages, queue 1 a zero page and read the two back.
+    pub fn sample() -> Value {
         let store = zblk::Store::new(zblk::StoreConfig::new(1 << 20)).unwrap();
         let mut ctx0 = store.new_ctx();
         let mut ctx1 = store.new_ctx();
@@ -398,17 +394,32 @@ mod tests {
         assert_eq!(e["zero_pages"], 1);
         assert_eq!(e["queues"], 2);
         assert_eq!(e["swap"], false);
-        let row = list_row(&e);
-        assert_eq!(row.len(), LIST_COLUMNS.len());
+        let cols = Columns::default();
+        let row = cols.row(&e, false);
+        assert_eq!(row.len(), cols.headers().len());
         assert_eq!(row[1], "1M");
         assert_eq!(row[10], "-");
-        let t = table(&LIST_COLUMNS, &[row]);
+        let t = table(&cols.headers(), &[row]);
         assert!(t.starts_with("NAME        DISKSIZE DATA"), "{t}");
+        // --bytes: the same row, raw.
+        let row = Columns::parse("DISKSIZE,DATA").unwrap().row(&e, true);
+        assert_eq!(row, ["1048576", "12288"]);
     }
 
     #[test]
     fn table_pads_columns() {
         let t = table(&["A", "BB"], &[vec!["xxx".into(), "y".into()]]);
         assert_eq!(t, "A   BB\nxxx y");
+    }
+
+    #[test]
+    fn noheadings_drops_the_header_and_its_width() {
+        let rows = [vec!["x".into(), "y".into()], vec!["xyz".into(), "w".into()]];
+        assert_eq!(render_table(&["AAAA", "B"], &rows, false), "x   y\nxyz w");
+        assert_eq!(render_table(&["AAAA", "B"], &[], false), "");
+        assert_eq!(
+            render_table(&["AAAA", "B"], &rows, true),
+            "AAAA B\nx    y\nxyz  w"
+        );
     }
 }

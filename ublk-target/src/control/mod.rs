@@ -15,6 +15,7 @@ pub use client::{request, ClientError};
 
 use crate::config::DeviceConfig;
 use crate::features::{Features, Recovery};
+use crate::transport::Transport;
 use serde::{Deserialize, Serialize};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
@@ -103,6 +104,9 @@ pub struct DeviceInfo {
     /// The feature bits the ublk driver reports (`USER_RECOVERY`, ...).
     #[serde(default)]
     pub features: Vec<String>,
+    /// How requests reach the queues (`crate::transport`).
+    #[serde(default, rename = "transport_in_use")]
+    pub transport: Transport,
 }
 
 impl DeviceInfo {
@@ -116,7 +120,14 @@ impl DeviceInfo {
             pid: std::process::id(),
             recovery: Recovery::Off,
             features: Vec::new(),
+            transport: Transport::Classic,
         }
+    }
+
+    /// The same, with the transport the driver gave the device.
+    pub fn with_transport(mut self, transport: Transport) -> Self {
+        self.transport = transport;
+        self
     }
 
     /// The same, with the recovery it got on a driver with `features`.

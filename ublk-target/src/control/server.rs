@@ -178,6 +178,7 @@ mod tests {
             pid: std::process::id(),
             recovery: crate::features::Recovery::Reissue,
             features: vec!["USER_RECOVERY".into()],
+            transport: crate::transport::Transport::Batch,
         }
     }
 
@@ -267,10 +268,14 @@ mod tests {
             "pid",
             "recovery",
             "features",
+            "transport",
+            "transport_in_use",
         ] {
             assert!(keys.contains(&k), "{k} missing from {keys:?}");
         }
-        assert_eq!(keys.len(), 15, "{keys:?}");
+        assert_eq!(keys.len(), 17, "{keys:?}");
+        assert_eq!(v["transport"], "classic");
+        assert_eq!(v["transport_in_use"], "batch");
         assert_eq!(v["recovery"], "reissue");
         assert_eq!(v["algorithm"], "lz4");
         assert_eq!(v["mode"], "per-page");

@@ -29,7 +29,9 @@
 //! that was freed, not more; the store itself is not copied (it stays in
 //! the memfd). The keeper's `mlockall` also keeps the zblk binary's pages
 //! resident (it maps the same file), so starting the new daemon reads
-//! nothing from disk.
+//! nothing from disk. While no daemon maps the store, the keeper locks its
+//! pages itself ([`pin`]), so that reclaim cannot swap them out onto the
+//! very device that waits for them.
 //!
 //! **Giving up.** A daemon that crashes on the same request would crash
 //! again and again with the I/O stalled: after [`policy::GIVE_UP_CRASHES`]
@@ -39,6 +41,7 @@
 //! mode chosen at creation that fails every request while no daemon runs,
 //! the opposite of what REISSUE gives a swap device on every crash.
 
+mod pin;
 pub mod policy;
 pub mod ready;
 mod run;
@@ -69,7 +72,9 @@ pub enum KeeperRequest {
 /// What a keeper says about its device.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct KeeperStatus {
-    /// `live` (a daemon serves the device) or `recovering`.
+    /// `live` (a daemon serves the device), `recovering` (a daemon is
+    /// starting), or with no daemon the driver's state
+    /// ([`crate::device::driver_state`]: `quiesced`, `fail-io`, `dead`).
     pub state: String,
     /// The keeper's process id.
     pub keeper_pid: u32,

@@ -2,6 +2,7 @@
 //! the daemon and the keeper socket, restarting the daemon as
 //! [`super`] describes.
 
+use super::pin::Pinned;
 use super::policy::CrashWindow;
 use super::spawn::{self, poll_in, Daemon};
 use super::{KeeperRequest, KeeperStatus, EXIT_HANDOVER};
@@ -9,7 +10,7 @@ use crate::config::DeviceConfig;
 use crate::control::{self, write_response, DeviceInfo, Request, Response};
 use crate::error::{Error, Result, Step};
 use crate::{device, fdpass, paths, safety};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
@@ -40,6 +41,8 @@ struct Keeper {
     cfg: DeviceConfig,
     memfd: OwnedFd,
     daemon: Option<Daemon>,
+    /// The store, locked while no daemon serves it ([`Pinned`]).
+    pinned: Option<Pinned>,
     listener: UnixListener,
     crashes: CrashWindow,
     recoveries: u64,
@@ -92,6 +95,7 @@ pub fn run(
         cfg: info.config.clone(),
         memfd,
         daemon: Some(daemon),
+        pinned: None,
         listener,
         crashes: CrashWindow::default(),
         recoveries: 0,
@@ -215,20 +219,35 @@ impl Keeper {
     /// next round counts as a crash.
     fn respawn(&mut self, since: Instant, why: &str) {
         let args = spawn::recover_args(&self.cfg, self.memfd.as_raw_fd());
-        let (mut d, out) = match spawn::spawn(&self.exe, &args, self.memfd.as_raw_fd()) {
+        let spawned = spawn::spawn(&self.exe, &args, self.memfd.as_raw_fd());
+        // Pinned while the new daemon starts (not before: it would delay
+        // the start), until it serves, having mapped and locked the store
+        // itself; kept while no daemon could be started.
+        if self.pinned.is_none() {
+            self.pinned = Some(Pinned::new(self.memfd.as_fd()));
+        }
+        let pinned = self.pinned.as_ref().map_or(0, |p| p.bytes() >> 20);
+        let (mut d, out) = match spawned {
             Ok(x) => x,
             Err(e) => {
-                log::error!("device {}: {e}", self.id());
+                log::error!(
+                    "device {}: {why}; {e}; its I/O waits for `zblk recover -n {}`",
+                    self.id(),
+                    self.id()
+                );
                 return;
             }
         };
         match spawn::read_ready(out, READY_TIMEOUT) {
-            Ok(info) => log::info!(
-                "device {}: {why}; daemon pid {} took over in {} ms",
-                self.id(),
-                info.pid,
-                since.elapsed().as_millis()
-            ),
+            Ok(info) => {
+                log::info!(
+                    "device {}: {why}; daemon pid {} took over in {} ms ({pinned} MB pinned meanwhile)",
+                    self.id(),
+                    info.pid,
+                    since.elapsed().as_millis(),
+                );
+                self.pinned = None;
+            }
             Err(e) => {
                 log::error!("device {}: {why}; the new daemon failed: {e}", self.id());
                 let _ = d.child.kill();
@@ -271,13 +290,21 @@ impl Keeper {
 
     fn status(&mut self) -> KeeperStatus {
         let pid = self.daemon.as_ref().map_or(0, |d| d.child.id());
-        let live = self
+        let running = self
             .daemon
             .as_ref()
-            .is_some_and(|d| !poll_in(d.pidfd.as_raw_fd(), Duration::ZERO))
-            && control::request(self.id(), &Request::Info, Duration::from_secs(1)).is_ok();
+            .is_some_and(|d| !poll_in(d.pidfd.as_raw_fd(), Duration::ZERO));
+        let answers =
+            running && control::request(self.id(), &Request::Info, Duration::from_secs(1)).is_ok();
+        // A daemon that runs but does not answer yet is starting; with no
+        // daemon at all, the driver says what became of the device.
+        let state = match (running, answers) {
+            (true, true) => "live",
+            (true, false) => "recovering",
+            (false, _) => device::driver_state(self.id()),
+        };
         KeeperStatus {
-            state: if live { "live" } else { "recovering" }.to_string(),
+            state: state.to_string(),
             keeper_pid: std::process::id(),
             daemon_pid: pid,
             recoveries: self.recoveries,
