@@ -8,10 +8,12 @@
 //!   writes costs a few commands per wake-up instead of one per page.
 //!
 //! The default is classic: measured A/B in one 7.3 boot (BENCHMARKS.md,
-//! `tests/vm/run.sh --kernel 7.3 --scenario transport-ab`), batch halves
-//! random 4 KB reads at queue depth 1 (a fetch completion and a separate
-//! commit per request where classic has one COMMIT_AND_FETCH), which is
-//! what swap-ins mostly are. `auto` takes batch where the driver offers it.
+//! `tests/vm/run.sh --kernel 7.3 --scenario transport-ab`), batch costs
+//! 21-32 % of the random 4 KB reads at queue depth 1 (a fetch completion
+//! and a separate commit per request where classic has one
+//! COMMIT_AND_FETCH) and 7-43 % of the writes at depth 8, while the swap
+//! workload's figures scatter either way. `auto` takes batch where the
+//! driver offers it.
 //! The choice is the device's, made once at creation (`UBLK_F_BATCH_IO` in
 //! its flags); a recovering daemon reads it back from the driver.
 //!

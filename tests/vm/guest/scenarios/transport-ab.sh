@@ -60,17 +60,17 @@ for k in $keys; do eval "all_$k=''"; done
 round=1
 while [ "$round" -le "$ZBLK_AB_ROUNDS" ]; do
     if [ $((round % 2)) = 1 ]; then
-        one classic; c=$F; one batch; b=$F
+        one classic; AB_C=$F; one batch; AB_B=$F
     else
-        one batch; b=$F; one classic; c=$F
+        one batch; AB_B=$F; one classic; AB_C=$F
     fi
     line="round $round batch/classic:"
     for k in $keys; do
-        x=$(ratio "$(get "$b" "$k")" "$(get "$c" "$k")")
+        x=$(ratio "$(get "$AB_B" "$k")" "$(get "$AB_C" "$k")")
         line="$line $k=$x"
         eval "all_$k=\"\$all_$k $x\""
     done
-    log "$line | classic: $c | batch: $b"
+    log "$line | classic: $AB_C | batch: $AB_B"
     round=$((round + 1))
 done
 res="rounds=$ZBLK_AB_ROUNDS batch/classic medians:"
