@@ -23,6 +23,7 @@
 
 pub mod accel;
 pub mod alloc;
+mod clock;
 pub mod codec;
 mod compact;
 mod config;
@@ -33,6 +34,7 @@ mod inject;
 mod packed;
 mod page;
 mod read;
+mod recompress;
 mod recover;
 mod shm;
 pub mod slab;
@@ -51,5 +53,6 @@ pub use config::{
 };
 pub use error::{Error, Result};
 pub use page::{PAGE_SIZE, PAGE_SIZE_U64};
+pub use recompress::{Recompress, RecompressReport, RecompressType, MIN_SAVING_PERCENT};
 pub use stats::{Counters, Latencies, Latency};
 pub use store::{debug_corrupt_object, debug_crash, QueueCtx, Store, StoreStats};
