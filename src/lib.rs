@@ -11,7 +11,8 @@
 //! Modules import only from the layers below them:
 //!
 //! 1. `store`: [`Store`] and [`QueueCtx`], the four operations and stats;
-//! 2. `compact` (packed groups), then `write` and `read`, the two paths;
+//! 2. `compact` (packed groups), `recompress` (idle marking and
+//!    recompression), then `write` and `read`, the two paths;
 //! 3. `table`: the slot table and what entering or leaving a slot does;
 //! 4. `packed`: the packed object format, packing and unpacking a group;
 //! 5. `ctx`: one queue thread's state; `config`: how a store is built;
