@@ -82,8 +82,9 @@ pub struct StoreStats {
     /// Slots the last recovery emptied because their entries could not be
     /// trusted (0 unless memory was corrupted).
     pub recovery_dropped: u64,
-    /// The secondary algorithm recompressed pages are held by (empty until
-    /// the first `recompress` chose it).
+    /// The secondary algorithm recompressed pages are held by (empty, and
+    /// left out of the JSON, until the first `recompress` chose it).
+    #[serde(skip_serializing_if = "String::is_empty")]
     pub recompress_algorithm: String,
     /// Per-page latency percentiles.
     pub latency: Latencies,
