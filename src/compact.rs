@@ -12,6 +12,7 @@ use crate::error::Result;
 use crate::packed;
 use crate::page::PAGE_SIZE;
 use crate::read::read_entry;
+use crate::slot::Entry;
 use crate::stats::Counter;
 use crate::table::SlotTable;
 use crate::write::plan_per_page;
@@ -53,11 +54,16 @@ fn rewrite_if_sparse(
     st.plan.clear();
     plan_per_page(cfg, st, alloc, page, buf)?;
     crate::inject::point("rewrite:planned");
-    let new = st.plan.entries[0];
     let mut guard = table.lock(page);
     let cur = guard.entry();
+    // Moving is no access: the page keeps its time and idle mark.
+    let new = Entry {
+        atime: cur.atime,
+        idle: cur.idle,
+        ..st.plan.entries[0]
+    };
     // SAFETY: we hold the lock of the slot `cur` was read from.
-    if cur != e || unsafe { packed::object_id(alloc, &cur) } != id {
+    if !cur.same_object(&e) || unsafe { packed::object_id(alloc, &cur) } != id {
         drop(guard);
         alloc.free_bulk(&st.plan.handles);
         return Ok(());

@@ -8,13 +8,13 @@
 //! public face of it is [`crate::QueueCtx`].
 
 use crate::alloc::Handle;
-use crate::codec::Codec;
+use crate::codec::{Algo, Codec};
 use crate::config::{Mode, StoreConfig};
 use crate::free::FreeBatch;
 use crate::page::PAGE_SIZE;
 use crate::slot::Entry;
 use crate::stats::StatsShard;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// The mutable state of one queue thread, passed to the store's operations.
 pub(crate) struct CtxState {
@@ -31,12 +31,27 @@ pub(crate) struct CtxState {
     pub(crate) pack_cache: PackCache,
     /// Packed mode: the id the next packed object gets (queue in the top bits).
     pub(crate) next_pack_id: u64,
+    /// The request's time on the store's clock, modulo 2^24 (set once per
+    /// request): what writes and reads stamp slots with.
+    pub(crate) now: u32,
+    /// The store's secondary algorithm, once the first recompression chose
+    /// it (shared by every context of the store).
+    secondary_algo: Arc<OnceLock<Algo>>,
+    /// This thread's codec of the secondary algorithm, made on first use.
+    secondary: Option<Box<dyn Codec>>,
 }
 
 impl CtxState {
     /// Fresh state for thread `id` of `cfg`'s store, writing into `shard`;
-    /// `epoch` is the store's recovery count.
-    pub(crate) fn new(cfg: &StoreConfig, id: usize, epoch: u64, shard: Arc<StatsShard>) -> Self {
+    /// `epoch` is the store's recovery count, `secondary` its secondary
+    /// algorithm (set or not).
+    pub(crate) fn new(
+        cfg: &StoreConfig,
+        id: usize,
+        epoch: u64,
+        shard: Arc<StatsShard>,
+        secondary: Arc<OnceLock<Algo>>,
+    ) -> Self {
         let g = cfg.group_pages;
         let packed = cfg.mode == Mode::Packed;
         CtxState {
@@ -48,7 +63,20 @@ impl CtxState {
             gather: vec![0u8; if packed { g * PAGE_SIZE } else { 0 }],
             pack_cache: PackCache::with_capacity(if packed { g } else { 0 }),
             next_pack_id: first_pack_id(id, epoch),
+            now: 0,
+            secondary_algo: secondary,
+            secondary: None,
         }
+    }
+
+    /// The codec of the store's secondary algorithm, or `None` if the store
+    /// has none (a slot that says otherwise is corrupt).
+    pub(crate) fn secondary_codec(&mut self) -> Option<&mut Box<dyn Codec>> {
+        if self.secondary.is_none() {
+            let algo = self.secondary_algo.get()?;
+            self.secondary = Some(algo.new_codec());
+        }
+        self.secondary.as_mut()
     }
 }
 

@@ -11,7 +11,8 @@
 //! Modules import only from the layers below them:
 //!
 //! 1. `store`: [`Store`] and [`QueueCtx`], the four operations and stats;
-//! 2. `compact` (packed groups), then `write` and `read`, the two paths;
+//! 2. `compact` (packed groups), `recompress` (idle marking and
+//!    recompression), then `write` and `read`, the two paths;
 //! 3. `table`: the slot table and what entering or leaving a slot does;
 //! 4. `packed`: the packed object format, packing and unpacking a group;
 //! 5. `ctx`: one queue thread's state; `config`: how a store is built;
@@ -23,6 +24,7 @@
 
 pub mod accel;
 pub mod alloc;
+mod clock;
 pub mod codec;
 mod compact;
 mod config;
@@ -34,6 +36,7 @@ mod inject;
 mod packed;
 mod page;
 mod read;
+mod recompress;
 mod recover;
 mod shm;
 pub mod slab;
@@ -52,5 +55,6 @@ pub use config::{
 };
 pub use error::{Error, Result};
 pub use page::{PAGE_SIZE, PAGE_SIZE_U64};
+pub use recompress::{Recompress, RecompressReport, RecompressType, MIN_SAVING_PERCENT};
 pub use stats::{Counters, Latencies, Latency};
 pub use store::{debug_corrupt_object, debug_crash, QueueCtx, Store, StoreStats};

@@ -166,6 +166,7 @@ pub(crate) fn pack_group(
                 val: h,
                 idx: i as u8,
                 n: k as u8,
+                ..Entry::EMPTY
             };
         }
     }

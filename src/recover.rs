@@ -24,10 +24,15 @@
 //!    and the process died before clearing the bit); the scan rewrites it
 //!    from the slots that reference the object.
 //!
+//! 6. A recompressed page's slot names the secondary algorithm, which the
+//!    header recorded before any slot could name it.
+//!
 //! The gauges (`stored_pages`, `compr_data_size`, same and huge pages,
-//! packed dead bytes) are recounted from the slots; event counters restart
+//! packed dead bytes, idle and recompressed pages) are recounted from the
+//! slots (access times and idle marks live in the slots and survive); event counters restart
 //! at zero, and the header counts recoveries and says when the last was.
 
+use crate::codec::Algo;
 use crate::config::{Mode, StoreConfig};
 use crate::error::{Error, Result};
 use crate::packed;
@@ -60,14 +65,38 @@ fn header_for(cfg: &StoreConfig) -> Header {
         recoveries: 0,
         created_at: now(),
         recovered_at: 0,
+        clock_base: crate::clock::boot_seconds(),
+        secondary: String::new(),
     }
 }
 
 /// A new store's shared memory, its header written.
-pub(crate) fn create(cfg: &StoreConfig) -> Result<SharedMem> {
+pub(crate) fn create(cfg: &StoreConfig) -> Result<(SharedMem, Header)> {
     let shm = SharedMem::create()?;
-    shm.write_header(&header_for(cfg))?;
-    Ok(shm)
+    let h = header_for(cfg);
+    shm.write_header(&h)?;
+    Ok((shm, h))
+}
+
+/// Records `algo` as the store's secondary algorithm, before any slot
+/// names it (a slot naming a secondary the header lacks is dropped by a
+/// recovery).
+pub(crate) fn record_secondary(shm: &SharedMem, algo: Algo) -> Result<()> {
+    let mut h = shm.read_header()?;
+    h.secondary = algo.to_string();
+    shm.write_header(&h)
+}
+
+/// The secondary algorithm a header names, if any.
+pub(crate) fn secondary(h: &Header) -> Result<Option<Algo>> {
+    if h.secondary.is_empty() {
+        return Ok(None);
+    }
+    h.secondary.parse().map(Some).map_err(|e| {
+        Error::InvalidConfig(format!(
+            "shared memory names a secondary algorithm this zblk cannot decode: {e}"
+        ))
+    })
 }
 
 /// Opens the shared memory of a dead store of `cfg`: its header must
@@ -128,12 +157,29 @@ pub(crate) struct Scan {
 }
 
 /// Rebuilds the slab's bookkeeping and the gauges (into `gauges`) from the
-/// slot table. Nothing else may use the store meanwhile.
-pub(crate) fn scan(table: &SlotTable, slab: &SlabAllocator, gauges: &StatsShard) -> Scan {
+/// slot table; `secondary` says whether the header names a secondary
+/// algorithm. Nothing else may use the store meanwhile.
+pub(crate) fn scan(
+    table: &SlotTable,
+    slab: &SlabAllocator,
+    gauges: &StatsShard,
+    secondary: bool,
+) -> Scan {
     let alloc = table.allocator();
     let mut found = Scan::default();
     table.scan(|page, e| {
-        let (pos, first) = match claim(slab, alloc, page, e) {
+        let algo_ok = match e.algo {
+            0 => true,
+            // Only recompression sets it, and only on compressed pages.
+            1 => secondary && e.kind == Kind::Compressed,
+            _ => false,
+        };
+        let claimed = if algo_ok {
+            claim(slab, alloc, page, e)
+        } else {
+            None
+        };
+        let (pos, first) = match claimed {
             Some(found) => found,
             None => {
                 log::error!("recovery: page {page} had an entry it cannot trust ({e:?}): it now reads as zeros");

@@ -40,7 +40,9 @@ const FILE_SIZE: u64 = SLOTS_AT + SLOTS_SPAN + MAX_CLASSES * CLASS_SPAN;
 const MAGIC: [u8; 8] = *b"ZBLKMEM\0";
 /// Bumped whenever the file's layout or an object format changes: a
 /// recovery refuses a file of another layout rather than misread it.
-pub(crate) const LAYOUT_VERSION: u64 = 1;
+/// 2: slots carry an access time, an idle mark and an algorithm index;
+/// the header the clock's base and the secondary algorithm.
+pub(crate) const LAYOUT_VERSION: u64 = 2;
 /// Bytes of the header kept for the algorithm's name.
 const ALGO_BYTES: usize = 32;
 
@@ -71,9 +73,15 @@ pub(crate) struct Header {
     pub(crate) created_at: u64,
     /// When it was last recovered, seconds since the epoch (0: never).
     pub(crate) recovered_at: u64,
+    /// The store clock's base: `CLOCK_BOOTTIME` seconds at creation
+    /// (`crate::clock`), which slots' access times count from.
+    pub(crate) clock_base: u64,
+    /// The secondary algorithm's name, empty until the first
+    /// recompression chose one; written before any slot uses it.
+    pub(crate) secondary: String,
 }
 
-const FIELDS: usize = 9;
+const FIELDS: usize = 10;
 
 impl Header {
     fn to_bytes(&self) -> Vec<u8> {
@@ -89,21 +97,24 @@ impl Header {
             self.recoveries,
             self.created_at,
             self.recovered_at,
+            self.clock_base,
         ];
         for w in words {
             b.extend_from_slice(&w.to_le_bytes());
         }
-        let mut algo = [0u8; ALGO_BYTES];
-        let name = self.algo.as_bytes();
-        let n = name.len().min(ALGO_BYTES);
-        algo[..n].copy_from_slice(&name[..n]);
-        b.extend_from_slice(&algo);
+        for name in [&self.algo, &self.secondary] {
+            let mut algo = [0u8; ALGO_BYTES];
+            let name = name.as_bytes();
+            let n = name.len().min(ALGO_BYTES);
+            algo[..n].copy_from_slice(&name[..n]);
+            b.extend_from_slice(&algo);
+        }
         b
     }
 
     fn parse(b: &[u8]) -> Result<Header> {
         let bad = |why: &str| Error::InvalidConfig(format!("shared memory: {why}"));
-        if b.len() < 8 + 8 * FIELDS + ALGO_BYTES || b[..8] != MAGIC {
+        if b.len() < 8 + 8 * FIELDS + 2 * ALGO_BYTES || b[..8] != MAGIC {
             return Err(bad("no zblk store in this file (bad magic)"));
         }
         let w = |i: usize| {
@@ -117,12 +128,16 @@ impl Header {
                 w(0)
             )));
         }
-        let at = 8 + 8 * FIELDS;
-        let algo = &b[at..at + ALGO_BYTES];
-        let end = algo.iter().position(|&c| c == 0).unwrap_or(ALGO_BYTES);
-        let algo = std::str::from_utf8(&algo[..end])
-            .map_err(|_| bad("the algorithm name is not UTF-8"))?
-            .to_string();
+        let name = |i: usize| {
+            let at = 8 + 8 * FIELDS + i * ALGO_BYTES;
+            let algo = &b[at..at + ALGO_BYTES];
+            let end = algo.iter().position(|&c| c == 0).unwrap_or(ALGO_BYTES);
+            std::str::from_utf8(&algo[..end])
+                .map(str::to_string)
+                .map_err(|_| bad("an algorithm name is not UTF-8"))
+        };
+        let algo = name(0)?;
+        let secondary = name(1)?;
         Ok(Header {
             fingerprint: w(1),
             size: w(2),
@@ -132,7 +147,9 @@ impl Header {
             recoveries: w(6),
             created_at: w(7),
             recovered_at: w(8),
+            clock_base: w(9),
             algo,
+            secondary,
         })
     }
 }
@@ -266,6 +283,8 @@ mod tests {
             recoveries: 2,
             created_at: 1_700_000_000,
             recovered_at: 1_700_000_100,
+            clock_base: 12_345,
+            secondary: "deflate:9".into(),
         };
         let shm = SharedMem::create().unwrap();
         shm.write_header(&h).unwrap();

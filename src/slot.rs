@@ -11,6 +11,22 @@
 //! instruction the slot's memory holds one whole entry, old or new, which
 //! is what lets a store in shared memory be recovered after its process
 //! died in the middle of a write (a slot found locked holds its old entry).
+//!
+//! # The `meta` word
+//!
+//! | bits | field | what |
+//! | --- | --- | --- |
+//! | 0-19 | `len` | object length in bytes |
+//! | 20-25 | `idx` | packed: the page's offset in its group (0..64) |
+//! | 26-27 | `algo` | which algorithm holds the object: 0 the store's primary, 1 its secondary (recompression); 2-3 reserved |
+//! | 28-34 | `n` | packed: pages in the group object (1..=64) |
+//! | 35 | `idle` | marked idle (`Store::mark_idle`); any access clears it |
+//! | 36-59 | `atime` | last access, seconds of the store's clock (`crate::clock`), wrapping at 2^24 (194 days) |
+//! | 60-62 | kind | [`Kind`]: 0-4 as listed; 5 is reserved for a page written back to a backing device; 6-7 reserved |
+//! | 63 | lock | the slot lock |
+//!
+//! A read updates `atime` and clears `idle` in its guard (`SlotGuard::touch`),
+//! so the unlock store it makes anyway carries them: no second atomic.
 
 use crate::alloc::Handle;
 use portable_atomic::AtomicU128;
@@ -37,7 +53,21 @@ const KIND_SHIFT: u32 = 60;
 const KIND_MASK: u64 = 0b111 << KIND_SHIFT;
 const LEN_MASK: u64 = (1 << 20) - 1;
 const IDX_SHIFT: u32 = 20;
+const IDX_MASK: u64 = 0x3f;
+const ALGO_SHIFT: u32 = 26;
+const ALGO_MASK: u64 = 0b11;
 const N_SHIFT: u32 = 28;
+const N_MASK: u64 = 0x7f;
+const IDLE: u64 = 1 << 35;
+const ATIME_SHIFT: u32 = 36;
+/// Bits of a slot's access time.
+pub const ATIME_BITS: u32 = 24;
+/// The access time's mask (after the shift): times wrap at 2^24 seconds.
+pub const ATIME_MASK: u32 = (1 << ATIME_BITS) - 1;
+/// The kind code reserved for a page written back to a backing device
+/// (not built yet: today's builds read it as empty).
+#[allow(dead_code)]
+pub(crate) const KIND_RESERVED_BACKED: u64 = 5;
 
 /// One slot: the low 64 bits (`meta`) hold the lock bit, the kind and the
 /// object length; the high 64 bits (`val`) hold the handle, or the fill
@@ -69,6 +99,13 @@ pub struct Entry {
     pub idx: u8,
     /// Packed: how many pages the group object holds (1..=64).
     pub n: u8,
+    /// Which algorithm compressed the object: 0 the primary, 1 the
+    /// secondary (recompression).
+    pub algo: u8,
+    /// Marked idle since its last access.
+    pub idle: bool,
+    /// Last access, in seconds of the store's clock, modulo 2^24.
+    pub atime: u32,
 }
 
 impl Entry {
@@ -79,6 +116,9 @@ impl Entry {
         val: 0,
         idx: 0,
         n: 0,
+        algo: 0,
+        idle: false,
+        atime: 0,
     };
 
     /// An entry of `kind` with length `len` and value `val`.
@@ -89,6 +129,23 @@ impl Entry {
             val,
             idx: 0,
             n: 0,
+            algo: 0,
+            idle: false,
+            atime: 0,
+        }
+    }
+
+    /// Whether `self` and `other` hold the same object the same way, access
+    /// time and idle mark aside (a read in between changes those).
+    pub fn same_object(&self, other: &Entry) -> bool {
+        Entry {
+            idle: false,
+            atime: 0,
+            ..*self
+        } == Entry {
+            idle: false,
+            atime: 0,
+            ..*other
         }
     }
 
@@ -110,8 +167,11 @@ impl Entry {
         };
         (k << KIND_SHIFT)
             | (self.len as u64 & LEN_MASK)
-            | ((self.idx as u64 & 0x3f) << IDX_SHIFT)
-            | ((self.n as u64 & 0x7f) << N_SHIFT)
+            | ((self.idx as u64 & IDX_MASK) << IDX_SHIFT)
+            | ((self.algo as u64 & ALGO_MASK) << ALGO_SHIFT)
+            | ((self.n as u64 & N_MASK) << N_SHIFT)
+            | if self.idle { IDLE } else { 0 }
+            | ((self.atime & ATIME_MASK) as u64) << ATIME_SHIFT
     }
 
     fn decode(meta: u64, val: u64) -> Entry {
@@ -126,8 +186,11 @@ impl Entry {
             kind,
             len: (meta & LEN_MASK) as u32,
             val,
-            idx: ((meta >> IDX_SHIFT) & 0x3f) as u8,
-            n: ((meta >> N_SHIFT) & 0x7f) as u8,
+            idx: ((meta >> IDX_SHIFT) & IDX_MASK) as u8,
+            n: ((meta >> N_SHIFT) & N_MASK) as u8,
+            algo: ((meta >> ALGO_SHIFT) & ALGO_MASK) as u8,
+            idle: meta & IDLE != 0,
+            atime: (meta >> ATIME_SHIFT) as u32 & ATIME_MASK,
         }
     }
 }
@@ -199,6 +262,29 @@ impl SlotGuard<'_> {
         self.val = new.val;
         old
     }
+
+    /// Records an access at `now` (seconds of the store's clock): the
+    /// access time is set and the idle mark cleared, in the guard, so the
+    /// unlocking store carries them. An empty slot is left as it is.
+    /// Returns whether the slot was marked idle.
+    pub fn touch(&mut self, now: u32) -> bool {
+        if self.meta & KIND_MASK == 0 {
+            return false;
+        }
+        let was_idle = self.meta & IDLE != 0;
+        let time = u64::from(ATIME_MASK) << ATIME_SHIFT;
+        self.meta = (self.meta & !(IDLE | time)) | (u64::from(now & ATIME_MASK) << ATIME_SHIFT);
+        was_idle
+    }
+
+    /// Marks the slot idle. Returns false if it was already, or is empty.
+    pub fn set_idle(&mut self) -> bool {
+        if self.meta & KIND_MASK == 0 || self.meta & IDLE != 0 {
+            return false;
+        }
+        self.meta |= IDLE;
+        true
+    }
 }
 
 impl Drop for SlotGuard<'_> {
@@ -235,6 +321,9 @@ mod tests {
                 val: 5,
                 idx: 63,
                 n: 64,
+                algo: 1,
+                idle: true,
+                atime: ATIME_MASK,
             },
         ] {
             let mut g = s.lock();
@@ -242,6 +331,97 @@ mod tests {
             drop(g);
             assert_eq!(s.lock().entry(), e);
         }
+    }
+
+    /// Every field of `meta` with its mask, shifted into place.
+    fn fields() -> [(&'static str, u64); 8] {
+        [
+            ("len", LEN_MASK),
+            ("idx", IDX_MASK << IDX_SHIFT),
+            ("algo", ALGO_MASK << ALGO_SHIFT),
+            ("n", N_MASK << N_SHIFT),
+            ("idle", IDLE),
+            ("atime", u64::from(ATIME_MASK) << ATIME_SHIFT),
+            ("kind", KIND_MASK),
+            ("lock", LOCK),
+        ]
+    }
+
+    #[test]
+    fn meta_fields_do_not_overlap() {
+        let f = fields();
+        for (i, (a, ma)) in f.iter().enumerate() {
+            for (b, mb) in &f[i + 1..] {
+                assert_eq!(ma & mb, 0, "{a} and {b} share bits");
+            }
+        }
+        let all = f.iter().fold(0u64, |acc, (_, m)| acc | m);
+        assert_eq!(all, u64::MAX, "every bit of meta belongs to a field");
+    }
+
+    /// Each field at its extremes, every other field at the opposite one:
+    /// a field that spills into a neighbour shows.
+    #[test]
+    fn every_field_round_trips_at_its_extremes() {
+        let full = Entry {
+            kind: Kind::Packed,
+            len: LEN_MASK as u32,
+            val: u64::MAX,
+            idx: IDX_MASK as u8,
+            n: N_MASK as u8,
+            algo: ALGO_MASK as u8,
+            idle: true,
+            atime: ATIME_MASK,
+        };
+        let zero = Entry {
+            kind: Kind::Same,
+            ..Entry::EMPTY
+        };
+        let variants: [fn(Entry, &Entry) -> Entry; 7] = [
+            |e, f| Entry { len: f.len, ..e },
+            |e, f| Entry { idx: f.idx, ..e },
+            |e, f| Entry { n: f.n, ..e },
+            |e, f| Entry { algo: f.algo, ..e },
+            |e, f| Entry { idle: f.idle, ..e },
+            |e, f| Entry {
+                atime: f.atime,
+                ..e
+            },
+            |e, f| Entry { val: f.val, ..e },
+        ];
+        for set in variants {
+            for (base, from) in [(zero, &full), (full, &zero)] {
+                let e = set(base, from);
+                assert_eq!(Entry::decode(e.encode(), e.val), e);
+                assert_eq!(e.encode() & LOCK, 0, "no field reaches the lock bit");
+            }
+        }
+        for kind in [
+            Kind::Empty,
+            Kind::Same,
+            Kind::Huge,
+            Kind::Compressed,
+            Kind::Packed,
+        ] {
+            let e = Entry { kind, ..full };
+            assert_eq!(Entry::decode(e.encode(), e.val).kind, kind);
+        }
+    }
+
+    #[test]
+    fn touch_sets_the_time_and_clears_idle_and_leaves_empty_slots() {
+        let s = Slot::default();
+        let mut g = s.lock();
+        assert!(!g.touch(5) && !g.set_idle(), "an empty slot takes no mark");
+        g.replace(Entry::new(Kind::Compressed, 100, 9));
+        assert!(g.set_idle() && !g.set_idle());
+        drop(g);
+        let mut g = s.lock();
+        assert!(g.entry().idle);
+        assert!(g.touch(ATIME_MASK + 7), "was idle");
+        drop(g);
+        let e = s.lock().entry();
+        assert_eq!((e.idle, e.atime, e.len, e.val), (false, 6, 100, 9));
     }
 
     #[test]

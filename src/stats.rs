@@ -55,6 +55,12 @@ pub enum Counter {
     PackedDeadBytes,
     /// Pages moved out of sparse packed groups by the compactor.
     PackedPagesRewritten,
+    /// Slots marked idle and not accessed since (a gauge).
+    IdlePages,
+    /// Slots whose object the secondary algorithm holds (a gauge).
+    RecompressedPages,
+    /// Compressed bytes recompression saved (old size less new).
+    RecompressSavedBytes,
     /// Accelerator: pages redone in software after a page fault.
     AccelPageFaults,
     /// Accelerator: pages redone in software after a timeout.
@@ -264,6 +270,13 @@ pub struct Counters {
     pub packed_dead_bytes: u64,
     /// Pages moved out of sparse packed groups by the compactor.
     pub packed_pages_rewritten: u64,
+    /// Pages marked idle (`zblk idle`) and not accessed since.
+    pub idle_pages: u64,
+    /// Pages now held by the secondary algorithm (`zblk recompress`).
+    pub recompressed_pages: u64,
+    /// Compressed bytes recompression saved, summed over every page it
+    /// replaced (since the process started).
+    pub recompress_saved_bytes: u64,
     /// Accelerator: pages redone in software after a page fault.
     pub accel_page_faults: u64,
     /// Accelerator: pages redone in software after a timeout.
@@ -322,6 +335,9 @@ pub fn merge<'a>(shards: impl IntoIterator<Item = &'a StatsShard>) -> (Counters,
         deferred_frees: g(Counter::DeferredFrees),
         packed_dead_bytes: g(Counter::PackedDeadBytes),
         packed_pages_rewritten: g(Counter::PackedPagesRewritten),
+        idle_pages: g(Counter::IdlePages),
+        recompressed_pages: g(Counter::RecompressedPages),
+        recompress_saved_bytes: g(Counter::RecompressSavedBytes),
         accel_page_faults: g(Counter::AccelPageFaults),
         accel_timeouts: g(Counter::AccelTimeouts),
         accel_verify_failures: g(Counter::AccelVerifyFailures),

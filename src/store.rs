@@ -12,12 +12,15 @@
 //! - discard and write-zeroes: [`Store::discard`] -> `SlotTable::install`
 //!   of an empty entry -> `SlotTable::release` -> the queue's free batch;
 //! - compaction: [`Store::compact`] -> `compact::rewrite_sparse_groups`,
-//!   then the allocator's own compaction through `SlotTable`'s `Relocate`.
+//!   then the allocator's own compaction through `SlotTable`'s `Relocate`;
+//! - idle marking and recompression: [`Store::mark_idle`],
+//!   [`Store::recompress`] -> `recompress`.
 //!
 //! Each queue thread calls them through its [`QueueCtx`].
 
 use crate::alloc::{HeapAllocator, ObjAllocator};
-use crate::codec::AccelEvents;
+use crate::clock::Clock;
+use crate::codec::{AccelEvents, Algo};
 use crate::config::{
     AllocatorKind, Mode, StoreConfig, AUTO_COMPACT_MIN_PAGES, AUTO_COMPACT_PERCENT,
 };
@@ -25,15 +28,16 @@ use crate::ctx::CtxState;
 use crate::error::{Error, Result};
 use crate::free::FreeConfig;
 use crate::page::{PAGE_SIZE, PAGE_SIZE_U64};
+use crate::recompress::{Recompress, RecompressReport};
 use crate::shm::SharedMem;
 use crate::slab::{SlabAllocator, SlabConfig};
-use crate::slot::{Entry, Kind};
+use crate::slot::{Entry, Kind, ATIME_MASK};
 use crate::stats::{self, Counter, Counters, Latencies, Op, StatsShard};
 use crate::table::SlotTable;
 use serde::Serialize;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Longest a stat waits for the drain thread to free what is queued.
@@ -78,6 +82,10 @@ pub struct StoreStats {
     /// Slots the last recovery emptied because their entries could not be
     /// trusted (0 unless memory was corrupted).
     pub recovery_dropped: u64,
+    /// The secondary algorithm recompressed pages are held by (empty, and
+    /// left out of the JSON, until the first `recompress` chose it).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub recompress_algorithm: String,
     /// Per-page latency percentiles.
     pub latency: Latencies,
     /// The counters of each queue context, in queue order.
@@ -90,9 +98,14 @@ pub struct Store {
     table: SlotTable,
     shards: Mutex<Vec<Arc<StatsShard>>>,
     pages_compacted: AtomicU64,
-    /// The compactor's own thread state (codec, shard, free batch).
+    /// The maintenance thread state (codec, shard, free batch) that
+    /// compaction, idle marking and recompression run with, one at a time.
     compactor: Mutex<Option<CtxState>>,
     past: PastLives,
+    /// What slots' access times count.
+    clock: Clock,
+    /// The secondary algorithm, once the first recompression chose it.
+    secondary: Arc<OnceLock<Algo>>,
 }
 
 /// What a store carries over from the processes it was recovered from.
@@ -106,6 +119,20 @@ struct PastLives {
     gauges: Option<Arc<StatsShard>>,
     /// Slots the scan emptied because their entries could not be trusted.
     dropped: u64,
+    /// The clock's base (`crate::clock`): from the header, or now.
+    clock_base: u64,
+    /// The secondary algorithm the header names.
+    secondary: Option<Algo>,
+}
+
+impl PastLives {
+    /// A new store's: no past, its clock starting now.
+    fn new(clock_base: u64) -> PastLives {
+        PastLives {
+            clock_base,
+            ..PastLives::default()
+        }
+    }
 }
 
 impl Store {
@@ -114,9 +141,12 @@ impl Store {
     pub fn new(cfg: StoreConfig) -> Result<Arc<Store>> {
         cfg.validate()?;
         let slab_cfg = SlabConfig { mlock: cfg.mlock };
+        let mut clock_base = crate::clock::boot_seconds();
         let (alloc, shm): (Arc<dyn ObjAllocator>, _) = match cfg.allocator {
             AllocatorKind::Slab if cfg.shared => {
-                let shm = Arc::new(crate::recover::create(&cfg)?);
+                let (shm, header) = crate::recover::create(&cfg)?;
+                clock_base = header.clock_base;
+                let shm = Arc::new(shm);
                 let slab = SlabAllocator::shared(slab_cfg, shm.clone());
                 (Arc::new(slab), Some(shm))
             }
@@ -124,7 +154,7 @@ impl Store {
             AllocatorKind::Heap => (Arc::new(HeapAllocator::new()), None),
         };
         let table = Self::table(&cfg, shm.as_ref(), alloc)?;
-        Ok(Self::assemble(cfg, table, PastLives::default()))
+        Ok(Self::assemble(cfg, table, PastLives::new(clock_base)))
     }
 
     /// Creates a store over the given allocator (in private memory).
@@ -136,7 +166,8 @@ impl Store {
             ));
         }
         let table = Self::table(&cfg, None, Arc::from(alloc))?;
-        Ok(Self::assemble(cfg, table, PastLives::default()))
+        let past = PastLives::new(crate::clock::boot_seconds());
+        Ok(Self::assemble(cfg, table, past))
     }
 
     /// Takes over the store a dead process left in the shared memory `fd`
@@ -155,6 +186,7 @@ impl Store {
             ));
         }
         let (shm, header) = crate::recover::open(&cfg, fd)?;
+        let secondary = crate::recover::secondary(&header)?;
         let shm = Arc::new(shm);
         let slab = Arc::new(SlabAllocator::shared(
             SlabConfig { mlock: cfg.mlock },
@@ -162,7 +194,7 @@ impl Store {
         ));
         let table = Self::table(&cfg, Some(&shm), slab.clone())?;
         let gauges = Arc::new(StatsShard::default());
-        let scan = crate::recover::scan(&table, &slab, &gauges);
+        let scan = crate::recover::scan(&table, &slab, &gauges, secondary.is_some());
         let header = crate::recover::record(&shm, header)?;
         log::info!(
             "recovered a store of {} pages ({} stored, {} emptied as untrustworthy), recovery {}",
@@ -176,6 +208,8 @@ impl Store {
             recovered_at: header.recovered_at,
             gauges: Some(gauges),
             dropped: scan.dropped,
+            clock_base: header.clock_base,
+            secondary,
         };
         Ok(Self::assemble(cfg, table, past))
     }
@@ -196,11 +230,17 @@ impl Store {
 
     fn assemble(cfg: StoreConfig, table: SlotTable, past: PastLives) -> Arc<Store> {
         table.allocator().set_mem_limit(cfg.mem_limit);
+        let secondary = Arc::new(OnceLock::new());
+        if let Some(algo) = past.secondary {
+            let _ = secondary.set(algo);
+        }
         let store = Arc::new(Store {
             table,
             shards: Mutex::new(Vec::new()),
             pages_compacted: AtomicU64::new(0),
             compactor: Mutex::new(None),
+            clock: Clock::from_base(past.clock_base),
+            secondary,
             cfg,
             past,
         });
@@ -223,13 +263,110 @@ impl Store {
 
     /// Creates a per-thread context (one per queue).
     pub fn new_ctx(self: &Arc<Self>) -> QueueCtx {
-        let (id, shard) = self.new_shard();
-        let st = CtxState::new(&self.cfg, id, self.past.recoveries, shard);
+        let st = self.new_state();
+        let id = st.id;
         QueueCtx {
             store: self.clone(),
-            st,
+            st: st.st,
             id,
         }
+    }
+
+    /// Thread state with a shard of its own.
+    fn new_state(&self) -> StateWithId {
+        let (id, shard) = self.new_shard();
+        let secondary = self.secondary.clone();
+        StateWithId {
+            id,
+            st: CtxState::new(&self.cfg, id, self.past.recoveries, shard, secondary),
+        }
+    }
+
+    /// Runs `f` with the maintenance thread state (made on first use), then
+    /// hands what it freed to the drain. One maintenance job at a time.
+    fn with_maintenance<R>(&self, f: impl FnOnce(&mut CtxState) -> R) -> R {
+        let mut guard = self.compactor.lock().unwrap_or_else(|e| e.into_inner());
+        let st = guard.get_or_insert_with(|| self.new_state().st);
+        let r = f(st);
+        st.free.flush(self.table.frees());
+        r
+    }
+
+    /// The store clock's time now, as slots keep it.
+    fn now(&self) -> u32 {
+        (self.clock.now() & u64::from(ATIME_MASK)) as u32
+    }
+
+    /// Marks idle every stored page not accessed for at least `age_secs`
+    /// seconds, or every stored page if `None` (zram's `idle` file: `all`
+    /// or an age); a later read or write of a page clears its mark.
+    /// Returns the pages newly marked; `stats().counters.idle_pages`
+    /// counts all marked ones.
+    pub fn mark_idle(&self, age_secs: Option<u64>) -> Result<u64> {
+        let age = match age_secs {
+            None => None,
+            Some(a) if a <= u64::from(ATIME_MASK) => Some(a as u32),
+            Some(a) => {
+                return Err(Error::InvalidConfig(format!(
+                    "an idle age of {a} s is past what slots keep ({ATIME_MASK} s, 194 days)"
+                )))
+            }
+        };
+        let now = self.now();
+        Ok(self.with_maintenance(|st| crate::recompress::mark_idle(&self.table, st, now, age)))
+    }
+
+    /// Recompresses the pages `p` selects with the secondary algorithm
+    /// `p.algo` (zram's `recompress`), keeping each result only if it is at
+    /// least `MIN_SAVING_PERCENT` smaller. The first recompression chooses
+    /// the store's secondary algorithm for good (it is recorded in shared
+    /// memory, for a recovery to read the pages back); a later one with
+    /// another algorithm is refused. Per-page stores only.
+    pub fn recompress(&self, p: &Recompress) -> Result<RecompressReport> {
+        if self.cfg.mode == Mode::Packed {
+            return Err(Error::InvalidConfig(
+                "recompression of packed stores is not supported yet: use a per-page device".into(),
+            ));
+        }
+        if p.algo == self.cfg.algo {
+            return Err(Error::InvalidConfig(format!(
+                "the secondary algorithm must differ from the primary ({})",
+                self.cfg.algo
+            )));
+        }
+        self.with_maintenance(|st| {
+            self.choose_secondary(p.algo)?;
+            let mut codec = p.algo.new_codec();
+            Ok(crate::recompress::run(&self.table, st, &mut *codec, p))
+        })
+    }
+
+    /// Makes `algo` the secondary algorithm, unless another one is. A store
+    /// in shared memory records it in its header first, before any slot
+    /// can name it. The caller holds the maintenance lock.
+    fn choose_secondary(&self, algo: Algo) -> Result<()> {
+        match self.secondary.get() {
+            Some(&cur) if cur == algo => return Ok(()),
+            Some(cur) => {
+                return Err(Error::InvalidConfig(format!(
+                    "this store's secondary algorithm is {cur} (chosen by its first recompress): \
+                     recompress with it"
+                )))
+            }
+            None => {}
+        }
+        if let Some(shm) = self.table.shared() {
+            crate::recover::record_secondary(shm, algo)?;
+        }
+        let _ = self.secondary.set(algo);
+        Ok(())
+    }
+
+    /// Moves the store's clock `secs` seconds forward, so that tests of
+    /// idle marking need not sleep.
+    #[doc(hidden)]
+    pub fn debug_advance_clock(&self, secs: u64) {
+        self.clock.advance(secs);
     }
 
     /// Registers a statistics shard; returns its index and the shard.
@@ -265,13 +402,9 @@ impl Store {
     /// the 4 KB pages given back.
     pub fn compact(&self) -> u64 {
         if self.cfg.mode == Mode::Packed {
-            let mut guard = self.compactor.lock().unwrap_or_else(|e| e.into_inner());
-            let st = guard.get_or_insert_with(|| {
-                let (id, shard) = self.new_shard();
-                CtxState::new(&self.cfg, id, self.past.recoveries, shard)
+            self.with_maintenance(|st| {
+                crate::compact::rewrite_sparse_groups(&self.table, &self.cfg, st);
             });
-            crate::compact::rewrite_sparse_groups(&self.table, &self.cfg, st);
-            st.free.flush(self.table.frees());
         }
         self.settle_frees(Duration::from_secs(5));
         self.compact_now()
@@ -354,6 +487,11 @@ impl Store {
             recoveries: self.past.recoveries,
             recovered_at: self.past.recovered_at,
             recovery_dropped: self.past.dropped,
+            recompress_algorithm: self
+                .secondary
+                .get()
+                .map(Algo::to_string)
+                .unwrap_or_default(),
             latency,
             queues,
         }
@@ -385,6 +523,7 @@ impl Store {
     fn write(&self, st: &mut CtxState, offset: u64, data: &[u8]) -> Result<()> {
         let t0 = Instant::now();
         let (first, pages) = self.check_range(st, offset, data.len() as u64)?;
+        st.now = self.now();
         let g = self.cfg.group_pages;
         for (i, chunk) in data.chunks(g * PAGE_SIZE).enumerate() {
             let at = first + (i * g) as u64;
@@ -404,6 +543,7 @@ impl Store {
     fn read(&self, st: &mut CtxState, offset: u64, buf: &mut [u8]) -> Result<()> {
         let t0 = Instant::now();
         let (first, pages) = self.check_range(st, offset, buf.len() as u64)?;
+        st.now = self.now();
         for (i, out) in buf.chunks_exact_mut(PAGE_SIZE).enumerate() {
             if let Err(e) = crate::read::read_page(&self.table, st, first + i as u64, out) {
                 // Reported by the caller (the daemon logs it rate-limited):
@@ -444,6 +584,12 @@ fn record_latency(st: &CtxState, op: Op, t0: Instant, pages: usize) {
         let ns = t0.elapsed().as_nanos() as u64;
         st.shard.record(op, ns / pages as u64, pages as u64);
     }
+}
+
+/// Fresh thread state and its shard's index.
+struct StateWithId {
+    id: usize,
+    st: CtxState,
 }
 
 /// The per-thread context every store operation runs with: one per queue

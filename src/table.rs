@@ -127,7 +127,12 @@ impl SlotTable {
 
     /// Puts `new` (at position `pos` of its packed blob, if packed) into the
     /// slot of `page`, accounts for it and releases what the slot held.
-    pub(crate) fn install(&self, st: &mut CtxState, page: u64, new: Entry, pos: usize) {
+    /// A stored page is stamped with the request's time (`st.now`), as an
+    /// access.
+    pub(crate) fn install(&self, st: &mut CtxState, page: u64, mut new: Entry, pos: usize) {
+        if new.kind != Kind::Empty {
+            new.atime = st.now;
+        }
         let released = {
             let mut guard = self.lock(page);
             let released = self.take_locked(&mut guard, new);
@@ -252,6 +257,12 @@ pub(crate) fn account(shard: &StatsShard, e: &Entry, pos: usize, sign: i64) {
         }
     }
     shard.add(Counter::StoredPages, sign);
+    if e.idle {
+        shard.add(Counter::IdlePages, sign);
+    }
+    if e.algo != 0 {
+        shard.add(Counter::RecompressedPages, sign);
+    }
 }
 
 /// Allocates a zeroed slot table without touching it: the OS hands out zero

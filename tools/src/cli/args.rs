@@ -36,6 +36,10 @@ pub enum Cmd {
     Compact(IdArgs),
     /// Change a device's settings at run time.
     Set(SetArgs),
+    /// Mark a device's pages idle (all, or not accessed for --age seconds).
+    Idle(IdleArgs),
+    /// Recompress a device's pages with a stronger secondary algorithm.
+    Recompress(RecompressArgs),
     /// Run the engine over a file of pages (no device, no root).
     Bench(BenchArgs),
     /// Start a daemon that takes over a device whose daemon died.
@@ -214,6 +218,41 @@ pub struct SetArgs {
     /// New memory limit (0: none; suffixes K, M, G, T).
     #[arg(long, value_parser = parse_size)]
     pub mem_limit: u64,
+}
+
+/// `zblk idle`.
+#[derive(Debug, Args)]
+pub struct IdleArgs {
+    /// Device id.
+    #[arg(short = 'n', long)]
+    pub id: u32,
+    /// Mark only pages not accessed for this many seconds.
+    #[arg(long, conflicts_with = "all", required_unless_present = "all")]
+    pub age: Option<u64>,
+    /// Mark every stored page.
+    #[arg(long)]
+    pub all: bool,
+}
+
+/// `zblk recompress`.
+#[derive(Debug, Args)]
+pub struct RecompressArgs {
+    /// Device id.
+    #[arg(short = 'n', long)]
+    pub id: u32,
+    /// The secondary algorithm (zstd:LEVEL, deflate:LEVEL, ...); the
+    /// first recompress of a device chooses it for good.
+    #[arg(long)]
+    pub algo: String,
+    /// Which pages: all, idle, huge or huge_idle.
+    #[arg(long = "type", default_value = "all")]
+    pub kind: String,
+    /// Only pages stored in at least this many bytes.
+    #[arg(long, default_value_t = 0)]
+    pub threshold: u64,
+    /// Try at most this many pages (0: no limit).
+    #[arg(long, default_value_t = 0)]
+    pub max_pages: u64,
 }
 
 /// `zblk bench`.
@@ -423,6 +462,22 @@ mod tests {
             parse(&["compact", "-n", "2"]).unwrap().cmd,
             Cmd::Compact(IdArgs { id: 2 })
         ));
+        let Cmd::Idle(i) = parse(&["idle", "-n", "1", "--age", "600"]).unwrap().cmd else {
+            panic!()
+        };
+        assert_eq!((i.id, i.age, i.all), (1, Some(600), false));
+        assert!(parse(&["idle", "-n", "1"]).is_err(), "--age or --all");
+        assert!(parse(&["idle", "-n", "1", "--all", "--age", "5"]).is_err());
+        let Cmd::Recompress(r) = parse(&["recompress", "-n", "3", "--algo", "zstd:9"])
+            .unwrap()
+            .cmd
+        else {
+            panic!()
+        };
+        assert_eq!(
+            (r.id, r.algo.as_str(), r.kind.as_str()),
+            (3, "zstd:9", "all")
+        );
         let Cmd::Set(s) = parse(&["set", "-n", "1", "--mem-limit", "1G"]).unwrap().cmd else {
             panic!()
         };

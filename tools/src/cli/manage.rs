@@ -1,6 +1,7 @@
-//! `zblk del`, `zblk compact`, `zblk set`, `zblk recover`, `zblk restart`.
+//! `zblk del`, `zblk compact`, `zblk set`, `zblk idle`, `zblk recompress`,
+//! `zblk recover`, `zblk restart`.
 
-use super::args::{DelArgs, IdArgs, RecoverArgs, SetArgs};
+use super::args::{DelArgs, IdArgs, IdleArgs, RecompressArgs, RecoverArgs, SetArgs};
 use super::{sys, CliError, CliResult};
 use std::time::Duration;
 use zblk_ublk::control::{self, ClientError, Request};
@@ -91,6 +92,34 @@ pub fn set(a: SetArgs) -> CliResult {
         &Request::SetMemLimit { bytes: a.mem_limit },
         Duration::from_secs(10),
     )?;
+    Ok(())
+}
+
+/// `zblk idle -n ID --age SECS | --all`.
+pub fn idle(a: IdleArgs) -> CliResult {
+    let age = if a.all { None } else { a.age };
+    let r = control::request(a.id, &Request::Idle { age }, Duration::from_secs(120))?;
+    println!("marked {}", r["marked"].as_u64().unwrap_or(0));
+    Ok(())
+}
+
+/// `zblk recompress -n ID --algo ALGO [--type T] [--threshold B] [--max-pages N]`.
+pub fn recompress(a: RecompressArgs) -> CliResult {
+    let req = Request::Recompress {
+        algo: a.algo,
+        kind: a.kind,
+        threshold: a.threshold,
+        max_pages: a.max_pages,
+    };
+    // A whole device through a strong codec takes a while.
+    let r = control::request(a.id, &req, Duration::from_secs(600))?;
+    let n = |k: &str| r[k].as_u64().unwrap_or(0);
+    println!(
+        "tried {} recompressed {} saved_bytes {}",
+        n("tried"),
+        n("recompressed"),
+        n("saved_bytes")
+    );
     Ok(())
 }
 

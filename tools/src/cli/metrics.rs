@@ -184,6 +184,24 @@ const FIELDS: &[Field] = &[
     f(S, "slot_table_bytes", G, "Bytes of slot table."),
     f(
         S,
+        "idle_pages",
+        G,
+        "Stored pages marked idle and not accessed since (zblk idle).",
+    ),
+    f(
+        S,
+        "recompressed_pages",
+        G,
+        "Stored pages held by the secondary algorithm (zblk recompress).",
+    ),
+    f(
+        S,
+        "recompress_saved_bytes",
+        C,
+        "Compressed bytes recompression saved since the daemon started.",
+    ),
+    f(
+        S,
         "shared",
         G,
         "1 if the store lives in shared memory (recoverable).",
@@ -209,9 +227,10 @@ const FIELDS: &[Field] = &[
 ];
 
 /// Fields of the reply that are labels of `zblk_device_info`.
-const INFO_LABELS: [(Part, &str); 6] = [
+const INFO_LABELS: [(Part, &str); 7] = [
     (D, "path"),
     (S, "algorithm"),
+    (S, "recompress_algorithm"),
     (S, "mode"),
     (D, "recovery"),
     (D, "features"),

@@ -111,6 +111,8 @@ pub fn run(cli: Cli) -> CliResult {
                 Cmd::Del(a) => manage::del(a),
                 Cmd::Compact(a) => manage::compact(a),
                 Cmd::Set(a) => manage::set(a),
+                Cmd::Idle(a) => manage::idle(a),
+                Cmd::Recompress(a) => manage::recompress(a),
                 Cmd::Bench(a) => bench::bench(a),
                 Cmd::Recover(a) => manage::recover(a),
                 Cmd::Restart(a) => manage::restart(a),

@@ -171,13 +171,15 @@ const BYTE_FIELDS: [&str; 8] = [
 /// may be freed through another, so per queue they are net flows (clamped
 /// at 0), meaningful only summed. The per-queue table leaves them out; the
 /// JSON keeps them.
-const GAUGES: [&str; 6] = [
+const GAUGES: [&str; 8] = [
     "orig_data_size",
     "compr_data_size",
     "same_pages",
     "huge_pages",
     "stored_pages",
     "packed_dead_bytes",
+    "idle_pages",
+    "recompressed_pages",
 ];
 
 /// The text form of one device's statistics: every scalar field, derived

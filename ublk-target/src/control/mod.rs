@@ -31,6 +31,28 @@ pub enum Request {
     Stats,
     /// Runs compaction: `{"pages_compacted": N}`.
     Compact,
+    /// Marks pages idle (zram's `idle` file): every stored page, or those
+    /// not accessed for `age` seconds: `{"marked": N}`.
+    Idle {
+        /// Only pages not accessed for this many seconds (none: all).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        age: Option<u64>,
+    },
+    /// Recompresses pages with a secondary algorithm (zram's
+    /// `recompress`): `{"tried": N, "recompressed": N, "saved_bytes": N}`.
+    Recompress {
+        /// The secondary algorithm (`zstd:9`, `deflate:9`, ...).
+        algo: String,
+        /// Which pages: `all`, `idle`, `huge` or `huge_idle`.
+        #[serde(default = "all")]
+        kind: String,
+        /// Only pages whose object is at least this many bytes (0: any).
+        #[serde(default)]
+        threshold: u64,
+        /// Try at most this many pages (0: no limit).
+        #[serde(default)]
+        max_pages: u64,
+    },
     /// Sets the memory limit in bytes (0: none).
     SetMemLimit {
         /// The new limit.
@@ -47,6 +69,11 @@ pub enum Request {
     /// it over (`zblk restart`): the daemon replies, then exits with
     /// [`crate::keeper::EXIT_HANDOVER`]. Refused unless recovery is on.
     Handover,
+}
+
+/// The default recompression type.
+fn all() -> String {
+    "all".into()
 }
 
 /// A daemon's answer.
@@ -201,6 +228,20 @@ mod tests {
                 r#"{"cmd":"shutdown","force":true}"#,
             ),
             (Request::Handover, r#"{"cmd":"handover"}"#),
+            (Request::Idle { age: None }, r#"{"cmd":"idle"}"#),
+            (
+                Request::Idle { age: Some(60) },
+                r#"{"cmd":"idle","age":60}"#,
+            ),
+            (
+                Request::Recompress {
+                    algo: "zstd:9".into(),
+                    kind: "idle".into(),
+                    threshold: 1000,
+                    max_pages: 5,
+                },
+                r#"{"cmd":"recompress","algo":"zstd:9","kind":"idle","threshold":1000,"max_pages":5}"#,
+            ),
         ];
         for (req, wire) in cases {
             assert_eq!(serde_json::to_string(&req).unwrap(), wire);
@@ -209,6 +250,15 @@ mod tests {
         assert_eq!(
             serde_json::from_str::<Request>(r#"{"cmd":"shutdown"}"#).unwrap(),
             Request::Shutdown { force: false }
+        );
+        assert_eq!(
+            serde_json::from_str::<Request>(r#"{"cmd":"recompress","algo":"deflate"}"#).unwrap(),
+            Request::Recompress {
+                algo: "deflate".into(),
+                kind: "all".into(),
+                threshold: 0,
+                max_pages: 0
+            }
         );
         assert!(serde_json::from_str::<Request>(r#"{"cmd":"format_disk"}"#).is_err());
     }

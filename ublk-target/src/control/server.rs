@@ -118,6 +118,19 @@ fn answer(queues: &Queues, info: &DeviceInfo, req: Request) -> (Response, Next) 
             log::info!("device {}: compaction gave back {n} pages", info.id());
             Response::ok(serde_json::json!({ "pages_compacted": n }))
         }
+        Request::Idle { age } => match queues.store().mark_idle(age) {
+            Ok(n) => {
+                log::info!("device {}: {n} pages marked idle", info.id());
+                Response::ok(serde_json::json!({ "marked": n }))
+            }
+            Err(e) => Response::err(e.to_string()),
+        },
+        Request::Recompress {
+            algo,
+            kind,
+            threshold,
+            max_pages,
+        } => recompress(queues, info, &algo, &kind, threshold, max_pages),
         Request::SetMemLimit { bytes } => {
             queues.store().set_mem_limit(bytes);
             log::info!("device {}: mem_limit set to {bytes}", info.id());
@@ -139,6 +152,46 @@ fn answer(queues: &Queues, info: &DeviceInfo, req: Request) -> (Response, Next) 
         )),
     };
     (reply, Next::Serve)
+}
+
+/// Runs a recompression from the control loop, as compaction runs: the
+/// engine works under slot locks, with its own thread state.
+fn recompress(
+    queues: &Queues,
+    info: &DeviceInfo,
+    algo: &str,
+    kind: &str,
+    threshold: u64,
+    max_pages: u64,
+) -> Response {
+    let parsed = algo.parse::<zblk::Algo>().and_then(|algo| {
+        let kind = kind.parse::<zblk::RecompressType>()?;
+        let threshold = usize::try_from(threshold).map_err(|e| e.to_string())?;
+        Ok(zblk::Recompress {
+            algo,
+            kind,
+            threshold,
+            max_pages,
+        })
+    });
+    let p = match parsed {
+        Ok(p) => p,
+        Err(e) => return Response::err(e),
+    };
+    match queues.store().recompress(&p) {
+        Ok(r) => {
+            log::info!(
+                "device {}: recompressed {} of {} pages with {}, {} bytes saved",
+                info.id(),
+                r.recompressed,
+                r.tried,
+                p.algo,
+                r.saved_bytes
+            );
+            json_reply(serde_json::to_value(r))
+        }
+        Err(e) => Response::err(e.to_string()),
+    }
 }
 
 /// `{"device": .., "stats": ..}`, after every queue has freed its batch.
@@ -246,6 +299,53 @@ mod tests {
         };
         let (r, next) = answer(&shared, &off, Request::Handover);
         assert!(!r.ok && next == Next::Serve, "{r:?}");
+    }
+
+    #[test]
+    fn idle_and_recompress_through_the_control_loop() {
+        let store = zblk::Store::new(cfg(1).store_config()).unwrap();
+        let shared = Queues::with_store(&cfg(1), store.clone()).unwrap();
+        fake::no_threads(&shared);
+        let mut ctx = store.new_ctx();
+        let text: Vec<u8> = b"idle pages of text, recompressed; "
+            .iter()
+            .copied()
+            .cycle()
+            .take(4 * PAGE_SIZE)
+            .collect();
+        ctx.write(0, &text).unwrap();
+        let (r, _) = ask(&shared, Request::Idle { age: Some(3600) });
+        assert!(
+            r.ok && r.data["marked"] == 0,
+            "nothing is an hour old: {r:?}"
+        );
+        let (r, _) = ask(&shared, Request::Idle { age: None });
+        assert!(r.ok && r.data["marked"] == 4, "{r:?}");
+        let (r, _) = ask(&shared, Request::Stats);
+        assert_eq!(r.data["stats"]["idle_pages"], 4);
+        let recompress = |algo: &str, kind: &str| Request::Recompress {
+            algo: algo.into(),
+            kind: kind.into(),
+            threshold: 0,
+            max_pages: 0,
+        };
+        for bad in [recompress("zstd:99", "idle"), recompress("zstd:9", "cold")] {
+            let (r, _) = ask(&shared, bad);
+            assert!(!r.ok && r.error.is_some(), "{r:?}");
+        }
+        let (r, _) = ask(&shared, recompress("zstd:19", "idle"));
+        assert!(r.ok, "{r:?}");
+        assert_eq!(r.data["tried"], 4);
+        let (r, _) = ask(&shared, Request::Stats);
+        let s = &r.data["stats"];
+        assert_eq!(s["recompress_algorithm"], "zstd:19");
+        assert_eq!(
+            s["recompressed_pages"].as_u64().unwrap() > 0,
+            s["recompress_saved_bytes"].as_u64().unwrap() > 0
+        );
+        let mut back = vec![0u8; 4 * PAGE_SIZE];
+        ctx.read(0, &mut back).unwrap();
+        assert!(back == text);
     }
 
     #[test]

@@ -1,0 +1,356 @@
+//! Model-based test of idle tracking and recompression: random writes,
+//! reads, discards, clock steps, idle marking and recompressions against a
+//! model that keeps every page's content, last access and idle mark; every
+//! read is checked against it, and so is the `idle_pages` gauge after each
+//! step. Heap and shared-memory stores; a shared one is then "killed" and
+//! recovered, and must read back the same, idle marks and all.
+
+mod common;
+
+use common::{page, real_pages, Content};
+use proptest::prelude::*;
+use zblk::{
+    Algo, Mode, QueueCtx, Recompress, RecompressType, Store, StoreConfig, MIN_SAVING_PERCENT,
+    PAGE_SIZE,
+};
+
+const PAGES: u64 = 40;
+const P: u64 = PAGE_SIZE as u64;
+/// The clock moves in steps of this many seconds and idle ages sit half
+/// a step off them: the real seconds a case takes (far fewer) cannot move
+/// a page across an age.
+const STEP: u64 = 100;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Write {
+        page: u64,
+        contents: Vec<Content>,
+    },
+    Read {
+        page: u64,
+        n: u64,
+    },
+    Discard {
+        page: u64,
+        n: u64,
+    },
+    /// The clock moves `steps` steps forward.
+    Tick {
+        steps: u64,
+    },
+    /// Marks idle every page, or those not accessed for `steps` steps and
+    /// a half.
+    MarkIdle {
+        steps: Option<u64>,
+    },
+    Recompress {
+        kind: RecompressType,
+        threshold: usize,
+        max_pages: u64,
+    },
+}
+
+fn content() -> impl Strategy<Value = Content> {
+    prop_oneof![
+        Just(Content::Zeros),
+        any::<u64>().prop_map(Content::SameWord),
+        any::<u64>().prop_map(Content::Text),
+        (0usize..96).prop_map(Content::Real),
+        any::<u64>().prop_map(Content::Random),
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let range = (0..PAGES).prop_flat_map(|p| (Just(p), 1..=(PAGES - p).min(12)));
+    let kind = prop_oneof![
+        Just(RecompressType::All),
+        Just(RecompressType::Idle),
+        Just(RecompressType::Huge),
+        Just(RecompressType::HugeIdle),
+    ];
+    prop_oneof![
+        4 => (0..PAGES).prop_flat_map(|p| (Just(p), prop::collection::vec(content(), 1..=((PAGES - p).min(12) as usize))))
+            .prop_map(|(page, contents)| Op::Write { page, contents }),
+        3 => range.clone().prop_map(|(page, n)| Op::Read { page, n }),
+        1 => range.prop_map(|(page, n)| Op::Discard { page, n }),
+        2 => (1u64..4).prop_map(|steps| Op::Tick { steps }),
+        2 => prop::option::of(0u64..4).prop_map(|steps| Op::MarkIdle { steps }),
+        2 => (kind, prop_oneof![Just(0usize), Just(200), Just(3000)], prop_oneof![Just(0u64), Just(3)])
+            .prop_map(|(kind, threshold, max_pages)| Op::Recompress { kind, threshold, max_pages }),
+    ]
+}
+
+/// What the model knows of a stored page.
+#[derive(Debug, Clone)]
+struct Page {
+    data: Vec<u8>,
+    /// Model clock at the last access, in steps.
+    atime: u64,
+    idle: bool,
+}
+
+struct Model {
+    pages: Vec<Option<Page>>,
+    /// The clock, in steps.
+    now: u64,
+}
+
+impl Model {
+    fn idle(&self) -> u64 {
+        self.pages.iter().flatten().filter(|p| p.idle).count() as u64
+    }
+}
+
+fn config(primary: Algo, shared: bool) -> StoreConfig {
+    let mut cfg = StoreConfig::new(PAGES * P);
+    cfg.algo = primary;
+    cfg.shared = shared;
+    cfg
+}
+
+fn apply(
+    store: &Store,
+    ctx: &mut QueueCtx,
+    secondary: Algo,
+    m: &mut Model,
+    op: Op,
+    real: &[u8],
+) -> Result<(), TestCaseError> {
+    match op {
+        Op::Write { page: p, contents } => {
+            let data: Vec<u8> = contents.iter().flat_map(|&c| page(c, real)).collect();
+            ctx.write(p * P, &data).unwrap();
+            for (i, pg) in data.chunks(PAGE_SIZE).enumerate() {
+                m.pages[p as usize + i] = Some(Page {
+                    data: pg.to_vec(),
+                    atime: m.now,
+                    idle: false,
+                });
+            }
+        }
+        Op::Read { page: p, n } => {
+            let mut buf = vec![0xAAu8; (n * P) as usize];
+            ctx.read(p * P, &mut buf).unwrap();
+            for (i, got) in buf.chunks(PAGE_SIZE).enumerate() {
+                let slot = &mut m.pages[p as usize + i];
+                match slot {
+                    Some(pg) => {
+                        prop_assert!(got == &pg.data[..], "page {} differs", p as usize + i);
+                        pg.atime = m.now;
+                        pg.idle = false;
+                    }
+                    None => prop_assert!(got.iter().all(|&b| b == 0)),
+                }
+            }
+        }
+        Op::Discard { page: p, n } => {
+            ctx.discard(p * P, n * P).unwrap();
+            for s in &mut m.pages[p as usize..(p + n) as usize] {
+                *s = None;
+            }
+        }
+        Op::Tick { steps } => {
+            store.debug_advance_clock(steps * STEP);
+            m.now += steps;
+        }
+        Op::MarkIdle { steps } => {
+            let age = steps.map(|s| s * STEP + STEP / 2);
+            let marked = store.mark_idle(age).unwrap();
+            let mut want = 0;
+            for pg in m.pages.iter_mut().flatten() {
+                let old = steps.map_or(true, |s| m.now - pg.atime > s);
+                if old && !pg.idle {
+                    pg.idle = true;
+                    want += 1;
+                }
+            }
+            prop_assert_eq!(marked, want);
+        }
+        Op::Recompress {
+            kind,
+            threshold,
+            max_pages,
+        } => {
+            let before = store.stats().counters;
+            let r = store
+                .recompress(&Recompress {
+                    algo: secondary,
+                    kind,
+                    threshold,
+                    max_pages,
+                })
+                .unwrap();
+            let after = store.stats().counters;
+            prop_assert!(r.recompressed <= r.tried);
+            if max_pages > 0 {
+                prop_assert!(r.tried <= max_pages);
+            }
+            let idle = m.idle();
+            if kind == RecompressType::Idle {
+                prop_assert!(r.tried <= idle, "only idle pages are tried");
+            }
+            prop_assert_eq!(
+                after.recompressed_pages,
+                before.recompressed_pages + r.recompressed
+            );
+            prop_assert_eq!(
+                before.compr_data_size - after.compr_data_size,
+                r.saved_bytes,
+                "compr_data_size drops by what was saved"
+            );
+            // Every page kept is at least MIN_SAVING_PERCENT smaller.
+            prop_assert!(
+                r.saved_bytes * 100 >= r.recompressed * MIN_SAVING_PERCENT as u64,
+                "{r:?}"
+            );
+        }
+    }
+    Ok(())
+}
+
+fn check_gauges(store: &Store, m: &Model) -> Result<(), TestCaseError> {
+    let c = store.stats().counters;
+    prop_assert_eq!(c.idle_pages, m.idle(), "idle_pages follows the model");
+    prop_assert_eq!(c.stored_pages, m.pages.iter().flatten().count() as u64);
+    prop_assert!(c.recompressed_pages <= c.stored_pages - c.same_pages);
+    Ok(())
+}
+
+fn verify_all(ctx: &mut QueueCtx, m: &Model) -> Result<(), TestCaseError> {
+    let mut buf = vec![0u8; PAGE_SIZE];
+    for (p, want) in m.pages.iter().enumerate() {
+        // A read is an access: it would clear idle marks, so the check
+        // happens after the gauges were compared.
+        ctx.read(p as u64 * P, &mut buf).unwrap();
+        match want {
+            Some(pg) => prop_assert!(buf == pg.data, "page {p} differs"),
+            None => prop_assert!(buf.iter().all(|&b| b == 0), "page {p} not zero"),
+        }
+    }
+    Ok(())
+}
+
+fn algos() -> impl Strategy<Value = (Algo, Algo)> {
+    prop_oneof![
+        Just((Algo::Lz4, Algo::Zstd(9))),
+        Just((Algo::Lz4, Algo::Deflate(9))),
+        Just((Algo::Zstd(1), Algo::Zstd(19))),
+        Just((Algo::Deflate(1), Algo::Lz4)),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn idle_and_recompression_match_the_model(
+        (primary, secondary) in algos(),
+        shared in any::<bool>(),
+        ops in prop::collection::vec(op(), 1..50),
+    ) {
+        let real = real_pages();
+        let store = Store::new(config(primary, shared)).unwrap();
+        let mut ctx = store.new_ctx();
+        let mut m = Model { pages: vec![None; PAGES as usize], now: 0 };
+        for op in ops {
+            apply(&store, &mut ctx, secondary, &mut m, op, &real)?;
+            check_gauges(&store, &m)?;
+        }
+        if shared {
+            let before = store.stats().counters;
+            let fd = store.memory_fd().unwrap().try_clone_to_owned().unwrap();
+            std::mem::forget(ctx);
+            zblk::debug_crash(store);
+            let store = Store::recover(config(primary, true), fd).unwrap();
+            let after = store.stats();
+            prop_assert_eq!(after.recovery_dropped, 0);
+            prop_assert_eq!(after.counters.recompressed_pages, before.recompressed_pages);
+            prop_assert_eq!(after.counters.compr_data_size, before.compr_data_size);
+            check_gauges(&store, &m)?;
+            ctx = store.new_ctx();
+            verify_all(&mut ctx, &m)?;
+        } else {
+            verify_all(&mut ctx, &m)?;
+        }
+    }
+}
+
+/// Recompression refuses what it cannot do, with a reason, and changes
+/// nothing.
+#[test]
+fn recompression_refuses_packed_stores_the_primary_and_a_second_secondary() {
+    let mut cfg = config(Algo::Lz4, false);
+    cfg.mode = Mode::Packed;
+    let packed = Store::new(cfg).unwrap();
+    let p = |algo| Recompress {
+        algo,
+        kind: RecompressType::All,
+        threshold: 0,
+        max_pages: 0,
+    };
+    let e = packed.recompress(&p(Algo::Zstd(9))).unwrap_err();
+    assert!(e.to_string().contains("packed"), "{e}");
+
+    let store = Store::new(config(Algo::Lz4, false)).unwrap();
+    let e = store.recompress(&p(Algo::Lz4)).unwrap_err();
+    assert!(e.to_string().contains("differ"), "{e}");
+    store.recompress(&p(Algo::Zstd(9))).unwrap();
+    let e = store.recompress(&p(Algo::Deflate(9))).unwrap_err();
+    assert!(e.to_string().contains("zstd:9"), "{e}");
+    assert_eq!(store.stats().recompress_algorithm, "zstd:9");
+    let e = store.mark_idle(Some(1 << 30)).unwrap_err();
+    assert!(e.to_string().contains("194 days"), "{e}");
+}
+
+/// Real memory pages compress better with zstd:19 than with lz4: most are
+/// recompressed, the memory they hold drops, and every page reads back.
+#[test]
+fn recompression_of_real_pages_saves_memory() {
+    let real = real_pages();
+    let n = (real.len() / PAGE_SIZE) as u64;
+    let mut cfg = StoreConfig::new(n * P);
+    cfg.algo = Algo::Lz4;
+    let store = Store::new(cfg).unwrap();
+    let mut ctx = store.new_ctx();
+    ctx.write(0, &real).unwrap();
+    let before = store.stats().counters;
+    // Nothing is idle yet: an idle recompression tries nothing.
+    let idle_only = Recompress {
+        algo: Algo::Zstd(19),
+        kind: RecompressType::Idle,
+        threshold: 0,
+        max_pages: 0,
+    };
+    assert_eq!(store.recompress(&idle_only).unwrap().tried, 0);
+    store.debug_advance_clock(600);
+    // Pages read after the clock moved are young again.
+    let mut buf = vec![0u8; 4 * PAGE_SIZE];
+    ctx.read(0, &mut buf).unwrap();
+    assert_eq!(store.mark_idle(Some(300)).unwrap(), before.stored_pages - 4);
+    let r = store.recompress(&idle_only).unwrap();
+    let after = store.stats().counters;
+    assert_eq!(r.tried, before.stored_pages - before.same_pages - 4);
+    assert!(r.recompressed * 2 > r.tried, "{r:?}");
+    assert_eq!(after.recompressed_pages, r.recompressed);
+    assert_eq!(after.recompress_saved_bytes, r.saved_bytes);
+    assert_eq!(
+        before.compr_data_size - after.compr_data_size,
+        r.saved_bytes
+    );
+    assert_eq!(after.idle_pages, before.stored_pages - 4, "marks survive");
+    let mut back = vec![0u8; real.len()];
+    ctx.read(0, &mut back).unwrap();
+    assert!(back == real);
+    assert_eq!(store.stats().counters.idle_pages, 0, "reads clear marks");
+    // A pass over all pages finds only the four young ones left to the
+    // primary, and does not recompress a page twice.
+    let again = store
+        .recompress(&Recompress {
+            kind: RecompressType::All,
+            ..idle_only
+        })
+        .unwrap();
+    assert!(again.recompressed <= 4, "{again:?}");
+    assert_eq!(again.tried, r.tried - r.recompressed + 4);
+}
