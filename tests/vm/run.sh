@@ -16,7 +16,7 @@
 #                       time CI allows); repeatable and comma-separated too;
 #                       the kernels boot one after the other, in the given order
 #   --scenario NAME     run only this scenario (repeatable; default: all, in order
-#                       swap munmap blockio stat lifecycle zram-compare crash
+#                       swap munmap blockio stat lifecycle zram-compare recompress crash
 #                       upgrade swapkill, the last because its kill -9 of an active
 #                       swap device's daemon leaves a dead swap area behind;
 #                       also, by name only: bench (the device benchmarks of
@@ -82,7 +82,7 @@ REPO=$(cd "$HERE/../.." && pwd)
 CACHE=${ZBLK_VM_CACHE:-$REPO/.vmcache}
 WORK=${ZBLK_VM_WORK:-$REPO/tests/vm/work}
 # swapkill runs last: it leaves a dead swap area the kernel cannot remove.
-DEFAULT_SCENARIOS="swap munmap blockio stat lifecycle zram-compare crash upgrade swapkill"
+DEFAULT_SCENARIOS="swap munmap blockio stat lifecycle zram-compare recompress crash upgrade swapkill"
 # bench measures and is slow: run by name only (tools/scripts/bench-device.sh).
 ALL_SCENARIOS="$DEFAULT_SCENARIOS bench recovery-cost transport-ab"
 SCENARIOS=""

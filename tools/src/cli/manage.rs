@@ -115,10 +115,11 @@ pub fn recompress(a: RecompressArgs) -> CliResult {
     let r = control::request(a.id, &req, Duration::from_secs(600))?;
     let n = |k: &str| r[k].as_u64().unwrap_or(0);
     println!(
-        "tried {} recompressed {} saved_bytes {}",
+        "tried {} recompressed {} saved_bytes {} pages_compacted {}",
         n("tried"),
         n("recompressed"),
-        n("saved_bytes")
+        n("saved_bytes"),
+        n("pages_compacted")
     );
     Ok(())
 }

@@ -180,15 +180,26 @@ fn recompress(
     };
     match queues.store().recompress(&p) {
         Ok(r) => {
+            // The old objects are freed all over their zspages: without a
+            // compaction the memory would not drop (measured in the VM's
+            // recompress scenario: 1.01x mem_used_total for 0.90x data).
+            queues.flush_all();
+            let compacted = queues.store().compact();
             log::info!(
-                "device {}: recompressed {} of {} pages with {}, {} bytes saved",
+                "device {}: recompressed {} of {} pages with {}, {} bytes saved, \
+                 compaction gave back {compacted} pages",
                 info.id(),
                 r.recompressed,
                 r.tried,
                 p.algo,
                 r.saved_bytes
             );
-            json_reply(serde_json::to_value(r))
+            let mut v = match serde_json::to_value(r) {
+                Ok(v) => v,
+                Err(e) => return Response::err(e.to_string()),
+            };
+            v["pages_compacted"] = serde_json::json!(compacted);
+            Response::ok(v)
         }
         Err(e) => Response::err(e.to_string()),
     }
