@@ -14,6 +14,8 @@ mod setup;
 mod show;
 mod size;
 mod sys;
+mod term;
+mod top;
 
 pub use args::Cli;
 use args::Cmd;
@@ -117,6 +119,7 @@ pub fn run(cli: Cli) -> CliResult {
                 Cmd::Recover(a) => manage::recover(a),
                 Cmd::Restart(a) => manage::restart(a),
                 Cmd::Exporter(a) => exporter::exporter(a),
+                Cmd::Top(a) => top::top(a),
                 Cmd::GenDocs(a) => docs::gen_docs(&a.out_dir),
                 Cmd::Add(_) | Cmd::Setup(_) | Cmd::Daemon(_) | Cmd::Keeper(_) => Ok(()),
             }
