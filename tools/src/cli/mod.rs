@@ -105,6 +105,12 @@ pub fn run(cli: Cli) -> CliResult {
             init_log(if a.foreground { "info" } else { "warn" });
             setup::setup(a)
         }
+        Cmd::Top(a) => {
+            // A device that does not answer says so in its row; a warning
+            // on stderr would only scribble over the screen.
+            init_log("error");
+            top::top(a)
+        }
         cmd => {
             init_log("warn");
             match cmd {
@@ -119,9 +125,10 @@ pub fn run(cli: Cli) -> CliResult {
                 Cmd::Recover(a) => manage::recover(a),
                 Cmd::Restart(a) => manage::restart(a),
                 Cmd::Exporter(a) => exporter::exporter(a),
-                Cmd::Top(a) => top::top(a),
                 Cmd::GenDocs(a) => docs::gen_docs(&a.out_dir),
-                Cmd::Add(_) | Cmd::Setup(_) | Cmd::Daemon(_) | Cmd::Keeper(_) => Ok(()),
+                Cmd::Add(_) | Cmd::Setup(_) | Cmd::Top(_) | Cmd::Daemon(_) | Cmd::Keeper(_) => {
+                    Ok(())
+                }
             }
         }
     }
