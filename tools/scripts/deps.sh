@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Installs the Debian packages zblk needs, only those missing.
-#   deps.sh build   what building needs (libclang for libublk's bindgen)
+#   deps.sh build   what building and cargo test need (libclang for libublk's
+#                   bindgen; tmux for the terminal test of zblk top)
 #   deps.sh vm      what the qemu VM tests need as well
 set -euo pipefail
-want=(libclang-dev pkg-config)
+want=(libclang-dev pkg-config tmux)
 [ "${1:-build}" = vm ] && want+=(qemu-system-x86 busybox-static cpio xz-utils zstd)
 missing=()
 for p in "${want[@]}"; do

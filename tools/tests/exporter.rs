@@ -2,6 +2,9 @@
 //! a temporary directory: none at all, or stand-in daemons that answer,
 //! are gone, or never answer.
 
+mod common;
+
+use common::fake_daemon;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::os::unix::net::UnixListener;
@@ -77,41 +80,6 @@ fn value(p: &prometheus_parse::Scrape, name: &str, want: &[(&str, &str)]) -> f64
         prometheus_parse::Value::Counter(v) | prometheus_parse::Value::Gauge(v) => v,
         ref v => panic!("{name}: {v:?}"),
     }
-}
-
-/// A stats reply of a 1 MB device with two queues that stored 3 pages,
-/// one of them zero-filled.
-fn sample_reply(id: u32) -> serde_json::Value {
-    let store = zblk::Store::new(zblk::StoreConfig::new(1 << 20)).unwrap();
-    let mut q0 = store.new_ctx();
-    let mut q1 = store.new_ctx();
-    let text: Vec<u8> = b"exporter sample "
-        .iter()
-        .cycle()
-        .take(8192)
-        .copied()
-        .collect();
-    q0.write(0, &text).unwrap();
-    q1.write(8192, &[0u8; 4096]).unwrap();
-    let flags = ["--size", "1M", "--queues", "2"];
-    let config = zblk_ublk::DeviceConfig::from_flags(flags).unwrap();
-    let info = zblk_ublk::control::DeviceInfo::new(id, format!("/dev/ublkb{id}"), &config, 1 << 21);
-    serde_json::json!({"device": info, "stats": serde_json::to_value(store.stats()).unwrap()})
-}
-
-/// A stand-in daemon on `dir/<id>.sock` answering every `stats` request.
-fn fake_daemon(dir: &Path, id: u32) {
-    let l = UnixListener::bind(dir.join(format!("{id}.sock"))).unwrap();
-    let reply = serde_json::json!({"ok": true, "data": sample_reply(id)}).to_string();
-    std::thread::spawn(move || {
-        for s in l.incoming() {
-            let mut s = s.unwrap();
-            let mut req = String::new();
-            BufReader::new(&s).read_line(&mut req).unwrap();
-            assert_eq!(req.trim(), r#"{"cmd":"stats"}"#);
-            writeln!(s, "{reply}").unwrap();
-        }
-    });
 }
 
 #[test]

@@ -45,7 +45,7 @@ pub mod params;
 pub mod paths;
 mod queue;
 pub mod safety;
-mod signals;
+pub mod signals;
 pub mod size;
 pub mod swap;
 pub mod transport;

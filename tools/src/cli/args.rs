@@ -4,6 +4,7 @@ use super::columns::Columns;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 use zblk_ublk::size::parse_size;
 use zblk_ublk::DeviceConfig;
 
@@ -50,6 +51,8 @@ pub enum Cmd {
     Setup(SetupArgs),
     /// Serve every device's statistics to Prometheus over HTTP (/metrics).
     Exporter(ExporterArgs),
+    /// One screen, refreshed: per device stored, ratio, memory, IOPS, p99.
+    Top(TopArgs),
     /// Write the man pages and shell completions into a directory.
     #[command(hide = true)]
     GenDocs(GenDocsArgs),
@@ -170,12 +173,40 @@ pub struct ExporterArgs {
     #[arg(short, long, value_name = "ADDR", default_value = "127.0.0.1:9586")]
     pub listen: SocketAddr,
     /// Longest one scrape waits for the devices' daemons, in seconds.
-    #[arg(short, long, value_name = "SECS", default_value_t = 5,
+    #[arg(short, long, value_name = "SECS", default_value_t = super::scrape::DEFAULT_TIMEOUT_SECS,
           value_parser = clap::value_parser!(u64).range(1..=60))]
     pub timeout: u64,
     /// Directory of the control sockets (tests point it elsewhere).
     #[arg(long, hide = true, default_value = zblk_ublk::paths::RUN_DIR)]
     pub run_dir: PathBuf,
+}
+
+/// `zblk top`.
+#[derive(Debug, Args)]
+pub struct TopArgs {
+    /// Seconds between refreshes (fractions allowed, at least 0.1).
+    #[arg(short = 'd', long, value_name = "SECS", default_value = "1", value_parser = parse_interval)]
+    pub interval: Duration,
+    /// Stop after N refreshes [default: until q or Ctrl-C].
+    #[arg(short = 'n', long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub iterations: Option<u64>,
+    /// Directory of the control sockets (tests point it elsewhere).
+    #[arg(long, hide = true, default_value = zblk_ublk::paths::RUN_DIR)]
+    pub run_dir: PathBuf,
+}
+
+/// Parses `--interval`: seconds, a fraction allowed, from 0.1 to an hour.
+fn parse_interval(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("invalid interval '{s}': seconds, such as 1 or 0.5"))?;
+    if !(0.1..=3600.0).contains(&secs) {
+        return Err(format!(
+            "interval {s} is out of range (0.1 to 3600 seconds)"
+        ));
+    }
+    Ok(Duration::from_secs_f64(secs))
 }
 
 /// The hidden `zblk gen-docs`: what tools/scripts/gen-docs.sh runs.
@@ -577,5 +608,41 @@ mod tests {
         assert_eq!(x.listen.port(), 0);
         assert!(parse(&["exporter", "--listen", "nowhere"]).is_err());
         assert!(parse(&["exporter", "--timeout", "0"]).is_err());
+    }
+
+    #[test]
+    fn top_takes_intervals_in_seconds_and_iterations() {
+        let Cmd::Top(t) = parse(&["top"]).unwrap().cmd else {
+            panic!()
+        };
+        assert_eq!((t.interval, t.iterations), (Duration::from_secs(1), None));
+        let Cmd::Top(t) = parse(&["top", "--interval", "0.2", "--iterations", "2"])
+            .unwrap()
+            .cmd
+        else {
+            panic!()
+        };
+        assert_eq!(
+            (t.interval, t.iterations),
+            (Duration::from_millis(200), Some(2))
+        );
+        let Cmd::Top(t) = parse(&["top", "-d", "3", "-n", "1"]).unwrap().cmd else {
+            panic!()
+        };
+        assert_eq!(
+            (t.interval, t.iterations),
+            (Duration::from_secs(3), Some(1))
+        );
+        for (bad, why) in [
+            ("0", "out of range"),
+            ("0.05", "out of range"),
+            ("-1", "unexpected argument"),
+            ("soon", "invalid interval 'soon'"),
+            ("NaN", "out of range"),
+        ] {
+            let e = parse(&["top", "--interval", bad]).unwrap_err();
+            assert!(e.to_string().contains(why), "{bad}: {e}");
+        }
+        assert!(parse(&["top", "--iterations", "0"]).is_err());
     }
 }

@@ -14,6 +14,8 @@ mod setup;
 mod show;
 mod size;
 mod sys;
+mod term;
+mod top;
 
 pub use args::Cli;
 use args::Cmd;
@@ -103,6 +105,12 @@ pub fn run(cli: Cli) -> CliResult {
             init_log(if a.foreground { "info" } else { "warn" });
             setup::setup(a)
         }
+        Cmd::Top(a) => {
+            // A device that does not answer says so in its row; a warning
+            // on stderr would only scribble over the screen.
+            init_log("error");
+            top::top(a)
+        }
         cmd => {
             init_log("warn");
             match cmd {
@@ -118,7 +126,9 @@ pub fn run(cli: Cli) -> CliResult {
                 Cmd::Restart(a) => manage::restart(a),
                 Cmd::Exporter(a) => exporter::exporter(a),
                 Cmd::GenDocs(a) => docs::gen_docs(&a.out_dir),
-                Cmd::Add(_) | Cmd::Setup(_) | Cmd::Daemon(_) | Cmd::Keeper(_) => Ok(()),
+                Cmd::Add(_) | Cmd::Setup(_) | Cmd::Top(_) | Cmd::Daemon(_) | Cmd::Keeper(_) => {
+                    Ok(())
+                }
             }
         }
     }

@@ -10,6 +10,10 @@ use std::time::{Duration, Instant};
 use zblk_ublk::control::{self, client::request_at};
 use zblk_ublk::paths;
 
+/// How long the exporter waits for a scrape by default, in seconds (and
+/// the longest a `zblk top` refresh waits).
+pub const DEFAULT_TIMEOUT_SECS: u64 = 5;
+
 /// Asks every device in `run_dir` for its statistics, all at once, and
 /// waits at most `timeout` for them all: a device that has not answered by
 /// then (or cannot) is [`Scrape::Down`]. The requests themselves time out
