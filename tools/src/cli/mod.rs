@@ -3,8 +3,8 @@
 mod add;
 mod args;
 mod bench;
-mod columns;
-mod conf;
+pub mod columns;
+pub mod conf;
 mod docs;
 mod exporter;
 mod manage;
