@@ -159,15 +159,19 @@ impl Doc<'_> {
         let lines: Vec<&str> = self.text.lines().collect();
         let here = lines.get(n - 1)?.trim();
         if here.starts_with('[') {
-            return Some(here.to_string());
+            return printable(here).then(|| here.to_string());
         }
         let key = here.split_once('=')?.0.trim();
+        if key.is_empty() || key.starts_with('#') || !printable(key) {
+            return None;
+        }
         let section = lines[..n - 1]
             .iter()
             .rev()
             .map(|l| l.trim())
             .find(|l| l.starts_with('['))
-            .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim());
+            .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim())
+            .filter(|s| printable(s));
         Some(match section {
             Some(s) => format!("{s}.{key}"),
             None => key.to_string(),
@@ -226,6 +230,13 @@ impl Doc<'_> {
             discard,
         })
     }
+}
+
+/// Whether text read back from the file can go into a one-line error:
+/// a carriage return or other control character would break the line or
+/// overwrite the file name on a terminal.
+fn printable(text: &str) -> bool {
+    !text.chars().any(char::is_control)
 }
 
 /// What `size` must be.
@@ -379,6 +390,21 @@ mod tests {
         assert!(e.starts_with("/etc/zblk/zblk.conf:3: ublkb0.mode: "), "{e}");
         let e = parse_err("[ublkb0]\nsize = 1\n[ublkb0]\nsize = 2\n");
         assert!(e.starts_with("/etc/zblk/zblk.conf:3: [ublkb0]: "), "{e}");
+    }
+
+    /// Found by the `setup_conf` fuzz target: a TOML error on a comment
+    /// line holding `=` and a lone carriage return used the comment as the
+    /// key, control characters and all, so the "one line" error carried a
+    /// `\r` (on a terminal, it overwrote the file name).
+    #[test]
+    fn an_error_on_a_comment_line_stays_one_clean_line() {
+        let e = parse_err("[ublkb0]\nsize = 64\n# a = b \r\0 c\n");
+        assert!(!e.contains(['\r', '\n', '\0']), "{e:?}");
+        assert!(e.starts_with("/etc/zblk/zblk.conf:3: "), "{e:?}");
+        assert!(!e.contains("ublkb0.#"), "a comment taken for a key: {e:?}");
+        let e = parse_err("[ublkb0]\nsize = 64\nmode\r = 1\n");
+        assert!(!e.contains(['\r', '\n']), "{e:?}");
+        assert!(e.starts_with("/etc/zblk/zblk.conf:3: "), "{e:?}");
     }
 
     #[test]
