@@ -92,11 +92,12 @@ pub fn eval_size(expr: &str, ram_mb: f64) -> Result<u64, String> {
     ctx.set_value("ram".into(), Value::Float(ram_mb))
         .map_err(|e| e.to_string())?;
     let mb = evalexpr::eval_number_with_context(expr, &ctx)
-        .map_err(|e| format!("bad size expression '{expr}': {e}"))?;
+        .map_err(|e| format!("bad size expression '{}': {e}", escape_controls(expr)))?;
     let bytes = mb * 1024.0 * 1024.0;
     if !bytes.is_finite() || bytes < 0.0 || bytes >= u64::MAX as f64 {
         return Err(format!(
-            "size '{expr}' is {mb} MB: not a size (ram = {ram_mb} MB)"
+            "size '{}' is {mb} MB: not a size (ram = {ram_mb} MB)",
+            escape_controls(expr)
         ));
     }
     Ok(((bytes as u64) / PAGE * PAGE).max(PAGE))
@@ -119,6 +120,7 @@ impl Doc<'_> {
     /// `file:line: key: message` for a byte range of the text.
     fn error_at(&self, span: Range<usize>, key: &str, msg: &str) -> String {
         let line = self.line_of(span.start);
+        let msg = escape_controls(msg);
         format!("{}:{line}: {key}: {msg}", self.file.display())
     }
 
@@ -135,7 +137,8 @@ impl Doc<'_> {
     /// A TOML or serde error, with the key read back from its line (the
     /// `toml` crate's error carries the span but not the key path).
     fn toml_error(&self, e: &toml::de::Error) -> String {
-        let mut msg = e.message().trim();
+        let text = escape_controls(e.message().trim());
+        let mut msg = text.as_str();
         if msg.ends_with("expected struct Section") {
             // A key = value before the first section header.
             msg = "every setting belongs to a section: [ublkb0] for /dev/ublkb0";
@@ -230,6 +233,21 @@ impl Doc<'_> {
             discard,
         })
     }
+}
+
+/// `text` with control characters (a newline in a multi-line string, a
+/// carriage return) escaped as `\n`, `\r`, `\u{0}`: file text quoted in
+/// an error must not break it over lines.
+fn escape_controls(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// Whether text read back from the file can go into a one-line error:
@@ -380,6 +398,16 @@ mod tests {
             .unwrap_err()
             .contains("not a size"));
         assert!(eval_size("ram / 0", 8.0).is_err());
+        // Found by the setup_conf fuzz target: an expression over lines
+        // (a TOML multi-line string) made an error over lines.
+        let e = eval_size("ram\n/ x", 8.0).unwrap_err();
+        assert!(e.starts_with("bad size expression 'ram\\n/ x'"), "{e}");
+        let e = parse_err("[ublkb0]\nsize = \"\"\"\nram\r\n/ 0\n\"\"\"\n");
+        assert!(!e.contains(['\n', '\r']), "{e:?}");
+        assert!(
+            e.starts_with("/etc/zblk/zblk.conf:2: ublkb0.size: "),
+            "{e:?}"
+        );
         let e = eval_size("rom / 2", 8.0).unwrap_err();
         assert!(e.starts_with("bad size expression 'rom / 2'"), "{e}");
     }
