@@ -91,13 +91,17 @@ pub fn eval_size(expr: &str, ram_mb: f64) -> Result<u64, String> {
     let mut ctx = HashMapContext::<DefaultNumericTypes>::new();
     ctx.set_value("ram".into(), Value::Float(ram_mb))
         .map_err(|e| e.to_string())?;
-    let mb = evalexpr::eval_number_with_context(expr, &ctx)
-        .map_err(|e| format!("bad size expression '{}': {e}", escape_controls(expr)))?;
+    let mb = evalexpr::eval_number_with_context(expr, &ctx).map_err(|e| {
+        format!(
+            "bad size expression '{}': {e}",
+            super::escape_controls(expr)
+        )
+    })?;
     let bytes = mb * 1024.0 * 1024.0;
     if !bytes.is_finite() || bytes < 0.0 || bytes >= u64::MAX as f64 {
         return Err(format!(
             "size '{}' is {mb} MB: not a size (ram = {ram_mb} MB)",
-            escape_controls(expr)
+            super::escape_controls(expr)
         ));
     }
     Ok(((bytes as u64) / PAGE * PAGE).max(PAGE))
@@ -120,7 +124,7 @@ impl Doc<'_> {
     /// `file:line: key: message` for a byte range of the text.
     fn error_at(&self, span: Range<usize>, key: &str, msg: &str) -> String {
         let line = self.line_of(span.start);
-        let msg = escape_controls(msg);
+        let msg = super::escape_controls(msg);
         format!("{}:{line}: {key}: {msg}", self.file.display())
     }
 
@@ -137,7 +141,7 @@ impl Doc<'_> {
     /// A TOML or serde error, with the key read back from its line (the
     /// `toml` crate's error carries the span but not the key path).
     fn toml_error(&self, e: &toml::de::Error) -> String {
-        let text = escape_controls(e.message().trim());
+        let text = super::escape_controls(e.message().trim());
         let mut msg = text.as_str();
         if msg.ends_with("expected struct Section") {
             // A key = value before the first section header.
@@ -233,21 +237,6 @@ impl Doc<'_> {
             discard,
         })
     }
-}
-
-/// `text` with control characters (a newline in a multi-line string, a
-/// carriage return) escaped as `\n`, `\r`, `\u{0}`: file text quoted in
-/// an error must not break it over lines.
-fn escape_controls(text: &str) -> String {
-    text.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_default().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
 }
 
 /// Whether text read back from the file can go into a one-line error:

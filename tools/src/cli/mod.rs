@@ -80,6 +80,21 @@ fn one_line(text: &str) -> String {
     }
 }
 
+/// `text` with control characters (a newline in a multi-line string, a
+/// carriage return) escaped as `\n`, `\r`, `\u{0}`: input quoted in an
+/// error must not break it over lines.
+pub(crate) fn escape_controls(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> CliResult {
     match cli.cmd {
