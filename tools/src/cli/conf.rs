@@ -124,7 +124,8 @@ impl Doc<'_> {
     /// `file:line: key: message` for a byte range of the text.
     fn error_at(&self, span: Range<usize>, key: &str, msg: &str) -> String {
         let line = self.line_of(span.start);
-        let msg = super::escape_controls(msg);
+        // A section name is a TOML key: quoted, it can hold any character.
+        let (key, msg) = (super::escape_controls(key), super::escape_controls(msg));
         format!("{}:{line}: {key}: {msg}", self.file.display())
     }
 
@@ -499,6 +500,13 @@ mod tests {
             assert_eq!(section_id(bad), None, "{bad}");
         }
         assert_eq!(section_id("ublkb10"), Some(10));
+        // Found by the setup_conf fuzz target: a quoted section name
+        // with a newline in it.
+        let e = parse_err("[\"ublkb\\n0\"]\nsize = 64\n");
+        assert!(
+            e.starts_with("/etc/zblk/zblk.conf:1: [ublkb\\n0]: a section is named"),
+            "{e:?}"
+        );
         let e = parse_err("[ublkb9999999]\nsize = 64\n");
         assert!(
             e.starts_with("/etc/zblk/zblk.conf:1: [ublkb9999999]: "),
