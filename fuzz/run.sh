@@ -16,7 +16,7 @@ cd "$(dirname "$0")"
 
 secs=${1:-60}
 shift || true
-all=(store_ops corrupt_objects ublk_dispatch control_protocol iaa_model cli_parse)
+all=(store_ops corrupt_objects ublk_dispatch control_protocol iaa_model cli_parse setup_conf)
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=("${all[@]}")
 nice_n=${ZBLK_FUZZ_NICE:-10}

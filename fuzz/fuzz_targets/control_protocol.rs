@@ -1,11 +1,16 @@
-//! The control socket's request parser (`zblk_ublk::control`), fed raw
-//! bytes over a real socket pair (`read_request`, as the daemon's server
-//! reads a client) and structured JSON built from the input. Checks: no
-//! panic; `read_request` agrees with parsing the first line by itself; a
-//! request that parses round-trips through its wire form; a structured
-//! JSON value parses exactly when a plain model of the protocol says it
-//! is a request; every refusal becomes a one-line `{"ok":false,...}` reply
-//! (what the server writes back) that a client parses as a failure.
+//! The control sockets' request parsers: the daemon's
+//! (`zblk_ublk::control::Request`) and the keeper's
+//! (`zblk_ublk::keeper::KeeperRequest`), fed raw bytes over a real socket
+//! pair (`read_request`, as the daemon's server reads a client),
+//! structured JSON built from the input, and every request variant built
+//! from typed fields. Checks: no panic; `read_request` agrees with parsing
+//! the first line by itself; a request that parses round-trips through its
+//! wire form, and that wire form is the one a plain model of the protocol
+//! writes; a structured JSON value parses exactly when the model says it is
+//! a request (and as that request), for the daemon and the keeper alike;
+//! no line is both a daemon and a keeper request; every refusal becomes a
+//! one-line `{"ok":false,...}` reply (what the servers write back) that a
+//! client parses as a failure.
 #![no_main]
 
 use arbitrary::Arbitrary;
@@ -14,12 +19,18 @@ use serde_json::{Map, Number, Value};
 use std::io::Write;
 use std::os::unix::net::UnixStream;
 use zblk_ublk::control::{read_request, RequestError};
+use zblk_ublk::keeper::KeeperRequest;
 use zblk_ublk::{Request, Response};
 
-const CMDS: [&str; 7] = [
-    "info", "stats", "compact", "set_mem_limit", "shutdown", "Info", "format_disk",
+/// Every command of both sockets, and a few near misses.
+const CMDS: [&str; 15] = [
+    "info", "stats", "compact", "idle", "recompress", "set_mem_limit", "shutdown", "handover",
+    "status", "restart", "recover", "Info", "format_disk", "set-mem-limit", "huge_idle",
 ];
-const KEYS: [&str; 5] = ["cmd", "bytes", "force", "data", "ok"];
+/// Every field of any request, and keys of replies.
+const KEYS: [&str; 11] = [
+    "cmd", "bytes", "force", "age", "algo", "kind", "threshold", "max_pages", "data", "ok", "error",
+];
 
 #[derive(Arbitrary, Debug)]
 enum J {
@@ -65,13 +76,33 @@ fn value(j: &J, depth: u32) -> Value {
     }
 }
 
-/// What the protocol says `v` is: a request, or not.
+/// What the protocol says `v` is for a daemon: a request, or not.
 fn model(v: &Value) -> Option<Request> {
     let o = v.as_object()?;
+    let u64_or_0 = |k: &str| match o.get(k) {
+        None => Some(0),
+        Some(n) => n.as_u64(),
+    };
     match o.get("cmd")?.as_str()? {
         "info" => Some(Request::Info),
         "stats" => Some(Request::Stats),
         "compact" => Some(Request::Compact),
+        "handover" => Some(Request::Handover),
+        "idle" => Some(Request::Idle {
+            age: match o.get("age") {
+                None | Some(Value::Null) => None,
+                Some(a) => Some(a.as_u64()?),
+            },
+        }),
+        "recompress" => Some(Request::Recompress {
+            algo: o.get("algo")?.as_str()?.to_string(),
+            kind: match o.get("kind") {
+                None => "all".to_string(),
+                Some(k) => k.as_str()?.to_string(),
+            },
+            threshold: u64_or_0("threshold")?,
+            max_pages: u64_or_0("max_pages")?,
+        }),
         "set_mem_limit" => Some(Request::SetMemLimit {
             bytes: o.get("bytes")?.as_u64()?,
         }),
@@ -85,6 +116,53 @@ fn model(v: &Value) -> Option<Request> {
     }
 }
 
+/// What the protocol says `v` is for a keeper.
+fn keeper_model(v: &Value) -> Option<KeeperRequest> {
+    match v.as_object()?.get("cmd")?.as_str()? {
+        "status" => Some(KeeperRequest::Status),
+        "restart" => Some(KeeperRequest::Restart),
+        "recover" => Some(KeeperRequest::Recover),
+        _ => None,
+    }
+}
+
+/// The wire form the protocol gives a daemon request (what clients of
+/// other versions, and scripts with `socat`, rely on).
+fn wire(r: &Request) -> Value {
+    let mut o = Map::new();
+    let mut put = |k: &str, v: Value| {
+        o.insert(k.to_string(), v);
+    };
+    match r {
+        Request::Info => put("cmd", "info".into()),
+        Request::Stats => put("cmd", "stats".into()),
+        Request::Compact => put("cmd", "compact".into()),
+        Request::Handover => put("cmd", "handover".into()),
+        Request::Idle { age } => {
+            put("cmd", "idle".into());
+            if let Some(a) = age {
+                put("age", (*a).into());
+            }
+        }
+        Request::Recompress { algo, kind, threshold, max_pages } => {
+            put("cmd", "recompress".into());
+            put("algo", algo.as_str().into());
+            put("kind", kind.as_str().into());
+            put("threshold", (*threshold).into());
+            put("max_pages", (*max_pages).into());
+        }
+        Request::SetMemLimit { bytes } => {
+            put("cmd", "set_mem_limit".into());
+            put("bytes", (*bytes).into());
+        }
+        Request::Shutdown { force } => {
+            put("cmd", "shutdown".into());
+            put("force", (*force).into());
+        }
+    }
+    Value::Object(o)
+}
+
 /// The reply the server sends for a bad request, checked as a client
 /// reads it.
 fn check_refusal(e: &RequestError) {
@@ -96,14 +174,75 @@ fn check_refusal(e: &RequestError) {
 }
 
 fn check_request(r: &Request) {
-    let wire = serde_json::to_string(r).unwrap();
-    assert_eq!(&serde_json::from_str::<Request>(&wire).unwrap(), r, "{wire}");
+    let wire_text = serde_json::to_string(r).unwrap();
+    assert_eq!(&serde_json::from_str::<Request>(&wire_text).unwrap(), r, "{wire_text}");
+    let v: Value = serde_json::from_str(&wire_text).unwrap();
+    assert_eq!(v, wire(r), "wire form of {r:?}");
+    assert!(serde_json::from_str::<KeeperRequest>(&wire_text).is_err(), "{wire_text}");
+}
+
+fn check_keeper_request(r: &KeeperRequest) {
+    let wire_text = serde_json::to_string(r).unwrap();
+    assert_eq!(&serde_json::from_str::<KeeperRequest>(&wire_text).unwrap(), r, "{wire_text}");
+    let v: Value = serde_json::from_str(&wire_text).unwrap();
+    assert_eq!(keeper_model(&v).as_ref(), Some(r), "{wire_text}");
+    assert!(serde_json::from_str::<Request>(&wire_text).is_err(), "{wire_text}");
+}
+
+/// A request of either socket built from typed fields: every variant.
+#[derive(Arbitrary, Debug)]
+enum Typed {
+    Info,
+    Stats,
+    Compact,
+    Idle(Option<u64>),
+    Recompress { algo: String, kind: String, threshold: u64, max_pages: u64 },
+    SetMemLimit(u64),
+    Shutdown(bool),
+    Handover,
+    KeeperStatus,
+    KeeperRestart,
+    KeeperRecover,
+}
+
+impl Typed {
+    fn build(&self) -> Result<Request, KeeperRequest> {
+        Ok(match self {
+            Typed::Info => Request::Info,
+            Typed::Stats => Request::Stats,
+            Typed::Compact => Request::Compact,
+            Typed::Idle(age) => Request::Idle { age: *age },
+            Typed::Recompress { algo, kind, threshold, max_pages } => Request::Recompress {
+                algo: algo.clone(),
+                kind: kind.clone(),
+                threshold: *threshold,
+                max_pages: *max_pages,
+            },
+            Typed::SetMemLimit(bytes) => Request::SetMemLimit { bytes: *bytes },
+            Typed::Shutdown(force) => Request::Shutdown { force: *force },
+            Typed::Handover => Request::Handover,
+            Typed::KeeperStatus => return Err(KeeperRequest::Status),
+            Typed::KeeperRestart => return Err(KeeperRequest::Restart),
+            Typed::KeeperRecover => return Err(KeeperRequest::Recover),
+        })
+    }
 }
 
 #[derive(Arbitrary, Debug)]
 enum Input {
     Bytes(Vec<u8>),
     Json { v: J, newline: bool, trailer: Vec<u8> },
+    Typed { t: Typed, newline: bool, trailer: Vec<u8> },
+}
+
+/// `text`, and with `newline` a newline and whatever follows it.
+fn line_with(text: String, newline: bool, trailer: &[u8]) -> Vec<u8> {
+    let mut b = text.into_bytes();
+    if newline {
+        b.push(b'\n');
+        b.extend_from_slice(trailer);
+    }
+    b
 }
 
 fn over_socket(bytes: &[u8]) -> Result<Request, RequestError> {
@@ -124,16 +263,26 @@ fuzz_target!(|input: Input| {
             // serde also takes an internally tagged enum from an array
             // (`["stats"]`): harmless, so arrays are only checked not to
             // panic and to round-trip.
+            let keeper = serde_json::from_str::<KeeperRequest>(&text).ok();
             if !v.is_array() {
                 assert_eq!(parsed, model(&v), "{text}");
+                assert_eq!(keeper, keeper_model(&v), "{text}");
             }
-            let mut b = text.into_bytes();
-            if *newline {
-                b.push(b'\n');
-                b.extend_from_slice(trailer);
-            }
-            b
+            // The two sockets take disjoint commands: a request sent to
+            // the wrong one is refused, never taken for another.
+            assert!(parsed.is_none() || keeper.is_none(), "{text}");
+            line_with(text, *newline, trailer)
         }
+        Input::Typed { t, newline, trailer } => match t.build() {
+            Ok(r) => {
+                check_request(&r);
+                line_with(serde_json::to_string(&r).unwrap(), *newline, trailer)
+            }
+            Err(k) => {
+                check_keeper_request(&k);
+                line_with(serde_json::to_string(&k).unwrap(), *newline, trailer)
+            }
+        },
     };
     if bytes.len() > 64 * 1024 {
         return;
@@ -142,6 +291,17 @@ fuzz_target!(|input: Input| {
     // The server reads up to and including the first newline, as UTF-8.
     let line_end = bytes.iter().position(|&c| c == b'\n').map_or(bytes.len(), |i| i + 1);
     let line = std::str::from_utf8(&bytes[..line_end]);
+    // The keeper reads the same way (a line, then serde), without a
+    // public reader of its own: its request from the same line.
+    if let Ok(l) = line {
+        match serde_json::from_str::<KeeperRequest>(l) {
+            Ok(k) => {
+                check_keeper_request(&k);
+                assert!(got.is_err(), "{l:?} is {k:?} and {got:?}");
+            }
+            Err(e) => check_refusal(&RequestError::Parse(e)),
+        }
+    }
     match (&got, line) {
         (Ok(r), Ok(l)) => {
             assert_eq!(serde_json::from_str::<Request>(l).ok().as_ref(), Some(r));

@@ -1,12 +1,11 @@
 //! `zblk`: create, inspect and remove zblk devices (compressed RAM block
 //! devices served through ublk), and run the engine benchmark.
 //!
-//! Everything lives in [`cli`]; this only parses, runs and turns a failure
-//! into one line on stderr and a non-zero exit.
-
-mod cli;
+//! Everything lives in the library's `cli` module; this only parses, runs
+//! and turns a failure into one line on stderr and a non-zero exit.
 
 use clap::Parser;
+use zblk_tools::cli;
 
 fn main() {
     let args = match cli::Cli::try_parse() {

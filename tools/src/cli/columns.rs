@@ -98,7 +98,7 @@ fn find(name: &str) -> Result<Column, String> {
         .collect();
     Err(format!(
         "unknown column '{}' (valid: {})",
-        name.trim(),
+        super::escape_controls(name.trim()),
         valid.join(", ")
     ))
 }
@@ -161,6 +161,10 @@ mod tests {
         assert!(e.ends_with("RECOVERIES, STREAMS, MOUNTPOINT)"), "{e}");
         assert!(!e.contains('\n'));
         let e = Columns::parse("NAME,,DATA").unwrap_err();
-        assert!(e.starts_with("unknown column ''"), "{e}");
+        assert!(e.starts_with("unknown column ''"), "{e}"); // Found by the setup_conf fuzz target: a name with a newline
+                                                            // inside made a two-line error.
+        let e = Columns::parse("NAME,DA\nTA\r").unwrap_err();
+        assert!(e.starts_with("unknown column 'DA\\nTA' (valid:"), "{e}");
+        assert!(!e.contains(['\n', '\r']), "{e:?}");
     }
 }

@@ -91,12 +91,17 @@ pub fn eval_size(expr: &str, ram_mb: f64) -> Result<u64, String> {
     let mut ctx = HashMapContext::<DefaultNumericTypes>::new();
     ctx.set_value("ram".into(), Value::Float(ram_mb))
         .map_err(|e| e.to_string())?;
-    let mb = evalexpr::eval_number_with_context(expr, &ctx)
-        .map_err(|e| format!("bad size expression '{expr}': {e}"))?;
+    let mb = evalexpr::eval_number_with_context(expr, &ctx).map_err(|e| {
+        format!(
+            "bad size expression '{}': {e}",
+            super::escape_controls(expr)
+        )
+    })?;
     let bytes = mb * 1024.0 * 1024.0;
     if !bytes.is_finite() || bytes < 0.0 || bytes >= u64::MAX as f64 {
         return Err(format!(
-            "size '{expr}' is {mb} MB: not a size (ram = {ram_mb} MB)"
+            "size '{}' is {mb} MB: not a size (ram = {ram_mb} MB)",
+            super::escape_controls(expr)
         ));
     }
     Ok(((bytes as u64) / PAGE * PAGE).max(PAGE))
@@ -119,6 +124,8 @@ impl Doc<'_> {
     /// `file:line: key: message` for a byte range of the text.
     fn error_at(&self, span: Range<usize>, key: &str, msg: &str) -> String {
         let line = self.line_of(span.start);
+        // A section name is a TOML key: quoted, it can hold any character.
+        let (key, msg) = (super::escape_controls(key), super::escape_controls(msg));
         format!("{}:{line}: {key}: {msg}", self.file.display())
     }
 
@@ -135,7 +142,8 @@ impl Doc<'_> {
     /// A TOML or serde error, with the key read back from its line (the
     /// `toml` crate's error carries the span but not the key path).
     fn toml_error(&self, e: &toml::de::Error) -> String {
-        let mut msg = e.message().trim();
+        let text = super::escape_controls(e.message().trim());
+        let mut msg = text.as_str();
         if msg.ends_with("expected struct Section") {
             // A key = value before the first section header.
             msg = "every setting belongs to a section: [ublkb0] for /dev/ublkb0";
@@ -159,15 +167,19 @@ impl Doc<'_> {
         let lines: Vec<&str> = self.text.lines().collect();
         let here = lines.get(n - 1)?.trim();
         if here.starts_with('[') {
-            return Some(here.to_string());
+            return printable(here).then(|| here.to_string());
         }
         let key = here.split_once('=')?.0.trim();
+        if key.is_empty() || key.starts_with('#') || !printable(key) {
+            return None;
+        }
         let section = lines[..n - 1]
             .iter()
             .rev()
             .map(|l| l.trim())
             .find(|l| l.starts_with('['))
-            .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim());
+            .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim())
+            .filter(|s| printable(s));
         Some(match section {
             Some(s) => format!("{s}.{key}"),
             None => key.to_string(),
@@ -226,6 +238,13 @@ impl Doc<'_> {
             discard,
         })
     }
+}
+
+/// Whether text read back from the file can go into a one-line error:
+/// a carriage return or other control character would break the line or
+/// overwrite the file name on a terminal.
+fn printable(text: &str) -> bool {
+    !text.chars().any(char::is_control)
 }
 
 /// What `size` must be.
@@ -369,6 +388,16 @@ mod tests {
             .unwrap_err()
             .contains("not a size"));
         assert!(eval_size("ram / 0", 8.0).is_err());
+        // Found by the setup_conf fuzz target: an expression over lines
+        // (a TOML multi-line string) made an error over lines.
+        let e = eval_size("ram\n/ x", 8.0).unwrap_err();
+        assert!(e.starts_with("bad size expression 'ram\\n/ x'"), "{e}");
+        let e = parse_err("[ublkb0]\nsize = \"\"\"\nram\r\n/ 0\n\"\"\"\n");
+        assert!(!e.contains(['\n', '\r']), "{e:?}");
+        assert!(
+            e.starts_with("/etc/zblk/zblk.conf:2: ublkb0.size: "),
+            "{e:?}"
+        );
         let e = eval_size("rom / 2", 8.0).unwrap_err();
         assert!(e.starts_with("bad size expression 'rom / 2'"), "{e}");
     }
@@ -379,6 +408,21 @@ mod tests {
         assert!(e.starts_with("/etc/zblk/zblk.conf:3: ublkb0.mode: "), "{e}");
         let e = parse_err("[ublkb0]\nsize = 1\n[ublkb0]\nsize = 2\n");
         assert!(e.starts_with("/etc/zblk/zblk.conf:3: [ublkb0]: "), "{e}");
+    }
+
+    /// Found by the `setup_conf` fuzz target: a TOML error on a comment
+    /// line holding `=` and a lone carriage return used the comment as the
+    /// key, control characters and all, so the "one line" error carried a
+    /// `\r` (on a terminal, it overwrote the file name).
+    #[test]
+    fn an_error_on_a_comment_line_stays_one_clean_line() {
+        let e = parse_err("[ublkb0]\nsize = 64\n# a = b \r\0 c\n");
+        assert!(!e.contains(['\r', '\n', '\0']), "{e:?}");
+        assert!(e.starts_with("/etc/zblk/zblk.conf:3: "), "{e:?}");
+        assert!(!e.contains("ublkb0.#"), "a comment taken for a key: {e:?}");
+        let e = parse_err("[ublkb0]\nsize = 64\nmode\r = 1\n");
+        assert!(!e.contains(['\r', '\n']), "{e:?}");
+        assert!(e.starts_with("/etc/zblk/zblk.conf:3: "), "{e:?}");
     }
 
     #[test]
@@ -456,6 +500,13 @@ mod tests {
             assert_eq!(section_id(bad), None, "{bad}");
         }
         assert_eq!(section_id("ublkb10"), Some(10));
+        // Found by the setup_conf fuzz target: a quoted section name
+        // with a newline in it.
+        let e = parse_err("[\"ublkb\\n0\"]\nsize = 64\n");
+        assert!(
+            e.starts_with("/etc/zblk/zblk.conf:1: [ublkb\\n0]: a section is named"),
+            "{e:?}"
+        );
         let e = parse_err("[ublkb9999999]\nsize = 64\n");
         assert!(
             e.starts_with("/etc/zblk/zblk.conf:1: [ublkb9999999]: "),

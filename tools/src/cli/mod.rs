@@ -3,8 +3,8 @@
 mod add;
 mod args;
 mod bench;
-mod columns;
-mod conf;
+pub mod columns;
+pub mod conf;
 mod docs;
 mod exporter;
 mod manage;
@@ -80,6 +80,21 @@ fn one_line(text: &str) -> String {
         None if s.is_empty() => "invalid arguments".to_string(),
         None => s,
     }
+}
+
+/// `text` with control characters (a newline in a multi-line string, a
+/// carriage return) escaped as `\n`, `\r`, `\u{0}`: input quoted in an
+/// error must not break it over lines.
+pub(crate) fn escape_controls(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// Runs a parsed command line.
