@@ -306,9 +306,7 @@ impl Queues {
                 self.on_target_cqe(q, qs, &mut ctx, cqe, q.is_stopping());
             }
         });
-        ctx.flush_frees();
-        qs.pending.store(0, Ordering::SeqCst);
-        log::info!("queue {qid}: done");
+        finish(qs, &mut ctx, qid);
     }
 
     /// `UBLK_F_BATCH_IO`: multishot fetches hand over groups of tags, whose
@@ -368,27 +366,11 @@ impl Queues {
                 }
                 break;
             }
-            match batch.try_submit_completions(&done) {
-                Ok(true) => done.clear(),
-                // Every commit slot in flight: kept for the next round.
-                Ok(false) => {}
-                Err(e) => {
-                    log::error!("queue {qid}: commit: {}", UblkCause(&e));
-                    break;
-                }
-            }
-            match batch.try_begin_shutdown() {
-                Ok(true) if batch.is_shutdown_complete() => break,
-                Ok(_) => {}
-                Err(e) => {
-                    log::error!("queue {qid}: shutdown: {}", UblkCause(&e));
-                    break;
-                }
+            if !commit_round(&mut batch, &mut done, qid) {
+                break;
             }
         }
-        ctx.flush_frees();
-        qs.pending.store(0, Ordering::SeqCst);
-        log::info!("queue {qid}: done");
+        finish(qs, &mut ctx, qid);
     }
 
     /// A completion of the queue's own (not a request): the tick, armed
@@ -422,6 +404,36 @@ impl Queues {
             .store(ctx.pending_frees() as u64, Ordering::SeqCst);
         qs.done.store(gen, Ordering::SeqCst);
     }
+}
+
+/// The end of a wake-up of a batch queue: commits the results gathered
+/// (kept for the next round while every commit slot is in flight) and
+/// says whether the queue goes on (false once it has shut down, or on an
+/// error, logged here).
+fn commit_round(batch: &mut UblkBatchQueue, done: &mut Vec<UblkBatchCompletion>, qid: u16) -> bool {
+    match batch.try_submit_completions(done) {
+        Ok(true) => done.clear(),
+        Ok(false) => {}
+        Err(e) => {
+            log::error!("queue {qid}: commit: {}", UblkCause(&e));
+            return false;
+        }
+    }
+    match batch.try_begin_shutdown() {
+        Ok(shutting) => !(shutting && batch.is_shutdown_complete()),
+        Err(e) => {
+            log::error!("queue {qid}: shutdown: {}", UblkCause(&e));
+            false
+        }
+    }
+}
+
+/// What a queue thread does last, whichever transport it served: frees its
+/// batch and clears its pending gauge.
+fn finish(qs: &QueueShared, ctx: &mut QueueCtx, qid: u16) {
+    ctx.flush_frees();
+    qs.pending.store(0, Ordering::SeqCst);
+    log::info!("queue {qid}: done");
 }
 
 /// Seconds since boot (`CLOCK_BOOTTIME`, the clock of `/proc/uptime`).

@@ -50,6 +50,11 @@ jnum() { v=$(jget "$1"); echo "${v:-0}" | cut -d. -f1; }
 # Integer ratio a/b with two decimals, "inf" when b is 0.
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b == 0) print "inf"; else printf "%.2f", a / b }'; }
 
+# The value of KEY ($2) in a line of figures KEY=VALUE ... ($1).
+get() { echo "$1" | tr ' ' '\n' | grep "^$2=" | cut -d= -f2; }
+# The median of the numbers on stdin (space or newline separated).
+median() { tr ' ' '\n' | grep -v '^$' | sort -n | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }'; }
+
 # A /proc/vmstat counter.
 vmstat() { awk -v k="$1" '$1 == k { print $2 }' /proc/vmstat; }
 
@@ -99,6 +104,21 @@ proc_stacks() {
         echo "${t##*/} $(cat "$t/comm" 2>/dev/null) $(awk '{ print $3 }' "$t/stat" 2>/dev/null) wchan=$(cat "$t/wchan" 2>/dev/null) $(head -4 "$t/stack" 2>/dev/null | awk '{ print $2 }' | tr '\n' ' ')"
     done
 }
+
+# Take-overs the keeper has logged in device log $1 (a line "... daemon pid
+# P took over in T ms ..." each).
+takeovers() { grep -c 'took over in' "$1"; }
+# Waits up to $3 tenths of a second until log $1 counts more take-overs
+# than $2; false on timeout.
+wait_takeover() {
+    local i=0
+    while [ "$(takeovers "$1")" -le "$2" ]; do
+        [ $i -ge "$3" ] && return 1
+        sleep 0.1; i=$((i + 1))
+    done
+}
+# T of the last take-over in log $1, in ms.
+last_takeover_ms() { grep 'took over in' "$1" | tail -1 | sed 's/.*took over in \([0-9]*\) ms.*/\1/'; }
 
 # True when $1 (a /dev path) is an active swap area.
 is_swap() { grep -q "^$1 " /proc/swaps; }

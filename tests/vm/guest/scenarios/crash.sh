@@ -27,17 +27,15 @@ while [ $kills -lt "$ZBLK_CRASH_KILLS" ] && kill -0 $U 2>/dev/null; do
     sleep "$(awk -v s="$ZBLK_CRASH_SEED" -v n=$n -v g="$ZBLK_CRASH_GAP_S" 'BEGIN { srand(s + n); printf "%.1f", g + rand() * 1.4 }')"
     st=$(zstat | jnum stored_pages); [ "$st" -gt "$PEAK" ] && PEAK=$st
     pid=$(zdaemon_pid "$ZID") || continue
-    taken=$(grep -c 'took over in' "$LOG")
+    taken=$(takeovers "$LOG")
     served=$(grep -c 'first request served at uptime' "$LOG")
     t=$(now)
     kill -9 "$pid" || continue
     kills=$((kills + 1))
     # The keeper says when the new daemon serves; its first request follows.
-    i=0
-    while [ "$(grep -c 'took over in' "$LOG")" -le "$taken" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
-    [ $i -lt 300 ] || fail "kill $kills: no new daemon within 30 s: $(tail -3 "$LOG" | tr '\n' '|')"
+    wait_takeover "$LOG" "$taken" 300 || fail "kill $kills: no new daemon within 30 s: $(tail -3 "$LOG" | tr '\n' '|')"
     grep -q 'giving up' "$LOG" && fail "kill $kills: the keeper gave up: $(grep 'giving up' "$LOG")"
-    ms=$(grep 'took over in' "$LOG" | tail -1 | sed 's/.*took over in \([0-9]*\) ms.*/\1/')
+    ms=$(last_takeover_ms "$LOG")
     live_ms="$live_ms $ms"
     i=0
     while [ "$(grep -c 'first request served at uptime' "$LOG")" -le "$served" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done

@@ -133,10 +133,10 @@ dd if=/tmp/zblk-vm.src of="$loop_dev" bs=1048576 count=4 oflag=direct conv=notru
 k=0
 pid=$(zdaemon_pid "$loop_id") || fail "crash loop: no process holds /dev/ublkc$loop_id"
 while [ $k -lt 20 ] && ! grep -q 'giving up' "$LOG"; do
-    taken=$(grep -c 'took over in' "$LOG")
+    taken=$(takeovers "$LOG")
     kill -9 "$pid" 2>/dev/null && k=$((k + 1))
     i=0
-    while [ "$(grep -c 'took over in' "$LOG")" -le "$taken" ] && ! grep -q 'giving up' "$LOG" && [ $i -lt 300 ]; do sleep 0.05; i=$((i + 1)); done
+    while [ "$(takeovers "$LOG")" -le "$taken" ] && ! grep -q 'giving up' "$LOG" && [ $i -lt 300 ]; do sleep 0.05; i=$((i + 1)); done
     [ $i -lt 300 ] || fail "crash loop, kill $k: neither a new daemon nor giving up within 15 s: $(tail -2 "$LOG" | tr '\n' '|')"
     pid=$(grep 'took over in' "$LOG" | tail -1 | sed 's/.*daemon pid \([0-9]*\) took over.*/\1/')
 done

@@ -17,8 +17,6 @@
 SCEN=recovery-cost
 : "${ZBLK_COST_ROUNDS:=3}" "${ZBLK_RECOVERY_MB:=100 500 1000}"
 ZBLK_RECOVERY_MB=$(echo "$ZBLK_RECOVERY_MB" | tr '+,' '  ')
-get() { echo "$1" | tr ' ' '\n' | grep "^$2=" | cut -d= -f2; }
-median() { tr ' ' '\n' | grep -v '^$' | sort -n | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }'; }
 
 # One swap workload on a fresh device; $1 names it, the rest are add flags.
 one() {
@@ -58,13 +56,11 @@ for mb in $ZBLK_RECOVERY_MB; do
     dd if="$ZDEV" of=/tmp/zblk-vm.before bs=1048576 count=4 skip=$((mb / 2)) iflag=direct 2>/dev/null || fail "$mb MB: read before the kill failed"
     st=$(zstat | jnum stored_pages) mem=$(zstat | jnum mem_used_total)
     [ "$st" -ge $((mb * 256 * 9 / 10)) ] || fail "$mb MB: only $st pages stored after the prefill"
-    taken=$(grep -c 'took over in' "$LOG")
+    taken=$(takeovers "$LOG")
     pid=$(zdaemon_pid "$ZID") || fail "$mb MB: no process holds /dev/ublkc$ZID"
     kill -9 "$pid"
-    i=0
-    while [ "$(grep -c 'took over in' "$LOG")" -le "$taken" ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
-    [ $i -lt 600 ] || fail "$mb MB: no new daemon within 60 s: $(tail -3 "$LOG" | tr '\n' '|')"
-    live=$(grep 'took over in' "$LOG" | tail -1 | sed 's/.*took over in \([0-9]*\) ms.*/\1/')
+    wait_takeover "$LOG" "$taken" 600 || fail "$mb MB: no new daemon within 60 s: $(tail -3 "$LOG" | tr '\n' '|')"
+    live=$(last_takeover_ms "$LOG")
     store=$(grep 'store recovered in' "$LOG" | tail -1 | sed 's/.*store recovered in \([0-9]*\) ms.*/\1/')
     pinned=$(grep 'took over in' "$LOG" | tail -1 | sed -n 's/.*(\([0-9]*\) MB pinned.*/\1/p')
     dd if="$ZDEV" of=/tmp/zblk-vm.after bs=1048576 count=4 skip=$((mb / 2)) iflag=direct 2>/dev/null || fail "$mb MB: read after the recovery failed"

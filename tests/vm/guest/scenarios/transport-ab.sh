@@ -13,8 +13,6 @@
 #   bash tests/vm/run.sh --kernel 7.3 --scenario transport-ab
 SCEN=transport-ab
 : "${ZBLK_AB_ROUNDS:=3}" "${ZBLK_AB_RANDIO_S:=4}"
-get() { echo "$1" | tr ' ' '\n' | grep "^$2=" | cut -d= -f2; }
-median() { tr ' ' '\n' | grep -v '^$' | sort -n | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }'; }
 
 # A device of transport $1 (plus add flags), checked to have it.
 tadd() {
@@ -83,11 +81,9 @@ sleep 2
 out=$(zblk restart -n "$ZID" 2>&1) || fail "batch: restart: $out"
 sleep 2
 pid=$(zdaemon_pid "$ZID") || fail "batch: no daemon after the restart"
-taken=$(grep -c 'took over in' "/run/zblk/$ZID.log")
+taken=$(takeovers "/run/zblk/$ZID.log")
 kill -9 "$pid"
-i=0
-while [ "$(grep -c 'took over in' "/run/zblk/$ZID.log")" -le "$taken" ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
-[ $i -lt 300 ] || fail "batch: no new daemon within 30 s of the kill"
+wait_takeover "/run/zblk/$ZID.log" "$taken" 300 || fail "batch: no new daemon within 30 s of the kill"
 handover_finish 2 "handovers (a restart and a kill)"
 [ "$(zstat | jget transport_in_use)" = batch ] || fail "batch: the recovered device uses '$(zstat | jget transport_in_use)'"
 pass "$res | batch device: restart + kill -9 under swap, usemem verified every page"

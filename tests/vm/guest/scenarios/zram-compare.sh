@@ -5,8 +5,6 @@
 # ZBLK_COMPARE_ROUNDS (default 1) repeats the pair; each round prints its
 # ratios, and the result line carries the median of each ratio.
 : "${ZBLK_COMPARE_ROUNDS:=1}"
-get() { echo "$1" | tr ' ' '\n' | grep "^$2=" | cut -d= -f2; }
-median() { tr ' ' '\n' | grep -v '^$' | sort -n | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }'; }
 
 walls="" writes="" verifies="" ratios=""
 for mb in $ZBLK_MUNMAP_SIZES; do eval "mun_$mb=''"; done
