@@ -89,6 +89,9 @@ pub struct StoreConfig {
     /// `deflate-iaa` on the device model this way). Its codecs must
     /// implement `algo`.
     pub codecs: Option<CodecFactory>,
+    /// A block device or regular file that `Store::writeback` moves pages'
+    /// compressed objects to (zram's `backing_dev`); none: no writeback.
+    pub backing: Option<std::path::PathBuf>,
 }
 
 /// Makes one codec per queue context (see [`StoreConfig::codecs`]).
@@ -133,6 +136,7 @@ impl StoreConfig {
             mlock: false,
             shared: false,
             codecs: None,
+            backing: None,
         }
     }
 

@@ -8,6 +8,7 @@
 //! public face of it is [`crate::QueueCtx`].
 
 use crate::alloc::Handle;
+use crate::backing::AlignedBuf;
 use crate::codec::{Algo, Codec};
 use crate::config::{Mode, StoreConfig};
 use crate::free::FreeBatch;
@@ -39,6 +40,10 @@ pub(crate) struct CtxState {
     secondary_algo: Arc<OnceLock<Algo>>,
     /// This thread's codec of the secondary algorithm, made on first use.
     secondary: Option<Box<dyn Codec>>,
+    /// With a backing store: the block a read of a written-back page
+    /// reads into, made with the context so that a swap-in never
+    /// allocates (`O_DIRECT` wants it aligned).
+    pub(crate) bd_buf: Option<AlignedBuf>,
 }
 
 impl CtxState {
@@ -66,6 +71,18 @@ impl CtxState {
             now: 0,
             secondary_algo: secondary,
             secondary: None,
+            bd_buf: cfg
+                .backing
+                .as_ref()
+                .and_then(|_| match AlignedBuf::new(1, cfg.mlock) {
+                    Ok(b) => Some(b),
+                    Err(e) => {
+                        // Reads of written-back pages then fail (EIO) on this
+                        // queue alone, and say why.
+                        log::error!("queue {id}: no backing read buffer: {e}");
+                        None
+                    }
+                }),
         }
     }
 

@@ -40,6 +40,8 @@ pub enum Error {
     InvalidConfig(String),
     /// A codec failed while compressing.
     Codec(CodecError),
+    /// The backing store failed (a write of writeback, or its file).
+    Backing(String),
 }
 
 impl Error {
@@ -50,7 +52,7 @@ impl Error {
                 -libc::EINVAL
             }
             Error::NoSpace { .. } => -libc::ENOSPC,
-            Error::Corrupt { .. } | Error::Codec(_) => -libc::EIO,
+            Error::Corrupt { .. } | Error::Codec(_) | Error::Backing(_) => -libc::EIO,
         }
     }
 }
@@ -75,6 +77,7 @@ impl fmt::Display for Error {
             }
             Error::InvalidConfig(m) => write!(f, "{m}"),
             Error::Codec(e) => write!(f, "{e}"),
+            Error::Backing(m) => write!(f, "backing device: {m}"),
         }
     }
 }

@@ -24,6 +24,7 @@
 
 pub mod accel;
 pub mod alloc;
+mod backing;
 mod clock;
 pub mod codec;
 mod compact;
@@ -47,6 +48,7 @@ mod table;
 #[cfg(any(test, feature = "test-support"))]
 pub mod testing;
 mod write;
+mod writeback;
 
 pub use codec::Algo;
 pub use config::{
@@ -58,3 +60,4 @@ pub use page::{PAGE_SIZE, PAGE_SIZE_U64};
 pub use recompress::{Recompress, RecompressReport, RecompressType, MIN_SAVING_PERCENT};
 pub use stats::{Counters, Latencies, Latency};
 pub use store::{debug_corrupt_object, debug_crash, QueueCtx, Store, StoreStats};
+pub use writeback::{Writeback, WritebackReport, WritebackType};

@@ -7,9 +7,19 @@
 //! group (`crate::packed`). A page recompressed with the store's secondary
 //! algorithm (`Entry::algo` 1) is decompressed by that algorithm's codec.
 //!
+//! A written-back page (`Kind::Backed`) is read from its block of the
+//! backing store under the slot's lock (so that its block cannot be freed
+//! and reused meanwhile), checked against the slot's CRC and decoded. It
+//! stays on the backing store, as in zram: a swapped-in page is usually
+//! discarded from swap soon after, so copying it back to RAM would be an
+//! allocation on the read path (which must not call the allocator under a
+//! slot lock, nor allocate while the system is short of memory) for a page
+//! about to die; a page that is written again comes back to RAM anyway.
+//!
 //! A read is an access: it stamps the slot with the request's time and
 //! clears its idle mark, in the guard, so the unlocking store carries it.
 
+use crate::backing::object_crc;
 use crate::ctx::CtxState;
 use crate::error::{Error, Result};
 use crate::page::{fill_word, PAGE_SIZE};
@@ -60,23 +70,72 @@ pub(crate) fn read_entry(
         Kind::Compressed => {
             // SAFETY: as above, for the object's `len` bytes.
             let obj = unsafe { alloc.bytes(e.val, 0, e.len as usize) };
-            let codec = match e.algo {
-                0 => Some(&mut st.codec),
-                1 => st.secondary_codec(),
-                _ => None,
-            };
-            match codec {
-                Some(c) => c.decompress(obj, out).map_err(|err| err.to_string()),
-                None => Err(format!(
-                    "the slot names algorithm {} which this store does not have",
-                    e.algo
-                )),
-            }
+            decompress(st, e.algo, obj, out)
         }
         Kind::Packed => crate::packed::read_page(st, alloc, e, out),
+        Kind::Backed => read_backed(table, st, page, e, out),
     };
     r.map_err(|detail| {
         out.fill(0);
         Error::Corrupt { page, detail }
     })
+}
+
+/// Decompresses `obj` with the codec of `algo` (0 the primary, 1 the
+/// secondary) into `out`.
+fn decompress(
+    st: &mut CtxState,
+    algo: u8,
+    obj: &[u8],
+    out: &mut [u8],
+) -> std::result::Result<(), String> {
+    let codec = match algo {
+        0 => Some(&mut st.codec),
+        1 => st.secondary_codec(),
+        _ => None,
+    };
+    match codec {
+        Some(c) => c.decompress(obj, out).map_err(|err| err.to_string()),
+        None => Err(format!(
+            "the slot names algorithm {algo} which this store does not have"
+        )),
+    }
+}
+
+/// Reads the written-back page `e` of slot `page` from the backing store:
+/// one block, its object checked against the slot's CRC (a corrupt or
+/// truncated backing store fails the read, never gives a wrong page).
+fn read_backed(
+    table: &SlotTable,
+    st: &mut CtxState,
+    page: u64,
+    e: &Entry,
+    out: &mut [u8],
+) -> std::result::Result<(), String> {
+    let Some(backing) = table.backing() else {
+        return Err("the page is written back but the store has no backing device".into());
+    };
+    let Some(mut buf) = st.bd_buf.take() else {
+        return Err("this queue has no backing read buffer".into());
+    };
+    let r = (|| {
+        let at = e.backed_at();
+        let (off, len) = (usize::from(at.off), e.len as usize);
+        if len == 0 || off + len > PAGE_SIZE {
+            return Err(format!("the slot names {len} bytes at {off} of a block"));
+        }
+        backing.read_block(at.block, &mut buf)?;
+        st.shard.add(Counter::BdReads, 1);
+        let obj = &buf.as_slice()[off..off + len];
+        if object_crc(page, obj) != at.crc {
+            return Err(format!("backing block {} fails its checksum", at.block));
+        }
+        if len == PAGE_SIZE {
+            out.copy_from_slice(obj);
+            return Ok(());
+        }
+        decompress(st, e.algo, obj, out)
+    })();
+    st.bd_buf = Some(buf);
+    r
 }

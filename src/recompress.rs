@@ -19,7 +19,7 @@ use crate::ctx::CtxState;
 use crate::error::{Error, Result};
 use crate::page::PAGE_SIZE;
 use crate::read::read_entry;
-use crate::slot::{Entry, Kind, ATIME_MASK};
+use crate::slot::{Entry, Kind, ATIME_MASK, INCOMPRESSIBLE};
 use crate::stats::Counter;
 use crate::table::SlotTable;
 use serde::Serialize;
@@ -92,7 +92,12 @@ fn selected(e: &Entry, p: &Recompress) -> bool {
         RecompressType::Huge => huge,
         RecompressType::HugeIdle => huge && e.idle,
     };
+    // A huge page the secondary could not shrink before is not tried again
+    // (zram's `ZRAM_INCOMPRESSIBLE`): it is what writeback's
+    // `incompressible` type moves out.
+    let tried_in_vain = huge && e.n == INCOMPRESSIBLE;
     matches!(e.kind, Kind::Huge | Kind::Compressed)
+        && !tried_in_vain
         && e.algo == 0
         && kind_ok
         && e.len as usize >= p.threshold
@@ -158,11 +163,12 @@ fn recompress_page(
     };
     let old = e.len as usize;
     let budget = old - old * MIN_SAVING_PERCENT / 100;
-    if budget == 0 {
-        return Ok(Outcome::Tried);
-    }
-    let Some(n) = codec.compress(buf, &mut dst[..budget])? else {
-        return Ok(Outcome::Tried);
+    let n = match codec.compress(buf, &mut dst[..budget])? {
+        Some(n) => n,
+        None => {
+            mark_incompressible(table, page, &e);
+            return Ok(Outcome::Tried);
+        }
     };
     let alloc = table.allocator();
     st.plan.clear();
@@ -202,6 +208,22 @@ fn recompress_page(
     let saved = (old - n) as u64;
     st.shard.add(Counter::RecompressSavedBytes, saved as i64);
     Ok(Outcome::Kept(saved))
+}
+
+/// Marks the huge page `e` of `page` as one the secondary algorithm
+/// could not shrink either, if its slot still holds it.
+fn mark_incompressible(table: &SlotTable, page: u64, e: &Entry) {
+    if e.kind != Kind::Huge {
+        return;
+    }
+    let mut guard = table.lock(page);
+    let cur = guard.entry();
+    if cur.same_object(e) {
+        guard.replace(Entry {
+            n: INCOMPRESSIBLE,
+            ..cur
+        });
+    }
 }
 
 /// Marks idle every stored page not accessed for at least `age` seconds

@@ -26,6 +26,13 @@
 //!
 //! 6. A recompressed page's slot names the secondary algorithm, which the
 //!    header recorded before any slot could name it.
+//! 7. A written-back page's slot is switched only after its object was
+//!    written to the backing store, and its RAM object released only after
+//!    the switch (`crate::writeback`): so a slot names either a RAM object
+//!    (claimed as above) or a backing object that is in the file. The
+//!    backing store's free map is private memory and rebuilt here from the
+//!    written-back slots: a block no slot names is free, blocks written by
+//!    a writeback the crash interrupted included.
 //!
 //! The gauges (`stored_pages`, `compr_data_size`, same and huge pages,
 //! packed dead bytes, idle and recompressed pages) are recounted from the
@@ -154,6 +161,8 @@ pub(crate) struct Scan {
     /// Slots emptied because their entry could not be trusted (a handle
     /// the slab cannot have made, a packed header that disagrees).
     pub(crate) dropped: u64,
+    /// Slots whose page is on the backing store.
+    pub(crate) backed: u64,
 }
 
 /// Rebuilds the slab's bookkeeping and the gauges (into `gauges`) from the
@@ -170,11 +179,14 @@ pub(crate) fn scan(
     table.scan(|page, e| {
         let algo_ok = match e.algo {
             0 => true,
-            // Only recompression sets it, and only on compressed pages.
-            1 => secondary && e.kind == Kind::Compressed,
+            // Only recompression sets it, on compressed pages (which
+            // writeback may then move to the backing store).
+            1 => secondary && matches!(e.kind, Kind::Compressed | Kind::Backed),
             _ => false,
         };
-        let claimed = if algo_ok {
+        let claimed = if algo_ok && e.kind == Kind::Backed {
+            claim_backed(table, e)
+        } else if algo_ok {
             claim(slab, alloc, page, e)
         } else {
             None
@@ -190,6 +202,9 @@ pub(crate) fn scan(
         if e.kind != Kind::Empty {
             found.stored += 1;
         }
+        if e.kind == Kind::Backed {
+            found.backed += 1;
+        }
         account(gauges, e, pos, 1);
         if e.kind == Kind::Packed {
             // Dead bytes: each blob's bytes less its live pages' shares.
@@ -200,6 +215,20 @@ pub(crate) fn scan(
     });
     slab.finish_recovery();
     found
+}
+
+/// Counts the written-back page `e`'s object in the backing store's free
+/// map; `None` if the store has no backing store or the entry names a
+/// place that cannot be (a block past its end, an object crossing a block).
+fn claim_backed(table: &SlotTable, e: &Entry) -> Option<(usize, bool)> {
+    let backing = table.backing()?;
+    let at = e.backed_at();
+    let len = e.len as usize;
+    let fits = (1..=PAGE_SIZE).contains(&len)
+        && usize::from(at.off) + len <= PAGE_SIZE
+        && (len < PAGE_SIZE || e.algo == 0)
+        && backing.has_block(at.block);
+    (fits && backing.claim(at.block)).then_some((0, false))
 }
 
 /// Claims the object `e` references for slot `page`; returns the page's
@@ -216,6 +245,7 @@ fn claim(
         Kind::Huge if e.len as usize == PAGE_SIZE => PAGE_SIZE,
         Kind::Compressed if (1..PAGE_SIZE as u32).contains(&e.len) => e.len as usize,
         Kind::Packed if e.n >= 1 && e.idx < 64 => packed::PACK_HEADER + e.len as usize,
+        // Claimed in the backing store's map (`claim_backed`), not here.
         _ => return None,
     };
     let claim = slab.claim(e.val, len, page);

@@ -22,8 +22,23 @@
 //! | 28-34 | `n` | packed: pages in the group object (1..=64) |
 //! | 35 | `idle` | marked idle (`Store::mark_idle`); any access clears it |
 //! | 36-59 | `atime` | last access, seconds of the store's clock (`crate::clock`), wrapping at 2^24 (194 days) |
-//! | 60-62 | kind | [`Kind`]: 0-4 as listed; 5 is reserved for a page written back to a backing device; 6-7 reserved |
+//! | 60-62 | kind | [`Kind`]: 0-5 as listed (5: written back to the backing store); 6-7 reserved |
 //! | 63 | lock | the slot lock |
+//!
+//! A written-back page (kind 5, [`Kind::Backed`]) has no RAM object; its
+//! fields say where its object lies in the backing store (`crate::backing`):
+//!
+//! | field | kind 5 holds |
+//! | --- | --- |
+//! | `len` | the object's length (4096: the page raw, else compressed by `algo`) |
+//! | `idx` | bits 0-5 of the object's byte offset in its 4 KB block |
+//! | `n` | bits 6-11 of that offset (objects never cross a block) |
+//! | `val` bits 0-31 | CRC-32 of the page number and the object: a read that finds other bytes fails (EIO), never returns a wrong page |
+//! | `val` bits 32-63 | the backing block (16 TiB of backing store at most) |
+//!
+//! A huge page (kind 2) uses `n` as a mark: 1 when recompression could not
+//! compress it either (zram's `ZRAM_INCOMPRESSIBLE`), which `writeback
+//! --type incompressible` selects and recompression skips.
 //!
 //! A read updates `atime` and clears `idle` in its guard (`SlotGuard::touch`),
 //! so the unlock store it makes anyway carries them: no second atomic.
@@ -46,6 +61,20 @@ pub enum Kind {
     /// Page `idx` of a packed group object at handle `val`, whose
     /// compressed blob of `n` pages is `len` bytes (packed mode).
     Packed,
+    /// Written back: an object of `len` bytes in the backing store, where
+    /// [`Entry::backed_at`] says.
+    Backed,
+}
+
+/// Where a written-back page's object lies in the backing store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackedAt {
+    /// The 4 KB block.
+    pub block: u32,
+    /// Byte offset in the block.
+    pub off: u16,
+    /// CRC-32 of the page number and the object.
+    pub crc: u32,
 }
 
 const LOCK: u64 = 1 << 63;
@@ -64,10 +93,8 @@ const ATIME_SHIFT: u32 = 36;
 pub const ATIME_BITS: u32 = 24;
 /// The access time's mask (after the shift): times wrap at 2^24 seconds.
 pub const ATIME_MASK: u32 = (1 << ATIME_BITS) - 1;
-/// The kind code reserved for a page written back to a backing device
-/// (not built yet: today's builds read it as empty).
-#[allow(dead_code)]
-pub(crate) const KIND_RESERVED_BACKED: u64 = 5;
+/// `Entry::n` of a huge page recompression could not compress.
+pub const INCOMPRESSIBLE: u8 = 1;
 
 /// One slot: the low 64 bits (`meta`) hold the lock bit, the kind and the
 /// object length; the high 64 bits (`val`) hold the handle, or the fill
@@ -149,11 +176,37 @@ impl Entry {
         }
     }
 
-    /// The object handle this entry owns, if any.
+    /// The object handle this entry owns, if any (a written-back page's
+    /// object is not in RAM).
     pub fn handle(&self) -> Option<Handle> {
         match self.kind {
             Kind::Huge | Kind::Compressed | Kind::Packed => Some(self.val),
-            Kind::Empty | Kind::Same => None,
+            Kind::Empty | Kind::Same | Kind::Backed => None,
+        }
+    }
+
+    /// A written-back page: `len` bytes at `at`, compressed by `algo`
+    /// (ignored when `len` is a whole page: raw).
+    pub fn backed(at: BackedAt, len: u32, algo: u8) -> Entry {
+        Entry {
+            kind: Kind::Backed,
+            len,
+            val: (u64::from(at.block) << 32) | u64::from(at.crc),
+            idx: (at.off & 0x3f) as u8,
+            n: ((at.off >> 6) & 0x3f) as u8,
+            algo,
+            idle: false,
+            atime: 0,
+        }
+    }
+
+    /// Where a written-back page's object lies (meaningful for
+    /// [`Kind::Backed`] only).
+    pub fn backed_at(&self) -> BackedAt {
+        BackedAt {
+            block: (self.val >> 32) as u32,
+            off: u16::from(self.idx) | (u16::from(self.n & 0x3f) << 6),
+            crc: self.val as u32,
         }
     }
 
@@ -164,6 +217,7 @@ impl Entry {
             Kind::Huge => 2,
             Kind::Compressed => 3,
             Kind::Packed => 4,
+            Kind::Backed => 5,
         };
         (k << KIND_SHIFT)
             | (self.len as u64 & LEN_MASK)
@@ -180,6 +234,7 @@ impl Entry {
             2 => Kind::Huge,
             3 => Kind::Compressed,
             4 => Kind::Packed,
+            5 => Kind::Backed,
             _ => Kind::Empty,
         };
         Entry {
@@ -402,9 +457,48 @@ mod tests {
             Kind::Huge,
             Kind::Compressed,
             Kind::Packed,
+            Kind::Backed,
         ] {
             let e = Entry { kind, ..full };
             assert_eq!(Entry::decode(e.encode(), e.val).kind, kind);
+        }
+    }
+
+    #[test]
+    fn backed_locations_round_trip_at_their_extremes() {
+        for at in [
+            BackedAt {
+                block: 0,
+                off: 0,
+                crc: 0,
+            },
+            BackedAt {
+                block: u32::MAX,
+                off: 4095,
+                crc: u32::MAX,
+            },
+            BackedAt {
+                block: 7,
+                off: 64,
+                crc: 0xdead_beef,
+            },
+            BackedAt {
+                block: 1 << 31,
+                off: 63,
+                crc: 1,
+            },
+        ] {
+            let e = Entry {
+                idle: true,
+                atime: 99,
+                ..Entry::backed(at, 4000, 1)
+            };
+            let d = Entry::decode(e.encode(), e.val);
+            assert_eq!(d, e);
+            assert_eq!(d.kind, Kind::Backed);
+            assert_eq!(d.backed_at(), at);
+            assert_eq!((d.len, d.algo, d.idle, d.atime), (4000, 1, true, 99));
+            assert_eq!(d.handle(), None, "a written-back page owns no RAM object");
         }
     }
 

@@ -73,9 +73,17 @@ pub enum Counter {
     AccelSubmitFailures,
     /// Accelerator: pages the device decompressed.
     AccelDecompressed,
+    /// Slots whose page is written back to the backing store (a gauge).
+    BdCount,
+    /// Compressed bytes of written-back pages in the backing store (a gauge).
+    BdBytes,
+    /// Pages read from the backing store.
+    BdReads,
+    /// Pages written back to the backing store.
+    BdWrites,
 }
 
-const NUM_COUNTERS: usize = Counter::AccelDecompressed as usize + 1;
+const NUM_COUNTERS: usize = Counter::BdWrites as usize + 1;
 
 /// The operations whose per-page latency is recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,9 +95,11 @@ pub enum Op {
     Read,
     /// Discard or write-zeroes.
     Discard,
+    /// Writeback of a page to the backing store (its share of a batch).
+    Writeback,
 }
 
-const NUM_OPS: usize = 3;
+const NUM_OPS: usize = 4;
 
 /// Sub-buckets per power of two: 8 gives at most 12.5 % bucket width.
 const SUB_BITS: u32 = 3;
@@ -222,6 +232,8 @@ pub struct Latencies {
     pub read: Latency,
     /// Per-page discard / write-zeroes latency.
     pub discard: Latency,
+    /// Per-page writeback latency (a batch's time over its pages).
+    pub writeback: Latency,
 }
 
 /// The counters of a set of shards, summed.
@@ -289,6 +301,14 @@ pub struct Counters {
     pub accel_submit_failures: u64,
     /// Accelerator: pages the device decompressed.
     pub accel_decompressed: u64,
+    /// Pages written back to the backing store (zram's `bd_count`).
+    pub bd_count: u64,
+    /// Compressed bytes those pages take in the backing store.
+    pub bd_bytes: u64,
+    /// Pages read from the backing store (zram's `bd_reads`).
+    pub bd_reads: u64,
+    /// Pages written to the backing store (zram's `bd_writes`).
+    pub bd_writes: u64,
 }
 
 /// Merges shards into counters and latency percentiles.
@@ -344,11 +364,16 @@ pub fn merge<'a>(shards: impl IntoIterator<Item = &'a StatsShard>) -> (Counters,
         accel_device_errors: g(Counter::AccelDeviceErrors),
         accel_submit_failures: g(Counter::AccelSubmitFailures),
         accel_decompressed: g(Counter::AccelDecompressed),
+        bd_count: g(Counter::BdCount),
+        bd_bytes: g(Counter::BdBytes),
+        bd_reads: g(Counter::BdReads),
+        bd_writes: g(Counter::BdWrites),
     };
     let lat = Latencies {
         write: Latency::from_buckets(&hist[Op::Write as usize]),
         read: Latency::from_buckets(&hist[Op::Read as usize]),
         discard: Latency::from_buckets(&hist[Op::Discard as usize]),
+        writeback: Latency::from_buckets(&hist[Op::Writeback as usize]),
     };
     (counters, lat)
 }

@@ -14,11 +14,13 @@
 //! - compaction: [`Store::compact`] -> `compact::rewrite_sparse_groups`,
 //!   then the allocator's own compaction through `SlotTable`'s `Relocate`;
 //! - idle marking and recompression: [`Store::mark_idle`],
-//!   [`Store::recompress`] -> `recompress`.
+//!   [`Store::recompress`] -> `recompress`;
+//! - writeback to the backing store: [`Store::writeback`] -> `writeback`.
 //!
 //! Each queue thread calls them through its [`QueueCtx`].
 
 use crate::alloc::{HeapAllocator, ObjAllocator};
+use crate::backing::Backing;
 use crate::clock::Clock;
 use crate::codec::{AccelEvents, Algo};
 use crate::config::{
@@ -34,6 +36,7 @@ use crate::slab::{SlabAllocator, SlabConfig};
 use crate::slot::{Entry, Kind, ATIME_MASK};
 use crate::stats::{self, Counter, Counters, Latencies, Op, StatsShard};
 use crate::table::SlotTable;
+use crate::writeback::{Writeback, WritebackReport};
 use serde::Serialize;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -86,6 +89,23 @@ pub struct StoreStats {
     /// left out of the JSON, until the first `recompress` chose it).
     #[serde(skip_serializing_if = "String::is_empty")]
     pub recompress_algorithm: String,
+    /// The backing device or file (empty, and left out of the JSON, when
+    /// the store has none).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub backing_dev: String,
+    /// Whether the backing store is opened `O_DIRECT` (false: buffered,
+    /// the file system refused it).
+    pub bd_direct: bool,
+    /// Bytes of backing store.
+    pub bd_size: u64,
+    /// Bytes of backing blocks holding at least one written-back object.
+    pub bd_used_bytes: u64,
+    /// Whether a writeback limit is in force (zram's
+    /// `writeback_limit_enable`).
+    pub writeback_limit_enable: bool,
+    /// Pages writeback may still write while the limit is in force (zram's
+    /// `writeback_limit`); 0 when it is not.
+    pub writeback_limit: u64,
     /// Per-page latency percentiles.
     pub latency: Latencies,
     /// The counters of each queue context, in queue order.
@@ -106,6 +126,8 @@ pub struct Store {
     clock: Clock,
     /// The secondary algorithm, once the first recompression chose it.
     secondary: Arc<OnceLock<Algo>>,
+    /// Pages writeback may still write; `u64::MAX`: no limit.
+    wb_limit: AtomicU64,
 }
 
 /// What a store carries over from the processes it was recovered from.
@@ -195,6 +217,9 @@ impl Store {
         let table = Self::table(&cfg, Some(&shm), slab.clone())?;
         let gauges = Arc::new(StatsShard::default());
         let scan = crate::recover::scan(&table, &slab, &gauges, secondary.is_some());
+        if scan.backed > 0 {
+            log::info!("recovery: {} pages are on the backing store", scan.backed);
+        }
         let header = crate::recover::record(&shm, header)?;
         log::info!(
             "recovered a store of {} pages ({} stored, {} emptied as untrustworthy), recovery {}",
@@ -225,7 +250,11 @@ impl Store {
             deferred: cfg.deferred_free,
             max_pending_batches: cfg.deferred_free_max_batches,
         };
-        SlotTable::new(pages, shm, alloc, free, cfg.object_span())
+        let backing = match &cfg.backing {
+            Some(path) => Some(Arc::new(Backing::open(path, cfg.mlock)?)),
+            None => None,
+        };
+        SlotTable::new(pages, shm, alloc, free, cfg.object_span(), backing)
     }
 
     fn assemble(cfg: StoreConfig, table: SlotTable, past: PastLives) -> Arc<Store> {
@@ -241,6 +270,7 @@ impl Store {
             compactor: Mutex::new(None),
             clock: Clock::from_base(past.clock_base),
             secondary,
+            wb_limit: AtomicU64::new(u64::MAX),
             cfg,
             past,
         });
@@ -339,6 +369,49 @@ impl Store {
             let mut codec = p.algo.new_codec();
             Ok(crate::recompress::run(&self.table, st, &mut *codec, p))
         })
+    }
+
+    /// Writes back the pages `p` selects to the backing store (zram's
+    /// `writeback`): their compressed objects are packed into 4 KB blocks
+    /// of the backing store and their RAM is freed. At most `p.limit`
+    /// pages (0: any number), and no more than the device's writeback
+    /// limit allows, which it consumes. Per-page stores with a backing
+    /// device only.
+    pub fn writeback(&self, p: &Writeback) -> Result<WritebackReport> {
+        let Some(backing) = self.table.backing() else {
+            return Err(Error::InvalidConfig(
+                "this device has no backing device: create it with --backing-dev PATH".into(),
+            ));
+        };
+        if self.cfg.mode == Mode::Packed {
+            return Err(Error::InvalidConfig(
+                "writeback of packed stores is not supported yet: use a per-page device".into(),
+            ));
+        }
+        self.with_maintenance(|st| {
+            let allowed = self.wb_limit.load(Relaxed);
+            let asked = if p.limit == 0 { u64::MAX } else { p.limit };
+            let budget = asked.min(allowed);
+            let mut r = crate::writeback::run(&self.table, backing, st, p, budget)?;
+            if allowed != u64::MAX {
+                // Only this thread (under the maintenance lock) lowers it; a
+                // `set` in between wins.
+                let left = allowed.saturating_sub(r.written);
+                let _ = self
+                    .wb_limit
+                    .compare_exchange(allowed, left, Relaxed, Relaxed);
+                r.limited = r.selected >= allowed && allowed < asked;
+            }
+            Ok(r)
+        })
+    }
+
+    /// Sets the writeback limit (zram's `writeback_limit` with
+    /// `writeback_limit_enable`): writeback may write `pages` more pages
+    /// from now on; 0 turns the limit off.
+    pub fn set_writeback_limit(&self, pages: u64) {
+        let v = if pages == 0 { u64::MAX } else { pages };
+        self.wb_limit.store(v, Relaxed);
     }
 
     /// Makes `algo` the secondary algorithm, unless another one is. A store
@@ -470,6 +543,8 @@ impl Store {
         let freed = self.table.frees().freed();
         let deferred_free_pending = counters.deferred_frees.saturating_sub(freed);
         let alloc = self.allocator();
+        let backing = self.table.backing();
+        let wb_limit = self.wb_limit.load(Relaxed);
         StoreStats {
             disksize: self.cfg.size,
             algorithm: self.cfg.algo.to_string(),
@@ -492,6 +567,14 @@ impl Store {
                 .get()
                 .map(Algo::to_string)
                 .unwrap_or_default(),
+            backing_dev: backing
+                .map(|b| b.path().display().to_string())
+                .unwrap_or_default(),
+            bd_direct: backing.is_some_and(|b| b.is_direct()),
+            bd_size: backing.map_or(0, |b| b.size()),
+            bd_used_bytes: backing.map_or(0, |b| b.used_bytes()),
+            writeback_limit_enable: wb_limit != u64::MAX,
+            writeback_limit: if wb_limit == u64::MAX { 0 } else { wb_limit },
             latency,
             queues,
         }

@@ -16,6 +16,7 @@
 //! whoever holds more than one slot lock takes them in ascending order.
 
 use crate::alloc::{Handle, ObjAllocator, Relocate};
+use crate::backing::Backing;
 use crate::ctx::CtxState;
 use crate::error::{Error, Result};
 use crate::free::{FreeConfig, Freer};
@@ -35,6 +36,8 @@ pub(crate) struct SlotTable {
     /// Slots an object may be referenced from, from its owner on (1 per
     /// page, the group size when packed): what a relocation locks.
     span: u64,
+    /// The backing store written-back pages live in, if the store has one.
+    backing: Option<Arc<Backing>>,
 }
 
 /// What leaving a slot gave back: the old entry, its position in its packed
@@ -54,6 +57,7 @@ impl SlotTable {
         alloc: Arc<dyn ObjAllocator>,
         free: FreeConfig,
         span: u64,
+        backing: Option<Arc<Backing>>,
     ) -> Result<SlotTable> {
         let slots = match shm {
             Some(shm) => SlotMem::shared(shm, pages)?,
@@ -64,7 +68,13 @@ impl SlotTable {
             frees: Freer::new(alloc.clone(), free),
             alloc,
             span,
+            backing,
         })
+    }
+
+    /// The backing store, if the store has one.
+    pub(crate) fn backing(&self) -> Option<&Arc<Backing>> {
+        self.backing.as_ref()
     }
 
     /// For a recovery scan, with no other thread in the store: every
@@ -174,11 +184,17 @@ impl SlotTable {
     }
 
     /// Accounts for an entry that left its slot and hands its object, once
-    /// unreferenced, to the queue's free batch. Called after the slot lock
-    /// was dropped.
+    /// unreferenced, to the queue's free batch; a written-back page's
+    /// object gives its place in the backing store back. Called after the
+    /// slot lock was dropped: nothing references the old object any more.
     pub(crate) fn release(&self, st: &mut CtxState, r: Released) {
         let old = &r.old;
         account(&st.shard, old, r.pos, -1);
+        if old.kind == Kind::Backed {
+            if let Some(b) = &self.backing {
+                b.release(old.backed_at().block);
+            }
+        }
         if old.kind == Kind::Packed {
             let mine = packed::share(old.len, old.n, r.pos);
             // Dead bytes: this page's share while the object lives on; the
@@ -249,6 +265,10 @@ pub(crate) fn account(shard: &StatsShard, e: &Entry, pos: usize, sign: i64) {
             shard.add(Counter::ComprDataSize, sign * PAGE_SIZE as i64);
         }
         Kind::Compressed => shard.add(Counter::ComprDataSize, sign * e.len as i64),
+        Kind::Backed => {
+            shard.add(Counter::BdCount, sign);
+            shard.add(Counter::BdBytes, sign * e.len as i64);
+        }
         Kind::Packed => {
             shard.add(
                 Counter::ComprDataSize,

@@ -119,7 +119,7 @@ fn copy_objects(st: &mut CtxState, alloc: &dyn ObjAllocator, data: &[u8]) {
         let src = match e.kind {
             Kind::Compressed => &st.scratch[area..area + e.len as usize],
             Kind::Huge => &data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE],
-            Kind::Empty | Kind::Same | Kind::Packed => continue,
+            Kind::Empty | Kind::Same | Kind::Packed | Kind::Backed => continue,
         };
         j += 1;
         let Some(&h) = handles.next() else {
