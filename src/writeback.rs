@@ -259,9 +259,8 @@ fn flush(
         switch(table, backing, st, batch, it, block, r);
     }
     let n = r.written - before;
-    if n > 0 {
-        let ns = t0.elapsed().as_nanos() as u64;
-        st.shard.record(Op::Writeback, ns / n, n);
+    if let Some(per_page) = (t0.elapsed().as_nanos() as u64).checked_div(n) {
+        st.shard.record(Op::Writeback, per_page, n);
     }
     batch.items.clear();
     Ok(())

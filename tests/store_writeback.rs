@@ -1,0 +1,615 @@
+//! Writeback to a backing file: a model-based test (random writes, reads,
+//! discards, clock steps, idle marks, writebacks, recompressions and
+//! writeback limits against a model of every page), then the failures the
+//! backing store can meet (corrupt and truncated data: EIO for those
+//! pages only), recovery of a store with written-back pages, and
+//! writeback racing writes, reads and discards on other threads.
+
+mod common;
+
+use common::{page, real_pages, Content, Rng};
+use proptest::prelude::*;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use zblk::{
+    Algo, Mode, QueueCtx, Recompress, RecompressType, Store, StoreConfig, Writeback, WritebackType,
+    PAGE_SIZE,
+};
+
+const PAGES: u64 = 40;
+const P: u64 = PAGE_SIZE as u64;
+/// Blocks of the model test's backing file: fewer than the pages, so
+/// that a writeback sometimes finds it full.
+const BD_BLOCKS: u64 = 12;
+const STEP: u64 = 100;
+
+/// A backing file of `blocks` blocks in a fresh temporary directory.
+fn backing_file(blocks: u64) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("backing");
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(blocks * P)
+        .unwrap();
+    (dir, path)
+}
+
+fn config(pages: u64, backing: &Path, shared: bool) -> StoreConfig {
+    let mut cfg = StoreConfig::new(pages * P);
+    cfg.backing = Some(backing.to_path_buf());
+    cfg.shared = shared;
+    cfg
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Write { page: u64, contents: Vec<Content> },
+    Read { page: u64, n: u64 },
+    Discard { page: u64, n: u64 },
+    Tick,
+    MarkIdle { all: bool },
+    Writeback { kind: WritebackType, limit: u64 },
+    Recompress { kind: RecompressType },
+    SetLimit { pages: u64 },
+}
+
+fn content() -> impl Strategy<Value = Content> {
+    prop_oneof![
+        Just(Content::Zeros),
+        any::<u64>().prop_map(Content::SameWord),
+        any::<u64>().prop_map(Content::Text),
+        (0usize..96).prop_map(Content::Real),
+        any::<u64>().prop_map(Content::Random),
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let range = (0..PAGES).prop_flat_map(|p| (Just(p), 1..=(PAGES - p).min(12)));
+    let wb = prop_oneof![
+        Just(WritebackType::Idle),
+        Just(WritebackType::Huge),
+        Just(WritebackType::Incompressible),
+        Just(WritebackType::HugeIdle),
+    ];
+    let rc = prop_oneof![Just(RecompressType::All), Just(RecompressType::Huge)];
+    prop_oneof![
+        4 => (0..PAGES).prop_flat_map(|p| (Just(p), prop::collection::vec(content(), 1..=((PAGES - p).min(12) as usize))))
+            .prop_map(|(page, contents)| Op::Write { page, contents }),
+        3 => range.clone().prop_map(|(page, n)| Op::Read { page, n }),
+        1 => range.prop_map(|(page, n)| Op::Discard { page, n }),
+        1 => Just(Op::Tick),
+        2 => any::<bool>().prop_map(|all| Op::MarkIdle { all }),
+        3 => (wb, prop_oneof![Just(0u64), Just(1), Just(5)]).prop_map(|(kind, limit)| Op::Writeback { kind, limit }),
+        1 => rc.prop_map(|kind| Op::Recompress { kind }),
+        1 => prop_oneof![Just(0u64), Just(3), Just(20)].prop_map(|pages| Op::SetLimit { pages }),
+    ]
+}
+
+#[derive(Debug, Clone)]
+struct Page {
+    data: Vec<u8>,
+    atime: u64,
+    idle: bool,
+}
+
+struct Model {
+    pages: Vec<Option<Page>>,
+    now: u64,
+    /// The device's writeback limit: pages left (`None`: off).
+    limit: Option<u64>,
+}
+
+impl Model {
+    fn idle(&self) -> u64 {
+        self.pages.iter().flatten().filter(|p| p.idle).count() as u64
+    }
+}
+
+fn apply(
+    store: &Store,
+    ctx: &mut QueueCtx,
+    m: &mut Model,
+    op: Op,
+    real: &[u8],
+) -> Result<(), TestCaseError> {
+    match op {
+        Op::Write { page: p, contents } => {
+            let data: Vec<u8> = contents.iter().flat_map(|&c| page(c, real)).collect();
+            ctx.write(p * P, &data).unwrap();
+            for (i, pg) in data.chunks(PAGE_SIZE).enumerate() {
+                m.pages[p as usize + i] = Some(Page {
+                    data: pg.to_vec(),
+                    atime: m.now,
+                    idle: false,
+                });
+            }
+        }
+        Op::Read { page: p, n } => {
+            let mut buf = vec![0xAAu8; (n * P) as usize];
+            ctx.read(p * P, &mut buf).unwrap();
+            for (i, got) in buf.chunks(PAGE_SIZE).enumerate() {
+                match &mut m.pages[p as usize + i] {
+                    Some(pg) => {
+                        prop_assert!(got == &pg.data[..], "page {} differs", p as usize + i);
+                        pg.atime = m.now;
+                        pg.idle = false;
+                    }
+                    None => prop_assert!(got.iter().all(|&b| b == 0)),
+                }
+            }
+        }
+        Op::Discard { page: p, n } => {
+            ctx.discard(p * P, n * P).unwrap();
+            for s in &mut m.pages[p as usize..(p + n) as usize] {
+                *s = None;
+            }
+        }
+        Op::Tick => {
+            store.debug_advance_clock(STEP);
+            m.now += 1;
+        }
+        Op::MarkIdle { all } => {
+            let age = if all { None } else { Some(STEP / 2) };
+            store.mark_idle(age).unwrap();
+            for pg in m.pages.iter_mut().flatten() {
+                if all || m.now > pg.atime {
+                    pg.idle = true;
+                }
+            }
+        }
+        Op::Writeback { kind, limit } => {
+            let before = store.stats();
+            let r = store.writeback(&Writeback { kind, limit }).unwrap();
+            let after = store.stats();
+            let (b, a) = (&before.counters, &after.counters);
+            prop_assert!(r.written + r.raced <= r.selected, "{r:?}");
+            prop_assert_eq!(r.raced, 0, "nothing races a single thread");
+            if limit > 0 {
+                prop_assert!(r.selected <= limit);
+            }
+            if let Some(left) = m.limit {
+                prop_assert!(r.written <= left);
+                m.limit = Some(left - r.written);
+                prop_assert_eq!(after.writeback_limit, left - r.written);
+            }
+            if kind == WritebackType::Idle {
+                prop_assert!(r.selected <= m.idle());
+            }
+            prop_assert_eq!(a.bd_count, b.bd_count + r.written);
+            prop_assert_eq!(a.bd_writes, b.bd_writes + r.written);
+            prop_assert_eq!(a.bd_bytes, b.bd_bytes + r.bytes);
+            prop_assert_eq!(b.compr_data_size - a.compr_data_size, r.bytes);
+            prop_assert_eq!(a.stored_pages, b.stored_pages);
+            prop_assert_eq!(a.idle_pages, b.idle_pages, "writeback keeps idle marks");
+            if r.written < r.selected {
+                prop_assert!(r.full || r.limited, "{r:?}");
+            }
+        }
+        Op::Recompress { kind } => {
+            store
+                .recompress(&Recompress {
+                    algo: Algo::Zstd(9),
+                    kind,
+                    threshold: 0,
+                    max_pages: 0,
+                })
+                .unwrap();
+        }
+        Op::SetLimit { pages } => {
+            store.set_writeback_limit(pages);
+            m.limit = (pages > 0).then_some(pages);
+            let s = store.stats();
+            prop_assert_eq!(s.writeback_limit_enable, pages > 0);
+        }
+    }
+    Ok(())
+}
+
+fn check_gauges(store: &Store, m: &Model) -> Result<(), TestCaseError> {
+    let s = store.stats();
+    let c = &s.counters;
+    prop_assert_eq!(c.idle_pages, m.idle());
+    prop_assert_eq!(c.stored_pages, m.pages.iter().flatten().count() as u64);
+    prop_assert!(c.bd_count <= c.stored_pages - c.same_pages);
+    // Every used block holds at least one object, and objects fill at
+    // most their blocks.
+    prop_assert!(s.bd_used_bytes <= c.bd_count * P);
+    prop_assert!(c.bd_bytes <= s.bd_used_bytes);
+    prop_assert_eq!(c.bd_count == 0, s.bd_used_bytes == 0);
+    prop_assert!(s.bd_used_bytes <= s.bd_size);
+    Ok(())
+}
+
+/// Reads every page once, checked against the model; each written-back
+/// page is one backing read, so `bd_reads` recounts `bd_count`.
+fn verify_all(store: &Store, ctx: &mut QueueCtx, m: &Model) -> Result<(), TestCaseError> {
+    let before = store.stats().counters;
+    let mut buf = vec![0u8; PAGE_SIZE];
+    for (p, want) in m.pages.iter().enumerate() {
+        ctx.read(p as u64 * P, &mut buf).unwrap();
+        match want {
+            Some(pg) => prop_assert!(buf == pg.data, "page {p} differs"),
+            None => prop_assert!(buf.iter().all(|&b| b == 0), "page {p} not zero"),
+        }
+    }
+    let after = store.stats().counters;
+    prop_assert_eq!(after.bd_reads - before.bd_reads, before.bd_count);
+    Ok(())
+}
+
+/// Discards everything: the backing store must be all free again.
+fn discard_all(store: &Store, ctx: &mut QueueCtx) -> Result<(), TestCaseError> {
+    ctx.discard(0, PAGES * P).unwrap();
+    let s = store.stats();
+    prop_assert_eq!(s.counters.bd_count, 0);
+    prop_assert_eq!(s.counters.bd_bytes, 0);
+    prop_assert_eq!(s.bd_used_bytes, 0, "every backing block is free again");
+    prop_assert_eq!(s.counters.stored_pages, 0);
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(40))]
+
+    #[test]
+    fn writeback_matches_the_model(
+        shared in any::<bool>(),
+        ops in prop::collection::vec(op(), 1..60),
+    ) {
+        let real = real_pages();
+        let (_dir, bd) = backing_file(BD_BLOCKS);
+        let store = Store::new(config(PAGES, &bd, shared)).unwrap();
+        let mut ctx = store.new_ctx();
+        let mut m = Model { pages: vec![None; PAGES as usize], now: 0, limit: None };
+        for op in ops {
+            apply(&store, &mut ctx, &mut m, op, &real)?;
+            check_gauges(&store, &m)?;
+        }
+        let (store, mut ctx) = if shared {
+            let before = store.stats();
+            let fd = store.memory_fd().unwrap().try_clone_to_owned().unwrap();
+            std::mem::forget(ctx);
+            zblk::debug_crash(store);
+            let store = Store::recover(config(PAGES, &bd, true), fd).unwrap();
+            let after = store.stats();
+            prop_assert_eq!(after.recovery_dropped, 0);
+            prop_assert_eq!(after.counters.bd_count, before.counters.bd_count);
+            prop_assert_eq!(after.counters.bd_bytes, before.counters.bd_bytes);
+            prop_assert_eq!(after.bd_used_bytes, before.bd_used_bytes, "free map rebuilt");
+            prop_assert_eq!(after.counters.compr_data_size, before.counters.compr_data_size);
+            let ctx = store.new_ctx();
+            (store, ctx)
+        } else {
+            (store, ctx)
+        };
+        check_gauges(&store, &m)?;
+        verify_all(&store, &mut ctx, &m)?;
+        discard_all(&store, &mut ctx)?;
+    }
+}
+
+/// Pages of `n` kinds that compress to various sizes: text, real memory
+/// and (every seventh) random, stored raw.
+fn mixed_pages(n: u64, seed: u64) -> Vec<u8> {
+    let real = real_pages();
+    (0..n)
+        .flat_map(|i| {
+            let c = match i % 7 {
+                6 => Content::Random(seed ^ i),
+                3 | 5 => Content::Real((i as usize * 5) % 96),
+                _ => Content::Text(seed.wrapping_mul(31) ^ i),
+            };
+            page(c, &real)
+        })
+        .collect()
+}
+
+/// Writes `n` mixed pages and writes all of them back.
+fn written_back(n: u64, bd: &Path, shared: bool) -> (Arc<Store>, QueueCtx, Vec<u8>) {
+    let store = Store::new(config(n, bd, shared)).unwrap();
+    let mut ctx = store.new_ctx();
+    let data = mixed_pages(n, 7);
+    ctx.write(0, &data).unwrap();
+    store.mark_idle(None).unwrap();
+    let r = store
+        .writeback(&Writeback {
+            kind: WritebackType::Idle,
+            limit: 0,
+        })
+        .unwrap();
+    let stored = store.stats().counters;
+    assert_eq!(r.written, stored.stored_pages - stored.same_pages, "{r:?}");
+    assert!(r.written > 0 && !r.full);
+    (store, ctx, data)
+}
+
+/// Reads every page: each either is right or fails with EIO; returns the
+/// pages that failed.
+fn read_back(ctx: &mut QueueCtx, data: &[u8]) -> Vec<u64> {
+    let mut failed = Vec::new();
+    let mut buf = vec![0u8; PAGE_SIZE];
+    for (p, want) in data.chunks(PAGE_SIZE).enumerate() {
+        match ctx.read(p as u64 * P, &mut buf) {
+            Ok(()) => assert!(buf == want, "page {p}: a wrong page, not an error"),
+            Err(e) => {
+                assert_eq!(e.errno(), -libc::EIO, "page {p}: {e}");
+                failed.push(p as u64);
+            }
+        }
+    }
+    failed
+}
+
+#[test]
+fn objects_are_packed_many_per_block_and_reads_stay_on_the_backing_store() {
+    let (_d, bd) = backing_file(256);
+    let (store, mut ctx, data) = written_back(120, &bd, false);
+    let s = store.stats();
+    assert_eq!(s.counters.compr_data_size, 0, "no object left in RAM");
+    assert!(
+        s.bd_used_bytes < s.counters.bd_count * P / 2,
+        "compressed objects share blocks: {} bytes of blocks for {} pages",
+        s.bd_used_bytes,
+        s.counters.bd_count
+    );
+    assert!(read_back(&mut ctx, &data).is_empty());
+    let after = store.stats();
+    assert_eq!(after.counters.bd_reads, s.counters.bd_count);
+    assert_eq!(
+        after.counters.bd_count, s.counters.bd_count,
+        "pages stay there"
+    );
+    assert!(after.latency.writeback.count > 0);
+    // An overwrite brings a page back to RAM and frees its backing place.
+    ctx.write(0, &data[..PAGE_SIZE]).unwrap();
+    assert_eq!(store.stats().counters.bd_count, s.counters.bd_count - 1);
+}
+
+#[test]
+fn a_corrupt_block_fails_its_pages_with_eio_and_only_those() {
+    let (_d, bd) = backing_file(256);
+    let (store, mut ctx, data) = written_back(120, &bd, false);
+    let used = store.stats().bd_used_bytes / P;
+    assert!(used > 2);
+    // Flip bytes in the middle of the first block (buffered writes: the
+    // kernel keeps them coherent with the store's O_DIRECT reads).
+    let f = std::fs::OpenOptions::new().write(true).open(&bd).unwrap();
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(&[0x5a; 64], 1000).unwrap();
+    f.sync_all().unwrap();
+    let failed = read_back(&mut ctx, &data);
+    assert!(!failed.is_empty(), "the corrupt block's pages fail");
+    assert!(
+        (failed.len() as u64) < store.stats().counters.bd_count,
+        "the other blocks' pages read fine: {failed:?}"
+    );
+    assert_eq!(store.stats().counters.failed_reads, failed.len() as u64);
+}
+
+#[test]
+fn a_truncated_backing_file_fails_the_pages_past_its_end() {
+    let (_d, bd) = backing_file(256);
+    let (store, mut ctx, data) = written_back(120, &bd, false);
+    let used = store.stats().bd_used_bytes / P;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&bd)
+        .unwrap()
+        .set_len(used / 2 * P)
+        .unwrap();
+    let failed = read_back(&mut ctx, &data);
+    assert!(!failed.is_empty());
+    assert!((failed.len() as u64) < store.stats().counters.bd_count);
+    // Discarding them frees their places all the same.
+    ctx.discard(0, 120 * P).unwrap();
+    assert_eq!(store.stats().bd_used_bytes, 0);
+}
+
+#[test]
+fn recovery_rebuilds_the_free_map_from_written_back_slots() {
+    let (_d, bd) = backing_file(256);
+    let n = 120;
+    let (store, ctx, data) = written_back(n, &bd, true);
+    let before = store.stats();
+    let fd = store.memory_fd().unwrap().try_clone_to_owned().unwrap();
+    std::mem::forget(ctx);
+    zblk::debug_crash(store);
+    let store = Store::recover(config(n, &bd, true), fd).unwrap();
+    let after = store.stats();
+    assert_eq!(after.recovery_dropped, 0);
+    assert_eq!(after.counters.bd_count, before.counters.bd_count);
+    assert_eq!(after.bd_used_bytes, before.bd_used_bytes);
+    let mut ctx = store.new_ctx();
+    // New pages written back after the recovery must not land on blocks
+    // the old ones use: with a lost free map they would, and the old
+    // pages would fail their checksums.
+    let half = (n / 2) as usize * PAGE_SIZE;
+    let fresh = mixed_pages(n / 2, 99);
+    ctx.write(0, &fresh).unwrap();
+    store.mark_idle(None).unwrap();
+    store
+        .writeback(&Writeback {
+            kind: WritebackType::Idle,
+            limit: 0,
+        })
+        .unwrap();
+    let mut want = fresh.clone();
+    want.extend_from_slice(&data[half..]);
+    assert!(read_back(&mut ctx, &want).is_empty());
+    ctx.discard(0, n * P).unwrap();
+    assert_eq!(store.stats().bd_used_bytes, 0);
+}
+
+#[test]
+fn recovery_without_the_backing_device_empties_only_written_back_slots() {
+    let (_d, bd) = backing_file(256);
+    let (store, ctx, _) = written_back(20, &bd, true);
+    let backed = store.stats().counters.bd_count;
+    let fd = store.memory_fd().unwrap().try_clone_to_owned().unwrap();
+    std::mem::forget(ctx);
+    zblk::debug_crash(store);
+    let mut cfg = config(20, &bd, true);
+    cfg.backing = None;
+    let store = Store::recover(cfg, fd).unwrap();
+    assert_eq!(store.stats().recovery_dropped, backed);
+}
+
+#[test]
+fn writeback_refuses_what_it_cannot_do_in_one_line() {
+    let plain = Store::new(StoreConfig::new(16 * P)).unwrap();
+    let wb = Writeback {
+        kind: WritebackType::Idle,
+        limit: 0,
+    };
+    let e = plain.writeback(&wb).unwrap_err().to_string();
+    assert!(e.contains("no backing device") && !e.contains('\n'), "{e}");
+    let (_d, bd) = backing_file(16);
+    let mut cfg = config(16, &bd, false);
+    cfg.mode = Mode::Packed;
+    let e = Store::new(cfg).unwrap().writeback(&wb).unwrap_err();
+    assert!(e.to_string().contains("packed"), "{e}");
+    let (_d2, small) = backing_file(0);
+    let e = Store::new(config(16, &small, false))
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(e.contains("too small"), "{e}");
+}
+
+#[test]
+fn the_writeback_limit_stops_writeback_and_is_consumed() {
+    let (_d, bd) = backing_file(256);
+    let store = Store::new(config(50, &bd, false)).unwrap();
+    let mut ctx = store.new_ctx();
+    ctx.write(0, &mixed_pages(50, 3)).unwrap();
+    store.mark_idle(None).unwrap();
+    store.set_writeback_limit(10);
+    let wb = Writeback {
+        kind: WritebackType::Idle,
+        limit: 0,
+    };
+    let r = store.writeback(&wb).unwrap();
+    assert_eq!((r.written, r.limited), (10, true));
+    let s = store.stats();
+    assert!(s.writeback_limit_enable);
+    assert_eq!(s.writeback_limit, 0);
+    assert_eq!(store.writeback(&wb).unwrap().written, 0, "spent");
+    store.set_writeback_limit(0);
+    assert!(store.writeback(&wb).unwrap().written > 0, "off: no limit");
+}
+
+#[test]
+fn incompressible_selects_huge_pages_recompression_could_not_shrink() {
+    let (_d, bd) = backing_file(64);
+    let store = Store::new(config(14, &bd, false)).unwrap();
+    let mut ctx = store.new_ctx();
+    let data = mixed_pages(14, 5); // pages 6 and 13 (random) are huge
+    ctx.write(0, &data).unwrap();
+    let huge = store.stats().counters.huge_pages;
+    assert!(huge >= 2);
+    let inc = Writeback {
+        kind: WritebackType::Incompressible,
+        limit: 0,
+    };
+    assert_eq!(store.writeback(&inc).unwrap().selected, 0, "not tried yet");
+    store
+        .recompress(&Recompress {
+            algo: Algo::Zstd(9),
+            kind: RecompressType::Huge,
+            threshold: 0,
+            max_pages: 0,
+        })
+        .unwrap();
+    let r = store.writeback(&inc).unwrap();
+    assert_eq!(r.written, huge, "{r:?}");
+    assert_eq!(store.stats().counters.huge_pages, 0);
+    assert!(read_back(&mut ctx, &data).is_empty());
+}
+
+/// The content a writer thread writes to `page` at `version`: its page
+/// and version in the first 16 bytes, text after, so a reader can tell a
+/// right page from a torn or misplaced one.
+fn versioned(page: u64, version: u64) -> Vec<u8> {
+    let mut p = vec![0u8; PAGE_SIZE];
+    p[..8].copy_from_slice(&page.to_le_bytes());
+    p[8..16].copy_from_slice(&version.to_le_bytes());
+    for (i, b) in p[16..].iter_mut().enumerate() {
+        *b = b"writeback races "[(i + version as usize) % 16];
+    }
+    p
+}
+
+#[test]
+fn writeback_racing_writes_reads_and_discards_loses_nothing() {
+    const N: u64 = 256;
+    let (_d, bd) = backing_file(N);
+    let store = Store::new(config(N, &bd, false)).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (store, stop) = (store.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut ctx = store.new_ctx();
+            let mut rng = Rng(11);
+            let mut last = vec![None; N as usize];
+            let mut v = 1;
+            while !stop.load(Ordering::Relaxed) || v < 4000 {
+                let p = rng.below(N);
+                if rng.below(8) == 0 {
+                    ctx.discard(p * P, P).unwrap();
+                    last[p as usize] = None;
+                } else {
+                    ctx.write(p * P, &versioned(p, v)).unwrap();
+                    last[p as usize] = Some(v);
+                }
+                v += 1;
+            }
+            last
+        })
+    };
+    let reader = {
+        let (store, stop) = (store.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut ctx = store.new_ctx();
+            let mut rng = Rng(5);
+            let mut buf = vec![0u8; PAGE_SIZE];
+            while !stop.load(Ordering::Relaxed) {
+                let p = rng.below(N);
+                ctx.read(p * P, &mut buf).unwrap();
+                if buf.iter().any(|&b| b != 0) {
+                    let v = u64::from_le_bytes(buf[8..16].try_into().unwrap());
+                    assert!(buf == versioned(p, v), "page {p}: a torn or misplaced page");
+                }
+            }
+        })
+    };
+    let wb = Writeback {
+        kind: WritebackType::Idle,
+        limit: 0,
+    };
+    let mut written = 0;
+    for i in 0..400 {
+        store.mark_idle(None).unwrap();
+        written += store.writeback(&wb).unwrap().written;
+        if i % 8 == 0 {
+            // Let the writer in, on a machine with few cores.
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let last = writer.join().unwrap();
+    reader.join().unwrap();
+    assert!(written > 0);
+    let mut ctx = store.new_ctx();
+    let mut buf = vec![0u8; PAGE_SIZE];
+    for (p, v) in last.iter().enumerate() {
+        ctx.read(p as u64 * P, &mut buf).unwrap();
+        match v {
+            Some(v) => assert!(buf == versioned(p as u64, *v), "page {p}"),
+            None => assert!(buf.iter().all(|&b| b == 0), "page {p}"),
+        }
+    }
+    ctx.discard(0, N * P).unwrap();
+    let s = store.stats();
+    assert_eq!((s.counters.bd_count, s.bd_used_bytes), (0, 0));
+}
