@@ -58,6 +58,12 @@ fn add_argument_errors_are_one_line_each() {
         (&["add", "--size", "1G", "--priority", "5"], "--swap"),
         (&["del"], "--all"),
         (&["frobnicate"], "unrecognized subcommand"),
+        (&["writeback", "-n", "0"], "--type"),
+        (&["set", "-n", "0"], "--mem-limit"),
+        (
+            &["writeback", "-n", "0", "--type", "idle", "--limit", "x"],
+            "invalid value 'x'",
+        ),
     ];
     for (args, want) in cases {
         let o = zblk(args);
@@ -73,6 +79,8 @@ fn missing_devices_are_named() {
         &["stat", "-n", "4000"][..],
         &["compact", "-n", "4000"],
         &["set", "-n", "4000", "--mem-limit", "1G"],
+        &["set", "-n", "4000", "--writeback-limit", "100"],
+        &["writeback", "-n", "4000", "--type", "idle"],
         &["del", "-n", "4000"],
     ] {
         let o = zblk(args);

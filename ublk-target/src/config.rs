@@ -83,6 +83,11 @@ pub struct DeviceConfig {
     #[arg(long, value_enum, default_value_t = TransportChoice::Classic)]
     #[serde(default)]
     pub transport: TransportChoice,
+    /// A block device or regular file that `zblk writeback` moves pages
+    /// to (zram's backing_dev), opened O_DIRECT; none: no writeback.
+    #[arg(long, value_name = "PATH")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backing_dev: Option<std::path::PathBuf>,
 }
 
 impl DeviceConfig {
@@ -113,6 +118,7 @@ impl DeviceConfig {
             // In one memfd that outlives the daemon, so that the next one
             // takes the store over (see `crate::keeper`).
             shared: !self.no_recovery,
+            backing: self.backing_dev.clone(),
             ..StoreConfig::new(self.size)
         }
     }

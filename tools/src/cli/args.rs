@@ -41,6 +41,8 @@ pub enum Cmd {
     Idle(IdleArgs),
     /// Recompress a device's pages with a stronger secondary algorithm.
     Recompress(RecompressArgs),
+    /// Write a device's pages back to its backing device (--backing-dev).
+    Writeback(WritebackArgs),
     /// Run the engine over a file of pages (no device, no root).
     Bench(BenchArgs),
     /// Start a daemon that takes over a device whose daemon died.
@@ -240,15 +242,35 @@ pub struct IdArgs {
     pub id: u32,
 }
 
-/// `zblk set`.
+/// `zblk set`: at least one setting.
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("setting").required(true).multiple(true)))]
 pub struct SetArgs {
     /// Device id.
     #[arg(short = 'n', long)]
     pub id: u32,
     /// New memory limit (0: none; suffixes K, M, G, T).
-    #[arg(long, value_parser = parse_size)]
-    pub mem_limit: u64,
+    #[arg(long, value_parser = parse_size, group = "setting")]
+    pub mem_limit: Option<u64>,
+    /// Pages writeback may write from now on (zram's writeback_limit;
+    /// 0: no limit).
+    #[arg(long, value_name = "PAGES", group = "setting")]
+    pub writeback_limit: Option<u64>,
+}
+
+/// `zblk writeback`.
+#[derive(Debug, Args)]
+pub struct WritebackArgs {
+    /// Device id.
+    #[arg(short = 'n', long)]
+    pub id: u32,
+    /// Which pages: idle, huge, incompressible or huge_idle.
+    #[arg(long = "type")]
+    pub kind: String,
+    /// Write back at most this many pages (0: no limit but the device's
+    /// --writeback-limit).
+    #[arg(long, value_name = "PAGES", default_value_t = 0)]
+    pub limit: u64,
 }
 
 /// `zblk idle`.
@@ -512,8 +534,26 @@ mod tests {
         let Cmd::Set(s) = parse(&["set", "-n", "1", "--mem-limit", "1G"]).unwrap().cmd else {
             panic!()
         };
-        assert_eq!(s.mem_limit, 1 << 30);
-        assert!(parse(&["set", "-n", "1"]).is_err());
+        assert_eq!((s.mem_limit, s.writeback_limit), (Some(1 << 30), None));
+        assert!(parse(&["set", "-n", "1"]).is_err(), "set needs a setting");
+        let Cmd::Set(s) = parse(&["set", "-n", "1", "--writeback-limit", "500"])
+            .unwrap()
+            .cmd
+        else {
+            panic!()
+        };
+        assert_eq!((s.mem_limit, s.writeback_limit), (None, Some(500)));
+        let Cmd::Writeback(w) = parse(&["writeback", "-n", "2", "--type", "huge_idle"])
+            .unwrap()
+            .cmd
+        else {
+            panic!()
+        };
+        assert_eq!((w.id, w.kind.as_str(), w.limit), (2, "huge_idle", 0));
+        assert!(
+            parse(&["writeback", "-n", "2"]).is_err(),
+            "--type is required"
+        );
         let Cmd::Bench(b) = parse(&["bench", "--input", "x.zst", "--threads", "2"])
             .unwrap()
             .cmd

@@ -7,6 +7,7 @@
 //! size = "min(ram / 2, 4096)"     # MB; ram is this machine's, in MB
 //! compression-algorithm = "zstd:3"
 //! swap-priority = 100
+//! backing-dev = "/dev/sdb2"       # optional: zblk writeback's target
 //! ```
 //!
 //! A section is named after the device it makes (`[ublkb0]` makes
@@ -48,6 +49,9 @@ struct Section {
     /// swapon options, as in fstab (`discard`, `discard=pages`).
     options: Option<Spanned<String>>,
     recovery: Option<bool>,
+    /// Like `--backing-dev`: the block device or file `zblk writeback`
+    /// moves pages to (zram-generator's `writeback-device`).
+    backing_dev: Option<Spanned<String>>,
 }
 
 /// A device the file asks for, ready for `zblk add --swap`'s code.
@@ -218,6 +222,7 @@ impl Doc<'_> {
         opt("--group-pages", num(s.group_pages), "group-pages");
         opt("--mem-limit", value(s.mem_limit), "mem-limit");
         opt("--priority", num(s.swap_priority), "swap-priority");
+        opt("--backing-dev", text(s.backing_dev), "backing-dev");
         for (flag, v, span, k) in &flags {
             add_args(&[flag, v]).map_err(|e| self.error_at(span.clone(), k, &e))?;
         }
@@ -334,7 +339,8 @@ mod tests {
                     mem-limit = \"1G\"\n\
                     swap-priority = 50\n\
                     options = \"discard=pages\"\n\
-                    recovery = false\n";
+                    recovery = false\n\
+                    backing-dev = \"/dev/vdb\"\n";
         let e = parse_ok(text, 16000.0);
         assert_eq!(e.len(), 2);
         let (a, b) = (&e[0], &e[1]);
@@ -347,6 +353,11 @@ mod tests {
         assert_eq!(a.add.dev.mem_limit, 1 << 30);
         assert!(a.add.swap && a.add.dev.no_recovery);
         assert_eq!((a.add.priority, a.discard), (50, Discard::Pages));
+        assert_eq!(
+            a.add.dev.backing_dev.as_deref(),
+            Some(Path::new("/dev/vdb"))
+        );
+        assert_eq!(b.add.dev.backing_dev, None);
         // What is not written takes zblk add's defaults.
         assert_eq!((b.name.as_str(), b.add.dev.id), ("ublkb1", Some(1)));
         assert_eq!(b.add.dev.size, 512 << 20);

@@ -1,7 +1,7 @@
 //! `zblk del`, `zblk compact`, `zblk set`, `zblk idle`, `zblk recompress`,
 //! `zblk recover`, `zblk restart`.
 
-use super::args::{DelArgs, IdArgs, IdleArgs, RecompressArgs, RecoverArgs, SetArgs};
+use super::args::{DelArgs, IdArgs, IdleArgs, RecompressArgs, RecoverArgs, SetArgs, WritebackArgs};
 use super::{sys, CliError, CliResult};
 use std::time::Duration;
 use zblk_ublk::control::{self, ClientError, Request};
@@ -85,13 +85,46 @@ pub fn compact(a: IdArgs) -> CliResult {
     Ok(())
 }
 
-/// `zblk set -n ID --mem-limit SIZE`.
+/// `zblk set -n ID [--mem-limit SIZE] [--writeback-limit PAGES]`.
 pub fn set(a: SetArgs) -> CliResult {
-    control::request(
-        a.id,
-        &Request::SetMemLimit { bytes: a.mem_limit },
-        Duration::from_secs(10),
-    )?;
+    if let Some(bytes) = a.mem_limit {
+        control::request(
+            a.id,
+            &Request::SetMemLimit { bytes },
+            Duration::from_secs(10),
+        )?;
+    }
+    if let Some(pages) = a.writeback_limit {
+        control::request(
+            a.id,
+            &Request::SetWritebackLimit { pages },
+            Duration::from_secs(10),
+        )?;
+    }
+    Ok(())
+}
+
+/// `zblk writeback -n ID --type T [--limit PAGES]`.
+pub fn writeback(a: WritebackArgs) -> CliResult {
+    let req = Request::Writeback {
+        kind: a.kind,
+        limit: a.limit,
+    };
+    // A whole device's worth of pages through the backing device's I/O.
+    let r = control::request(a.id, &req, Duration::from_secs(600))?;
+    let n = |k: &str| r[k].as_u64().unwrap_or(0);
+    let flag = |k: &str| r[k].as_bool().unwrap_or(false);
+    println!(
+        "selected {} written {} raced {} bytes {} blocks {} full {} limited {} pages_compacted {}",
+        n("selected"),
+        n("written"),
+        n("raced"),
+        n("bytes"),
+        n("blocks"),
+        flag("full"),
+        flag("limited"),
+        n("pages_compacted")
+    );
     Ok(())
 }
 

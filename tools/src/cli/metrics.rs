@@ -202,6 +202,45 @@ const FIELDS: &[Field] = &[
     ),
     f(
         S,
+        "bd_count",
+        G,
+        "Stored pages written back to the backing device (zblk writeback).",
+    ),
+    f(
+        S,
+        "bd_bytes",
+        G,
+        "Compressed bytes of the written-back pages on the backing device.",
+    ),
+    f(S, "bd_reads", C, "Pages read from the backing device."),
+    f(S, "bd_writes", C, "Pages written to the backing device."),
+    f(S, "bd_size", G, "Bytes of backing device (0: none)."),
+    f(
+        S,
+        "bd_used_bytes",
+        G,
+        "Bytes of backing device blocks holding written-back pages.",
+    ),
+    f(
+        S,
+        "bd_direct",
+        G,
+        "1 if the backing device is opened O_DIRECT (0: buffered).",
+    ),
+    f(
+        S,
+        "writeback_limit_enable",
+        G,
+        "1 if a writeback limit is in force (zblk set --writeback-limit).",
+    ),
+    f(
+        S,
+        "writeback_limit",
+        G,
+        "Pages writeback may still write while the limit is in force.",
+    ),
+    f(
+        S,
         "shared",
         G,
         "1 if the store lives in shared memory (recoverable).",
@@ -227,8 +266,9 @@ const FIELDS: &[Field] = &[
 ];
 
 /// Fields of the reply that are labels of `zblk_device_info`.
-const INFO_LABELS: [(Part, &str); 7] = [
+const INFO_LABELS: [(Part, &str); 8] = [
     (D, "path"),
+    (D, "backing_dev"),
     (S, "algorithm"),
     (S, "recompress_algorithm"),
     (S, "mode"),
@@ -239,14 +279,16 @@ const INFO_LABELS: [(Part, &str); 7] = [
 
 /// Fields left out: the same value as an exported one (`size` is
 /// `disksize`, the device's `mem_limit` the store's), the `device` and
-/// `id` labels (`name` is `device`), the transport asked for (the one in
+/// `id` labels (`name` is `device`), the stats' `backing_dev` (the
+/// device's is a label), the transport asked for (the one in
 /// use is a label),
 /// the engine settings the stats repeat, and the latency and queue
 /// objects, exported in their own families. (Only the test that checks
 /// every field is accounted for reads it.)
 #[cfg(test)]
-const NOT_SERIES: [(Part, &str); 10] = [
+const NOT_SERIES: [(Part, &str); 11] = [
     (D, "transport"),
+    (S, "backing_dev"),
     (D, "name"),
     (D, "size"),
     (D, "mem_limit"),
@@ -259,7 +301,7 @@ const NOT_SERIES: [(Part, &str); 10] = [
 ];
 
 /// The operations whose latency the engine records.
-const OPS: [&str; 3] = ["write", "read", "discard"];
+const OPS: [&str; 4] = ["write", "read", "discard", "writeback"];
 
 /// The percentiles of the reply, and their `quantile` label.
 const QUANTILES: [(&str, &str); 3] = [("p50_us", "0.5"), ("p95_us", "0.95"), ("p99_us", "0.99")];

@@ -136,6 +136,7 @@ pub fn run(cli: Cli) -> CliResult {
                 Cmd::Set(a) => manage::set(a),
                 Cmd::Idle(a) => manage::idle(a),
                 Cmd::Recompress(a) => manage::recompress(a),
+                Cmd::Writeback(a) => manage::writeback(a),
                 Cmd::Bench(a) => bench::bench(a),
                 Cmd::Recover(a) => manage::recover(a),
                 Cmd::Restart(a) => manage::restart(a),

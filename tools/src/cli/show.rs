@@ -156,7 +156,7 @@ pub fn list(a: ListArgs) -> CliResult {
 }
 
 /// Fields shown with a human size next to the byte count.
-const BYTE_FIELDS: [&str; 8] = [
+const BYTE_FIELDS: [&str; 11] = [
     "disksize",
     "orig_data_size",
     "compr_data_size",
@@ -165,13 +165,16 @@ const BYTE_FIELDS: [&str; 8] = [
     "mem_limit",
     "mem_spare",
     "slot_table_bytes",
+    "bd_bytes",
+    "bd_size",
+    "bd_used_bytes",
 ];
 
 /// Counters that are levels, not events: a page written through one queue
 /// may be freed through another, so per queue they are net flows (clamped
 /// at 0), meaningful only summed. The per-queue table leaves them out; the
 /// JSON keeps them.
-const GAUGES: [&str; 8] = [
+const GAUGES: [&str; 10] = [
     "orig_data_size",
     "compr_data_size",
     "same_pages",
@@ -180,6 +183,8 @@ const GAUGES: [&str; 8] = [
     "packed_dead_bytes",
     "idle_pages",
     "recompressed_pages",
+    "bd_count",
+    "bd_bytes",
 ];
 
 /// The text form of one device's statistics: every scalar field, derived
@@ -229,7 +234,7 @@ pub fn stat_text(reply: &Value) -> String {
     out.push_str(&table(&["FIELD", "VALUE"], &rows));
     out.push('\n');
 
-    let lat: Vec<Vec<String>> = ["write", "read", "discard"]
+    let lat: Vec<Vec<String>> = ["write", "read", "discard", "writeback"]
         .iter()
         .map(|op| {
             let l = &s["latency"][op];
@@ -324,10 +329,16 @@ pub(super) mod tests {
     use super::*;
     use zblk_ublk::DeviceConfig;
 
-    /// A stats reply of a 1 MB device with two queues: queue 0 wrote two
-    /// text pages, queue 1 a zero page and read the two back.
+    /// A stats reply of a 1 MB device with two queues and a backing file:
+    /// queue 0 wrote two text pages, queue 1 a zero page and read the two
+    /// back.
     pub fn sample() -> Value {
-        let store = zblk::Store::new(zblk::StoreConfig::new(1 << 20)).unwrap();
+        let bd = tempfile::NamedTempFile::new().unwrap();
+        bd.as_file().set_len(1 << 16).unwrap();
+        let path = bd.path().to_str().unwrap().to_string();
+        let mut cfg = zblk::StoreConfig::new(1 << 20);
+        cfg.backing = Some(path.clone().into());
+        let store = zblk::Store::new(cfg).unwrap();
         let mut ctx0 = store.new_ctx();
         let mut ctx1 = store.new_ctx();
         let text: Vec<u8> = b"zblk stat sample "
@@ -340,7 +351,8 @@ pub(super) mod tests {
         ctx1.write(8192, &[0u8; 4096]).unwrap();
         let mut back = vec![0u8; 8192];
         ctx1.read(0, &mut back).unwrap();
-        let config = DeviceConfig::from_flags(["--size", "1M", "--queues", "2"]).unwrap();
+        let flags = ["--size", "1M", "--queues", "2", "--backing-dev", &path];
+        let config = DeviceConfig::from_flags(flags).unwrap();
         let mut info = DeviceInfo::new(0, "/dev/ublkb0".into(), &config, 1 << 21);
         info.pid = 1;
         json!({"device": info, "stats": serde_json::to_value(store.stats()).unwrap()})

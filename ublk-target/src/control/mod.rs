@@ -53,6 +53,22 @@ pub enum Request {
         #[serde(default)]
         max_pages: u64,
     },
+    /// Writes pages back to the device's backing device (zram's
+    /// `writeback`): a `zblk::WritebackReport` and `pages_compacted`.
+    Writeback {
+        /// Which pages: `idle`, `huge`, `incompressible` or `huge_idle`.
+        kind: String,
+        /// Write back at most this many pages (0: no limit but the
+        /// device's writeback limit).
+        #[serde(default)]
+        limit: u64,
+    },
+    /// Sets the writeback limit in pages (zram's `writeback_limit`;
+    /// 0: off).
+    SetWritebackLimit {
+        /// Pages writeback may write from now on.
+        pages: u64,
+    },
     /// Sets the memory limit in bytes (0: none).
     SetMemLimit {
         /// The new limit.

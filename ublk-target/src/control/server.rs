@@ -131,6 +131,15 @@ fn answer(queues: &Queues, info: &DeviceInfo, req: Request) -> (Response, Next) 
             threshold,
             max_pages,
         } => recompress(queues, info, &algo, &kind, threshold, max_pages),
+        Request::Writeback { kind, limit } => writeback(queues, info, &kind, limit),
+        Request::SetWritebackLimit { pages } => {
+            queues.store().set_writeback_limit(pages);
+            log::info!(
+                "device {}: writeback_limit set to {pages} pages (0: off)",
+                info.id()
+            );
+            Response::ok(serde_json::json!({ "writeback_limit": pages }))
+        }
         Request::SetMemLimit { bytes } => {
             queues.store().set_mem_limit(bytes);
             log::info!("device {}: mem_limit set to {bytes}", info.id());
@@ -193,6 +202,46 @@ fn recompress(
                 r.tried,
                 p.algo,
                 r.saved_bytes
+            );
+            let mut v = match serde_json::to_value(r) {
+                Ok(v) => v,
+                Err(e) => return Response::err(e.to_string()),
+            };
+            v["pages_compacted"] = serde_json::json!(compacted);
+            Response::ok(v)
+        }
+        Err(e) => Response::err(e.to_string()),
+    }
+}
+
+/// Runs a writeback from the control loop, as recompression runs: off the
+/// queue threads; the engine does its I/O with no slot lock held, so
+/// swap-ins go on meanwhile.
+fn writeback(queues: &Queues, info: &DeviceInfo, kind: &str, limit: u64) -> Response {
+    let kind = match kind.parse::<zblk::WritebackType>() {
+        Ok(k) => k,
+        Err(e) => return Response::err(e),
+    };
+    match queues.store().writeback(&zblk::Writeback { kind, limit }) {
+        Ok(r) => {
+            // As after recompression: the freed objects are all over
+            // their zspages, which only compaction gives back.
+            queues.flush_all();
+            let compacted = queues.store().compact();
+            log::info!(
+                "device {}: wrote back {} of {} pages ({} bytes in {} blocks){}{}, \
+                 compaction gave back {compacted} pages",
+                info.id(),
+                r.written,
+                r.selected,
+                r.bytes,
+                r.blocks,
+                if r.full { ", backing device full" } else { "" },
+                if r.limited {
+                    ", writeback limit reached"
+                } else {
+                    ""
+                },
             );
             let mut v = match serde_json::to_value(r) {
                 Ok(v) => v,
@@ -357,6 +406,78 @@ mod tests {
         let mut back = vec![0u8; 4 * PAGE_SIZE];
         ctx.read(0, &mut back).unwrap();
         assert!(back == text);
+    }
+
+    #[test]
+    fn writeback_and_its_limit_through_the_control_loop() {
+        let dir = tempfile::tempdir().unwrap();
+        let bd = dir.path().join("backing");
+        std::fs::File::create(&bd)
+            .unwrap()
+            .set_len(64 * PAGE_SIZE as u64)
+            .unwrap();
+        let mut dc = cfg(1);
+        dc.backing_dev = Some(bd.clone());
+        let store = zblk::Store::new(dc.store_config()).unwrap();
+        let shared = Queues::with_store(&dc, store.clone()).unwrap();
+        fake::no_threads(&shared);
+        let mut ctx = store.new_ctx();
+        let text: Vec<u8> = b"cold pages, written back; "
+            .iter()
+            .copied()
+            .cycle()
+            .take(8 * PAGE_SIZE)
+            .collect();
+        ctx.write(0, &text).unwrap();
+        let wb = |kind: &str, limit| Request::Writeback {
+            kind: kind.into(),
+            limit,
+        };
+        let (r, _) = ask(&shared, wb("cold", 0));
+        assert!(
+            !r.ok
+                && r.error
+                    .as_deref()
+                    .unwrap()
+                    .contains("unknown writeback type")
+        );
+        let (r, _) = ask(&shared, wb("idle", 0));
+        assert!(r.ok && r.data["written"] == 0, "nothing idle yet: {r:?}");
+        ask(&shared, Request::Idle { age: None });
+        let (r, _) = ask(&shared, Request::SetWritebackLimit { pages: 3 });
+        assert!(r.ok);
+        let (r, _) = ask(&shared, wb("idle", 0));
+        assert!(r.ok, "{r:?}");
+        assert_eq!(
+            (r.data["written"].as_u64(), r.data["limited"].as_bool()),
+            (Some(3), Some(true))
+        );
+        ask(&shared, Request::SetWritebackLimit { pages: 0 });
+        let (r, _) = ask(&shared, wb("idle", 2));
+        assert_eq!(r.data["written"], 2, "{r:?}");
+        let with_bd = DeviceInfo {
+            config: dc.clone(),
+            ..info()
+        };
+        let (r, _) = answer(&shared, &with_bd, Request::Stats);
+        let s = &r.data["stats"];
+        assert_eq!(s["bd_count"], 5);
+        assert_eq!(s["bd_writes"], 5);
+        assert_eq!(s["backing_dev"], bd.display().to_string());
+        assert_eq!(s["writeback_limit_enable"], false);
+        assert!(s["latency"]["writeback"]["count"].as_u64().unwrap() >= 5);
+        assert_eq!(r.data["device"]["backing_dev"], bd.display().to_string());
+        let mut back = vec![0u8; 8 * PAGE_SIZE];
+        ctx.read(0, &mut back).unwrap();
+        assert!(back == text);
+        assert_eq!(store.stats().counters.bd_reads, 5);
+
+        // A device without a backing device says so in one line.
+        let plain = Queues::new(&cfg(1)).unwrap();
+        fake::no_threads(&plain);
+        let (r, _) = ask(&plain, wb("huge", 0));
+        let e = r.error.unwrap();
+        assert!(e.contains("no backing device") && !e.contains('\n'), "{e}");
     }
 
     #[test]
