@@ -1,7 +1,7 @@
 //! Crash consistency: a child process runs a store in shared memory and is
 //! killed (`_exit`, as `kill -9` would leave its memory) at one crash point
-//! of the write, discard, compaction, packed-rewrite, recompression or free
-//! paths; this
+//! of the write, discard, compaction, packed-rewrite, recompression,
+//! writeback or free paths; this
 //! process recovers the store from the child's memfd and checks every page
 //! against a model: a page the interrupted operation touched reads as its
 //! old or its new content, every other page as the model says; and once
@@ -13,17 +13,39 @@ mod common;
 use common::{page, real_pages, Content, Rng};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use zblk::{Mode, Store, StoreConfig, PAGE_SIZE};
 
 const P: u64 = PAGE_SIZE as u64;
 const PAGES: u64 = 96;
 
-fn config(mode: Mode) -> StoreConfig {
+/// The child's backing file, which the parent names in `ZBLK_CRASH_BD`
+/// (it outlives each child, as a backing device outlives its daemon).
+fn backing() -> PathBuf {
+    std::env::var_os("ZBLK_CRASH_BD")
+        .map(Into::into)
+        .expect("ZBLK_CRASH_BD names the backing file")
+}
+
+fn config(mode: Mode, bd: &Path) -> StoreConfig {
     let mut cfg = StoreConfig::new(PAGES * P);
     cfg.shared = true;
     cfg.mode = mode;
+    cfg.backing = Some(bd.to_path_buf());
     cfg
+}
+
+/// Makes a backing file of `PAGES` blocks, in a directory that lives as
+/// long as the returned guard.
+fn make_backing() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("backing");
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(PAGES * P)
+        .unwrap();
+    (dir, path)
 }
 
 enum Op {
@@ -33,6 +55,9 @@ enum Op {
     /// Marks every page idle and recompresses a few idle ones (per-page
     /// stores; a packed one refuses and changes nothing).
     Recompress,
+    /// Marks every page idle and writes a few idle ones back (per-page
+    /// stores; a packed one refuses and changes nothing).
+    Writeback,
 }
 
 /// The workload: fill the device, punch holes so that compaction has
@@ -65,6 +90,7 @@ fn workload() -> Vec<Op> {
     }
     ops.push(Op::Compact);
     ops.push(Op::Recompress);
+    ops.push(Op::Writeback);
     for i in 0..12 {
         let n = 1 + rng.below(8);
         let first = rng.below(PAGES - n + 1);
@@ -96,7 +122,7 @@ fn states(ops: &[Op]) -> Vec<Vec<Vec<u8>>> {
                     cur[p as usize].fill(0);
                 }
             }
-            Op::Compact | Op::Recompress => {}
+            Op::Compact | Op::Recompress | Op::Writeback => {}
         }
         all.push(cur.clone());
     }
@@ -111,7 +137,7 @@ fn crash_child() {
         return; // run as a test of its own: nothing to do
     };
     let mode: Mode = mode.parse().unwrap();
-    let store = Store::new(config(mode)).unwrap();
+    let store = Store::new(config(mode, &backing())).unwrap();
     let mut ctx = store.new_ctx();
     let fd = std::os::fd::AsRawFd::as_raw_fd(&store.memory_fd().unwrap());
     let mut out = std::io::stdout().lock();
@@ -139,6 +165,14 @@ fn crash_child() {
                 });
                 assert_eq!(r.is_ok(), mode == Mode::PerPage, "{r:?}");
             }
+            Op::Writeback => {
+                store.mark_idle(None).unwrap();
+                let r = store.writeback(&zblk::Writeback {
+                    kind: zblk::WritebackType::Idle,
+                    limit: 10,
+                });
+                assert_eq!(r.is_ok(), mode == Mode::PerPage, "{r:?}");
+            }
         }
     }
     drop(ctx);
@@ -158,11 +192,12 @@ struct Run {
     crashed_at: Option<String>,
 }
 
-fn run_child(mode: Mode, at: u64) -> Run {
+fn run_child(mode: Mode, bd: &Path, at: u64) -> Run {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "crash_child", "--nocapture", "--test-threads=1"])
         .env("ZBLK_CRASH_CHILD", mode.to_string())
         .env("ZBLK_CRASH_AT", at.to_string())
+        .env("ZBLK_CRASH_BD", bd)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -209,8 +244,8 @@ fn run_child(mode: Mode, at: u64) -> Run {
 }
 
 /// Recovers the child's store and checks it against the model.
-fn check(mode: Mode, run: Run, states: &[Vec<Vec<u8>>], at: u64) {
-    let store = Store::recover(config(mode), run.memory)
+fn check(mode: Mode, bd: &Path, run: Run, states: &[Vec<Vec<u8>>], at: u64) {
+    let store = Store::recover(config(mode, bd), run.memory)
         .unwrap_or_else(|e| panic!("crash at point {at}: recovery failed: {e}"));
     let (before, after) = match (run.done, run.last_op) {
         (Some(_), _) => (states.len() - 1, states.len() - 1),
@@ -240,6 +275,11 @@ fn check(mode: Mode, run: Run, states: &[Vec<Vec<u8>>], at: u64) {
     assert_eq!(st.counters.stored_pages, 0, "point {at}");
     assert_eq!(st.counters.compr_data_size, 0, "point {at}");
     assert_eq!(st.counters.packed_dead_bytes, 0, "point {at}");
+    assert_eq!(st.counters.bd_count, 0, "point {at}");
+    assert_eq!(
+        st.bd_used_bytes, 0,
+        "crash at point {at}: backing blocks left in use"
+    );
     assert_eq!(
         st.mem_used_total, 0,
         "crash at point {at} ({:?}): memory leaked across the recovery",
@@ -248,19 +288,20 @@ fn check(mode: Mode, run: Run, states: &[Vec<Vec<u8>>], at: u64) {
 }
 
 fn crash_everywhere(mode: Mode) -> Vec<String> {
+    let (_dir, bd) = make_backing();
     let states = states(&workload());
-    let full = run_child(mode, 0);
+    let full = run_child(mode, &bd, 0);
     let points = full.done.expect("a run without a crash completes");
-    check(mode, full, &states, 0);
+    check(mode, &bd, full, &states, 0);
     let mut names = Vec::new();
     for at in 1..=points {
-        let run = run_child(mode, at);
+        let run = run_child(mode, &bd, at);
         if let Some(name) = &run.crashed_at {
             if !names.contains(name) {
                 names.push(name.clone());
             }
         }
-        check(mode, run, &states, at);
+        check(mode, &bd, run, &states, at);
     }
     names.sort();
     eprintln!("{mode}: crashed at each of {points} points: {names:?}");
@@ -282,6 +323,9 @@ fn per_page_store_survives_a_crash_at_every_point() {
         "relocate:copied",
         "relocate:holder",
         "write:planned",
+        "writeback:locked",
+        "writeback:released",
+        "writeback:written",
     ] {
         assert!(names.iter().any(|n| n == want), "never crashed at {want}");
     }
