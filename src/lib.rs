@@ -12,13 +12,15 @@
 //!
 //! 1. `store`: [`Store`] and [`QueueCtx`], the four operations and stats;
 //! 2. `compact` (packed groups), `recompress` (idle marking and
-//!    recompression), then `write` and `read`, the two paths;
+//!    recompression), `writeback` (to the backing store), then `write` and
+//!    `read`, the two paths;
 //! 3. `table`: the slot table and what entering or leaving a slot does;
 //! 4. `packed`: the packed object format, packing and unpacking a group;
 //! 5. `ctx`: one queue thread's state; `config`: how a store is built;
 //! 6. the parts: `slot` (entry encoding and lock), `codec` (with the IAA
 //!    codec), `accel` (the IAA device interface), `alloc` and `slab` (the
-//!    object allocator), `free` (deferred free), `stats`, `error`, `page`.
+//!    object allocator), `free` (deferred free), `backing` (the backing
+//!    store and its free map), `stats`, `error`, `page`.
 
 #![warn(missing_docs)]
 
