@@ -22,8 +22,9 @@
 #                       also, by name only: bench (the device benchmarks of
 #                       tools/scripts/bench-device.sh, BENCH lines, no limits),
 #                       recovery-cost (shared vs private memory A/B, recovery
-#                       time by stored size) and transport-ab (BATCH_IO vs
-#                       classic A/B, 7.x))
+#                       time by stored size), transport-ab (BATCH_IO vs
+#                       classic A/B, 7.x) and tiering (writeback to a loop
+#                       device and recompression under a hot/cold swap load))
 #   --mem SIZE          guest memory (qemu -m syntax, default 2G)
 #   --cpus N            guest vCPUs (default 2)
 #   --keep              keep the work folder (initramfs, console log) and print it
@@ -84,7 +85,7 @@ WORK=${ZBLK_VM_WORK:-$REPO/tests/vm/work}
 # swapkill runs last: it leaves a dead swap area the kernel cannot remove.
 DEFAULT_SCENARIOS="swap munmap blockio stat lifecycle zram-compare recompress crash upgrade swapkill"
 # bench measures and is slow: run by name only (tools/scripts/bench-device.sh).
-ALL_SCENARIOS="$DEFAULT_SCENARIOS bench recovery-cost transport-ab"
+ALL_SCENARIOS="$DEFAULT_SCENARIOS bench recovery-cost transport-ab tiering"
 SCENARIOS=""
 MEM=2G
 CPUS=2

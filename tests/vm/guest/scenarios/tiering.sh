@@ -1,0 +1,93 @@
+# tiering: writeback to a backing device, with recompression, on a live
+# swap device. A 1 GB lz4 zblk swap device gets --backing-dev, a loop
+# device over a 512 MB file in /tmp. Two usemem workloads run under one
+# memory cgroup: a cold one writes ZBLK_USEMEM_MB and holds it; a hot one
+# writes a quarter of that and verifies it over and over (its pages keep
+# swapping in and out). Once the stored pages are steady, `zblk idle
+# --all` (the hot pages' next access clears their marks), `zblk writeback
+# --type idle` and `zblk recompress --type idle` run while the hot half
+# keeps being used. Pass: bd_count > 0 and equal to bd_writes less what
+# was freed since (bd_count <= bd_writes), bd_bytes <= bd_used_bytes <=
+# bd_size, compr_data_size and mem_used_total dropped (by at least half
+# of what was written back, after the compaction writeback ends with),
+# bd_reads grows while the cold workload verifies, both usemem runs
+# verify every page, no kernel swap error; after del the loop device is
+# released.
+#
+# Opt-in, by name (not in run.sh's default list):
+#   bash tests/vm/run.sh --scenario tiering
+SCEN=tiering
+DMESG_FROM=$(( $(dmesg | wc -l) + 1 ))
+BD_FILE=/tmp/zblk-tiering.img
+truncate -s 512M "$BD_FILE" || fail "cannot make $BD_FILE"
+if command -v losetup >/dev/null 2>&1; then
+    BD=$(losetup -f --show "$BD_FILE") || fail "losetup of $BD_FILE failed"
+else
+    # No losetup in this guest: the regular file itself (buffered I/O on
+    # tmpfs, which refuses O_DIRECT: the daemon logs it).
+    BD=$BD_FILE
+    log "no losetup: the backing device is $BD_FILE itself"
+fi
+# The value after word $2 in `zblk writeback`'s "selected N written N ..." line.
+word_after() { echo "$1" | tr ' ' '\n' | grep -A1 -x "$2" | tail -1; }
+cleanup_bd() { [ "$BD" = "$BD_FILE" ] || losetup -d "$BD" 2>/dev/null; rm -f "$BD_FILE"; }
+zadd --size "${ZBLK_DEV_MB}M" --algo "$ZBLK_ALGO" --backing-dev "$BD" --swap
+j=$(zstat)
+[ "$(echo "$j" | jget backing_dev)" = "$BD" ] || { cleanup_bd; fail "stat's backing_dev is '$(echo "$j" | jget backing_dev)', not $BD"; }
+CG=$(cg_make "$SCEN" "$ZBLK_LIMIT_MB")
+in_cg usemem --mb "$ZBLK_USEMEM_MB" --sleep 25 >/tmp/zblk-vm.cold 2>&1 &
+COLD=$!
+track $COLD
+HOT_MB=$(( ZBLK_USEMEM_MB / 4 ))
+in_cg usemem --mb "$HOT_MB" --passes 400 --seed 7 >/tmp/zblk-vm.hot 2>&1 &
+HOT=$!
+track $HOT
+# The hold: stored pages stop growing once the cold workload has written
+# everything (the hot one keeps swapping its quarter in and out).
+last=-1 i=0
+while [ $i -lt 600 ]; do
+    sleep 0.5
+    st=$(zstat | jnum stored_pages)
+    [ "$st" -gt 20000 ] && [ "$st" -le $(( last + 200 )) ] && [ "$st" -ge $(( last - 200 )) ] && break
+    last=$st i=$((i + 1))
+done
+[ "$st" -gt 20000 ] || { cleanup_bd; fail "only $st pages stored before the hold"; }
+j0=$(zstat)
+mem0=$(echo "$j0" | jnum mem_used_total) compr0=$(echo "$j0" | jnum compr_data_size)
+must zblk idle -n "$ZID" --all >/dev/null
+wb=$(zblk writeback -n "$ZID" --type idle 2>&1) || { cleanup_bd; fail "writeback failed: $wb"; }
+written=$(word_after "$wb" written) wbytes=$(word_after "$wb" bytes)
+rc=$(zblk recompress -n "$ZID" --algo zstd:3 --type idle 2>&1) || { cleanup_bd; fail "recompress failed: $rc"; }
+j1=$(zstat)
+bdc=$(echo "$j1" | jnum bd_count) bdw=$(echo "$j1" | jnum bd_writes) bdb=$(echo "$j1" | jnum bd_bytes)
+bdu=$(echo "$j1" | jnum bd_used_bytes) bds=$(echo "$j1" | jnum bd_size) bdr0=$(echo "$j1" | jnum bd_reads)
+mem1=$(echo "$j1" | jnum mem_used_total) compr1=$(echo "$j1" | jnum compr_data_size)
+log "stored=$st writeback: $wb; recompress: $rc; bd_count=$bdc bd_writes=$bdw bd_bytes=$bdb bd_used_bytes=$bdu bd_size=$bds mem $mem0 -> $mem1 compr $compr0 -> $compr1"
+[ "${written:-0}" -gt 0 ] && [ "$bdc" -gt 0 ] || { cleanup_bd; fail "nothing written back: $wb"; }
+[ "$bdw" = "$written" ] || { cleanup_bd; fail "bd_writes $bdw is not what writeback wrote ($written)"; }
+[ "$bdc" -le "$bdw" ] || { cleanup_bd; fail "bd_count $bdc > bd_writes $bdw"; }
+[ "$bdb" -le "$bdu" ] && [ "$bdu" -le "$bds" ] || { cleanup_bd; fail "bd_bytes $bdb, bd_used_bytes $bdu, bd_size $bds out of order"; }
+[ "$compr1" -lt "$compr0" ] || { cleanup_bd; fail "compr_data_size did not drop: $compr0 -> $compr1"; }
+# RAM used drops by (about) what was written back: at least half of it,
+# after the compaction writeback and recompression end with.
+[ $(( mem0 - mem1 )) -ge $(( wbytes / 2 )) ] || { cleanup_bd; fail "mem_used_total dropped $(( mem0 - mem1 )) bytes for $wbytes written back"; }
+wait $COLD
+crc=$?
+wait $HOT
+hrc=$?
+j2=$(zstat)
+bdr1=$(echo "$j2" | jnum bd_reads)
+for w in cold hot; do
+    uj=$(grep '"program":"usemem"' /tmp/zblk-vm.$w | tail -1)
+    [ "$(echo "$uj" | jget ok)" = true ] && [ "$(echo "$uj" | jnum bad_pages)" = 0 ] || { cleanup_bd; fail "usemem ($w): $uj"; }
+done
+[ "$crc" = 0 ] && [ "$hrc" = 0 ] || { cleanup_bd; fail "usemem exits: cold $crc hot $hrc"; }
+[ "$bdr1" -gt "$bdr0" ] || { cleanup_bd; fail "bd_reads did not grow while the cold pages were verified ($bdr0 -> $bdr1)"; }
+dmesg | tail -n +"$DMESG_FROM" | grep -qiE 'segfault|SIGBUS|I/O error, dev ublkb|(read|write)-error on swap' && {
+    cleanup_bd
+    fail "kernel saw errors: $(dmesg | tail -n +"$DMESG_FROM" | grep -iE 'I/O error|-error on swap' | tail -2 | tr '\n' '|')"
+}
+rmdir "$CG" 2>/dev/null
+must zblk del -n "$ZID" --force >/dev/null
+cleanup_bd
+pass "stored=$st written_back=$written ($wbytes bytes in $(( bdu / 4096 )) blocks) bd_reads $bdr0 -> $bdr1, mem_used_total $mem0 -> $mem1 ($(ratio "$mem1" "$mem0")x), compr_data_size $compr0 -> $compr1; both usemem runs verified every page"
