@@ -23,13 +23,15 @@ use zblk_ublk::keeper::KeeperRequest;
 use zblk_ublk::{Request, Response};
 
 /// Every command of both sockets, and a few near misses.
-const CMDS: [&str; 15] = [
+const CMDS: [&str; 17] = [
     "info", "stats", "compact", "idle", "recompress", "set_mem_limit", "shutdown", "handover",
     "status", "restart", "recover", "Info", "format_disk", "set-mem-limit", "huge_idle",
+    "writeback", "set_writeback_limit",
 ];
 /// Every field of any request, and keys of replies.
-const KEYS: [&str; 11] = [
+const KEYS: [&str; 13] = [
     "cmd", "bytes", "force", "age", "algo", "kind", "threshold", "max_pages", "data", "ok", "error",
+    "limit", "pages",
 ];
 
 #[derive(Arbitrary, Debug)]
@@ -103,6 +105,13 @@ fn model(v: &Value) -> Option<Request> {
             threshold: u64_or_0("threshold")?,
             max_pages: u64_or_0("max_pages")?,
         }),
+        "writeback" => Some(Request::Writeback {
+            kind: o.get("kind")?.as_str()?.to_string(),
+            limit: u64_or_0("limit")?,
+        }),
+        "set_writeback_limit" => Some(Request::SetWritebackLimit {
+            pages: o.get("pages")?.as_u64()?,
+        }),
         "set_mem_limit" => Some(Request::SetMemLimit {
             bytes: o.get("bytes")?.as_u64()?,
         }),
@@ -151,6 +160,15 @@ fn wire(r: &Request) -> Value {
             put("threshold", (*threshold).into());
             put("max_pages", (*max_pages).into());
         }
+        Request::Writeback { kind, limit } => {
+            put("cmd", "writeback".into());
+            put("kind", kind.as_str().into());
+            put("limit", (*limit).into());
+        }
+        Request::SetWritebackLimit { pages } => {
+            put("cmd", "set_writeback_limit".into());
+            put("pages", (*pages).into());
+        }
         Request::SetMemLimit { bytes } => {
             put("cmd", "set_mem_limit".into());
             put("bytes", (*bytes).into());
@@ -197,6 +215,8 @@ enum Typed {
     Compact,
     Idle(Option<u64>),
     Recompress { algo: String, kind: String, threshold: u64, max_pages: u64 },
+    Writeback { kind: String, limit: u64 },
+    SetWritebackLimit(u64),
     SetMemLimit(u64),
     Shutdown(bool),
     Handover,
@@ -218,6 +238,8 @@ impl Typed {
                 threshold: *threshold,
                 max_pages: *max_pages,
             },
+            Typed::Writeback { kind, limit } => Request::Writeback { kind: kind.clone(), limit: *limit },
+            Typed::SetWritebackLimit(pages) => Request::SetWritebackLimit { pages: *pages },
             Typed::SetMemLimit(bytes) => Request::SetMemLimit { bytes: *bytes },
             Typed::Shutdown(force) => Request::Shutdown { force: *force },
             Typed::Handover => Request::Handover,
