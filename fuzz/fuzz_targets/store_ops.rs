@@ -94,6 +94,7 @@ fn kind(e: &Error) -> &'static str {
         Error::Corrupt { .. } => "corrupt",
         Error::InvalidConfig(_) => "invalid-config",
         Error::Codec(_) => "codec",
+        Error::Backing(_) => "backing",
     }
 }
 
