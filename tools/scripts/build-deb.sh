@@ -65,7 +65,7 @@ if [[ -x tools/scripts/gen-docs.sh ]]; then
     gen=$(mktemp -d)
     trap 'rm -rf "$root" "$gen"' EXIT
     # The binary being packed writes them, so they say what its --help says.
-    ZBLK="$PWD/$bin" tools/scripts/gen-docs.sh "$gen" >/dev/null
+    ZBLK="$(realpath "$bin")" tools/scripts/gen-docs.sh "$gen" >/dev/null
     while IFS= read -r -d '' f; do
         name=$(basename "$f")
         case $name in

@@ -61,9 +61,12 @@ phase_boot() (
     [ "$(prop zblk-setup.service ActiveState)" = active ] || fail "zblk-setup.service is $(prop zblk-setup.service ActiveState): $(journalctl -b -u zblk-setup -n 5 --no-pager | tr '\n' '|')"
     check_swap_up "at boot"
     swap_workload zblk
-    wait_until "[ \$(zblk stat -n 0 --json | tr -d '\n' | grep -o '\"stored_pages\"[^,]*' | head -1 | tr -dc 0-9) -lt 256 ]" 20 ||
-        fail "pages stayed on the device after the workload exited (discard off?): $(zstat | jnum stored_pages) stored"
-    pass "swap at boot, priority 100, $W_FIGS, discarded after exit"
+    # With discard, what the workload freed leaves the device, but for the
+    # pages of swap clusters still partly in use (6.12 keeps a few MB).
+    left=$((256 + W_PEAK / 50))
+    wait_until "[ \$(zblk stat -n 0 --json | tr -d '\n' | grep -o '\"stored_pages\"[^,]*' | head -1 | tr -dc 0-9) -lt $left ]" 20 ||
+        fail "pages stayed on the device after the workload exited (discard off?): $(zstat | jnum stored_pages) stored of $W_PEAK at the peak"
+    pass "swap at boot, priority 100, $W_FIGS, $(zstat | jnum stored_pages) pages left after exit (discard)"
 )
 
 phase_setup_unit() (
@@ -111,8 +114,11 @@ phase_fdstore() (
         n=$(zstat | jnum stored_pages); [ "$n" -gt "$PEAK" ] && PEAK=$n
         sleep 3
     done
-    out=$(zblk restart -n 0 2>&1) || fail "zblk restart -n 0: $out"
-    [ "$(prop $U0 ActiveState)" = active ] || fail "after zblk restart $U0 is $(prop $U0 ActiveState)"
+    # (not $out: lib.sh's must() sets that)
+    old=$(prop $U0 MainPID)
+    handed=$(zblk restart -n 0 2>&1) || fail "zblk restart -n 0: $handed"
+    [ "$(prop $U0 ActiveState)" = active ] && [ "$(prop $U0 MainPID)" != "$old" ] && [ "$(prop $U0 NRestarts)" = 4 ] ||
+        fail "after zblk restart: $U0 $(prop $U0 ActiveState), MainPID $(prop $U0 MainPID) (was $old), NRestarts $(prop $U0 NRestarts)"
     wait $U
     urc=$?
     UJ=$(grep '"program":"usemem"' /tmp/zblk-vm.usemem | tail -1)
@@ -124,13 +130,14 @@ phase_fdstore() (
     must systemctl stop $U0
     check_gone "after systemctl stop $U0"
     [ "$(prop $U0 NFileDescriptorStore)" = 0 ] || fail "the fd store still holds $(prop $U0 NFileDescriptorStore) fds after stop"
-    pass "3 kills + 1 zblk restart under usemem, kill-to-serving ms:$ms, $(echo "$UJ" | jget total_mb) MB verified x6 passes, peak $PEAK pages, $out"
+    pass "3 kills + 1 zblk restart under usemem, kill-to-serving ms:$ms, $(echo "$UJ" | jget total_mb) MB verified x6 passes, peak $PEAK pages, $handed"
 )
 
 case "$PHASE" in
 install)
     phase_install
     echo "END install"
+    sync
     systemctl reboot
     ;;
 check)
@@ -138,6 +145,7 @@ check)
     phase_setup_unit
     phase_fdstore
     echo "END check"
+    sync
     systemctl poweroff
     ;;
 *)
