@@ -135,7 +135,7 @@ pub fn stop(id: u32) -> CliResult {
 /// (`in_stop_command`) and leaves `MAINPID` unset once it knows the main
 /// process is gone.
 fn main_process_gone(in_stop_command: bool, mainpid: Option<String>) -> bool {
-    in_stop_command && mainpid.is_none_or(|p| p.trim().is_empty())
+    in_stop_command && mainpid.map_or(true, |p| p.trim().is_empty())
 }
 
 #[cfg(test)]
