@@ -2,8 +2,10 @@
 # Runs every test zblk has, on a fresh Debian machine, as root:
 #   format and lints, the engine's unit, model and stress tests, the daemon's
 #   and CLI's tests, a short coverage-guided fuzz run (fuzz/run.sh), then the real device as swap in qemu (tests/vm/run.sh:
-#   every scenario on Debian's 6.12 and 7.3 kernels, one boot each).
-# Usage: tests/run.sh [--no-vm]   (ZBLK_SKIP_VM=1 also skips the VM stage)
+#   every scenario on Debian's 6.12 and 7.3 kernels, one boot each), and the
+#   package and systemd units on a debootstrapped Debian 12 (tests/vm/systemd/run.sh,
+#   two boots; ZBLK_SKIP_SYSTEMD=1 skips it).
+# Usage: tests/run.sh [--no-vm]   (ZBLK_SKIP_VM=1 also skips the VM stages)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,3 +46,10 @@ if [ "$skip_vm" = 1 ]; then
 fi
 echo "== VM tests (qemu, real ublk device; kernels 6.12 and 7.3)"
 bash tests/vm/run.sh
+if [ "${ZBLK_SKIP_SYSTEMD:-0}" = 1 ]; then
+    echo "== systemd VM test skipped (ZBLK_SKIP_SYSTEMD=1)"
+    exit 0
+fi
+echo "== systemd VM test (the package and units on Debian 12 with systemd, kernel 6.12)"
+# tests/vm/run.sh has just built the static binaries it packs.
+ZBLK_VM_NOBUILD=1 bash tests/vm/systemd/run.sh

@@ -8,7 +8,8 @@
 # (/usr/share/doc/zblk/zblk.conf.example), the conffile /etc/zblk/zblk.conf
 # (comments only: no device until one is written), and, when
 # tools/scripts/gen-docs.sh exists, the man pages and shell completions it
-# generates. --no-build packs target/release/zblk as it is.
+# generates. --no-build packs target/release/zblk as it is; ZBLK_DEB_BIN=PATH
+# packs that binary instead (the VM tests pack the static build they boot).
 #
 # Plain dpkg-deb rather than `cargo deb`: dpkg-deb is part of dpkg, on every
 # Debian machine, while cargo-deb would have to be installed (fetched) first.
@@ -30,10 +31,10 @@ version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version *= *"\(.*\)"/\1/p' Ca
 [[ -n $version ]] || die "no version in Cargo.toml's [workspace.package]"
 arch=$(dpkg --print-architecture)
 
-if ((build)); then
+bin=${ZBLK_DEB_BIN:-target/release/zblk}
+if ((build)) && [[ -z ${ZBLK_DEB_BIN:-} ]]; then
     cargo build --release --locked -p zblk-tools --bin zblk
 fi
-bin=target/release/zblk
 [[ -x $bin ]] || die "$bin is missing: build it (cargo build --release) or drop --no-build"
 
 root=$(mktemp -d)
@@ -64,7 +65,7 @@ if [[ -x tools/scripts/gen-docs.sh ]]; then
     gen=$(mktemp -d)
     trap 'rm -rf "$root" "$gen"' EXIT
     # The binary being packed writes them, so they say what its --help says.
-    ZBLK="$PWD/$bin" tools/scripts/gen-docs.sh "$gen" >/dev/null
+    ZBLK="$(realpath "$bin")" tools/scripts/gen-docs.sh "$gen" >/dev/null
     while IFS= read -r -d '' f; do
         name=$(basename "$f")
         case $name in

@@ -17,7 +17,7 @@ use crate::features::{Features, Recovery};
 use crate::queue::Queues;
 use crate::signals::StopSignals;
 use crate::transport::Transport;
-use crate::{device, fdpass, keeper, paths, safety};
+use crate::{device, fdpass, keeper, notify, paths, safety};
 use libublk::ctrl::UblkCtrl;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
@@ -36,13 +36,26 @@ const TICK: Duration = Duration::from_secs(1);
 /// How long a handover waits for the driver to quiesce the device.
 const QUIESCE_TIMEOUT_MS: u64 = 10_000;
 
+/// Who keeps a new store's memfd while no daemon runs, so that the next
+/// daemon can recover the device from it.
+pub enum Holder {
+    /// Nobody: the device is made without recovery (`--no-recovery`, or a
+    /// foreground daemon outside a service manager).
+    Nobody,
+    /// The keeper that started us; the memfd goes over this socket.
+    Keeper(UnixStream),
+    /// systemd's file-descriptor store of the unit we are the main process
+    /// of ([`crate::notify::store_fd`]).
+    Systemd,
+}
+
 /// Where the daemon's store and device come from.
 pub enum Start {
     /// A new store and a new device. With recovery on, the store's memfd
-    /// is sent on `keeper` (the socket of the keeper that started us).
+    /// goes to `holder`.
     Fresh {
-        /// The keeper's end of the memfd hand-off, if a keeper runs.
-        keeper: Option<UnixStream>,
+        /// Who keeps the store's memfd.
+        holder: Holder,
     },
     /// Device `cfg.id`, whose daemon died, with its store in `memfd`.
     Recover {
@@ -104,7 +117,7 @@ fn serve(
         features.names().join(" ")
     );
     let dev = match start {
-        Start::Fresh { keeper } => fresh(cfg, features, keeper)?,
+        Start::Fresh { holder } => fresh(cfg, features, holder)?,
         Start::Recover { memfd } => recover(cfg, memfd)?,
     };
     let id = dev.ctrl.dev_info().dev_id;
@@ -143,14 +156,17 @@ fn serve(
 }
 
 /// A new store and device, with the recovery the driver offers unless
-/// `--no-recovery`; the memfd goes to the keeper.
-fn fresh(cfg: &DeviceConfig, features: Features, keeper: Option<UnixStream>) -> Result<Device> {
-    let recovery = if cfg.no_recovery {
+/// `--no-recovery` or nobody holds the store; the memfd goes to `holder`
+/// before the device exists, so that no page is ever stored that only
+/// this process could find.
+fn fresh(cfg: &DeviceConfig, features: Features, holder: Holder) -> Result<Device> {
+    let wanted = !cfg.no_recovery && !matches!(holder, Holder::Nobody);
+    let recovery = if !wanted {
         Recovery::Off
     } else {
         features.recovery()
     };
-    if !cfg.no_recovery && recovery != Recovery::Reissue {
+    if wanted && recovery != Recovery::Reissue {
         log::warn!(
             "the ublk driver offers recovery '{recovery}' only (USER_RECOVERY_REISSUE missing)"
         );
@@ -160,8 +176,12 @@ fn fresh(cfg: &DeviceConfig, features: Features, keeper: Option<UnixStream>) -> 
         ..cfg.store_config()
     };
     let queues = Arc::new(Queues::with_store(cfg, Store::new(store_cfg)?)?);
-    if let (Some(k), Some(fd)) = (keeper, queues.store().memory_fd()) {
-        fdpass::send_fd(&k, fd).map_err(Error::os(Step::SendMemfd))?;
+    if let Some(fd) = queues.store().memory_fd() {
+        match holder {
+            Holder::Keeper(k) => fdpass::send_fd(&k, fd).map_err(Error::os(Step::SendMemfd))?,
+            Holder::Systemd => notify::store_fd(&fd).map_err(Error::os(Step::SendMemfd))?,
+            Holder::Nobody => {}
+        }
     }
     let transport = Transport::choose(cfg.transport, features).map_err(Error::Refused)?;
     let ctrl = device::create(cfg, recovery, features, transport)?;

@@ -92,7 +92,10 @@ impl fmt::Display for Step {
             Step::SwapOn(p) => write!(f, "swapon {}", p.display()),
             Step::SwapOff(p) => write!(f, "swapoff {}", p.display()),
             Step::StartRecovery(id) => write!(f, "cannot take over device {id}"),
-            Step::SendMemfd => write!(f, "cannot hand the store's memfd to the keeper"),
+            Step::SendMemfd => write!(
+                f,
+                "cannot hand the store's memfd to its keeper (or systemd's fd store)"
+            ),
             Step::ReceiveMemfd => write!(f, "cannot receive the store's memfd"),
             Step::SpawnDaemon => write!(f, "cannot start the daemon"),
             Step::DaemonReady => write!(f, "the daemon did not say it was ready"),

@@ -52,7 +52,7 @@ pub mod transport;
 
 pub use config::{DeviceConfig, EngineConfig};
 pub use control::{DeviceInfo, Request, Response};
-pub use daemon::{Ready, Start};
+pub use daemon::{Holder, Ready, Start};
 pub use error::{Error, Result, Step};
 pub use features::{Features, Recovery};
 pub use io::{dispatch, handle_io, IoDesc, RateLimit};

@@ -14,7 +14,7 @@ use std::time::Duration;
 use zblk_ublk::control::{self, DeviceInfo, Request};
 use zblk_ublk::keeper::{self, ready, KeeperConfig};
 use zblk_ublk::swap::Discard;
-use zblk_ublk::{notify, paths, DeviceConfig, Ready, Start};
+use zblk_ublk::{notify, paths, DeviceConfig, Holder, Ready, Start};
 
 /// How long `add` waits for the daemon to bring the device up.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
@@ -24,7 +24,7 @@ const READY_TIMEOUT: Duration = Duration::from_secs(60);
 pub fn add(a: AddArgs) -> CliResult {
     preflight(&a)?;
     if a.foreground {
-        return foreground(a, Discard::Both);
+        return foreground(a, Discard::Both, Holder::Nobody);
     }
     let info = start(&a, Discard::Both)?;
     show::print_device(&info, a.json)
@@ -77,16 +77,17 @@ pub(super) fn start(a: &AddArgs, discard: Discard) -> Result<DeviceInfo, CliErro
 }
 
 /// Serves the device in this process until SIGTERM/SIGINT or `zblk del`.
-pub(super) fn foreground(a: AddArgs, discard: Discard) -> CliResult {
+/// With `Holder::Nobody` the device has no recovery.
+pub(super) fn foreground(a: AddArgs, discard: Discard, holder: Holder) -> CliResult {
     let ready = foreground_ready(a.json, a.swap.then_some((a.priority, discard)));
-    let start = Start::Fresh { keeper: None };
+    let start = Start::Fresh { holder };
     Ok(zblk_ublk::daemon::run(&a.dev, start, None, ready)?)
 }
 
 /// What a foreground daemon does once its device serves I/O: print it,
 /// make it swap if asked, then tell systemd (`READY=1`; nothing outside a
 /// `Type=notify` unit), so that units ordered after it find swap on.
-fn foreground_ready(json: bool, swap: Option<(i32, Discard)>) -> Ready {
+pub(super) fn foreground_ready(json: bool, swap: Option<(i32, Discard)>) -> Ready {
     Box::new(move |r: Result<&DeviceInfo, &zblk_ublk::Error>| {
         let Ok(info) = r else { return };
         if let Err(e) = show::print_device(info, json) {
@@ -206,7 +207,8 @@ pub fn daemon(a: DaemonArgs) -> CliResult {
         .map(inherited)
         .transpose()?
         .map(std::os::unix::net::UnixStream::from);
-    let start = Start::Fresh { keeper };
+    let holder = keeper.map_or(Holder::Nobody, Holder::Keeper);
+    let start = Start::Fresh { holder };
     // The error reaches the log through main's one-line report on stderr.
     Ok(zblk_ublk::daemon::run(
         &a.config_json,

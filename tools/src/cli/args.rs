@@ -107,6 +107,10 @@ pub struct SetupArgs {
     /// when it is swap (what zblk@N.service runs).
     #[arg(short, long, requires = "id", conflicts_with = "dry_run")]
     pub foreground: bool,
+    /// Swap that device off and delete it, unless its daemon just died
+    /// under systemd, which will restart it (zblk@N.service's ExecStop).
+    #[arg(long, requires = "id", conflicts_with_all = ["dry_run", "foreground"])]
+    pub stop: bool,
 }
 
 /// `zblk list`: zramctl's and lsblk's `--output`, `--noheadings` and

@@ -38,7 +38,8 @@ pub fn del(a: DelArgs) -> CliResult {
     }
 }
 
-fn del_one(id: u32, force: bool) -> CliResult {
+/// Deletes device `id` (swapping it off first with `force`).
+pub(super) fn del_one(id: u32, force: bool) -> CliResult {
     let bdev = paths::bdev_path(id);
     let sock = paths::socket_path(id);
     if !sock.exists() {
@@ -170,8 +171,13 @@ fn ask_keeper(id: u32, req: &KeeperRequest) -> Result<serde_json::Value, CliErro
 }
 
 /// `zblk restart -n ID`: the keeper has the daemon hand over and starts
-/// the binary now at its path, which takes the device over.
+/// the binary now at its path, which takes the device over. A device with
+/// no keeper may be a systemd unit's (`zblk@N.service`): its daemon hands
+/// over and exits, systemd starts the binary again with the store.
 pub fn restart(a: IdArgs) -> CliResult {
+    if !paths::keeper_socket_path(a.id).exists() {
+        return restart_unit(a.id);
+    }
     let r = ask_keeper(a.id, &KeeperRequest::Restart)?;
     println!(
         "device {}: handed over to daemon pid {} in {} ms",
@@ -180,6 +186,43 @@ pub fn restart(a: IdArgs) -> CliResult {
         r["ms"].as_u64().unwrap_or(0)
     );
     Ok(())
+}
+
+/// A handover with no keeper: the daemon (which refuses when nobody keeps
+/// its store) stops serving and exits; whoever supervises it (systemd,
+/// with the store in its fd store) starts the next one. Waits until a
+/// daemon with another pid answers.
+fn restart_unit(id: u32) -> CliResult {
+    let old = daemon_pid(id).map_err(|e| {
+        CliError(format!(
+            "device {id} has no keeper and its daemon does not answer: {e}"
+        ))
+    })?;
+    let t0 = std::time::Instant::now();
+    control::request(id, &Request::Handover, Duration::from_secs(10))?;
+    let mut new = None;
+    let back = sys::wait_for(RESTART_WAIT, || {
+        new = daemon_pid(id).ok().filter(|&p| p != old);
+        new.is_some()
+    });
+    if !back {
+        return Err(CliError(format!(
+            "device {id}: the daemon handed over but no new one serves it after {RESTART_WAIT:?} \
+             (is it a systemd unit's? `systemctl status zblk@{id}`)"
+        )));
+    }
+    println!(
+        "device {id}: handed over to daemon pid {} in {} ms",
+        new.unwrap_or(0),
+        t0.elapsed().as_millis()
+    );
+    Ok(())
+}
+
+/// The pid of the daemon that answers for device `id`.
+fn daemon_pid(id: u32) -> Result<u64, ClientError> {
+    let r = control::request(id, &Request::Info, Duration::from_secs(2))?;
+    Ok(r["pid"].as_u64().unwrap_or(0))
 }
 
 /// `zblk recover -n ID` (by hand): the keeper starts a recovering daemon

@@ -16,6 +16,7 @@ mod size;
 mod sys;
 mod term;
 mod top;
+mod unit;
 
 pub use args::Cli;
 use args::Cmd;

@@ -1,11 +1,12 @@
 //! `zblk setup`: brings up the devices of the configuration file
 //! ([`super::conf`]) through `zblk add --swap`'s code, leaving alone those
 //! already served, one line per device; or, with `--id N --foreground`,
-//! serves one of them in this process (systemd's `zblk@N.service`).
+//! serves one of them in this process (systemd's `zblk@N.service`,
+//! [`super::unit`]).
 
 use super::args::SetupArgs;
 use super::conf::{self, Entry};
-use super::{add, sys, CliError, CliResult};
+use super::{add, sys, unit, CliError, CliResult};
 
 /// `zblk setup [--config F] [--dry-run] [--id N [--foreground]]`.
 pub fn setup(a: SetupArgs) -> CliResult {
@@ -19,11 +20,13 @@ pub fn setup(a: SetupArgs) -> CliResult {
     }
     if a.foreground {
         return match entries.into_iter().next() {
-            Some(e) => {
-                let fg = foreground_args(e.add);
-                add::preflight(&fg)?;
-                add::foreground(fg, e.discard)
-            }
+            Some(e) => unit::serve(e),
+            None => Ok(()),
+        };
+    }
+    if a.stop {
+        return match entries.first() {
+            Some(e) => unit::stop(e.add.dev.id.unwrap_or(0)),
             None => Ok(()),
         };
     }
@@ -71,24 +74,6 @@ fn select(
         )));
     }
     Ok(one)
-}
-
-/// The arguments of a device served in the foreground (zblk@N.service).
-/// Without recovery: no keeper holds the store, and systemd's fd store is
-/// not used yet, so after a crash nobody could recover the device and the
-/// driver would hold its I/O (and swapoff) forever; without recovery the
-/// I/O fails, `ExecStop`'s `zblk del` removes the device and
-/// `Restart=on-failure` makes it anew.
-fn foreground_args(mut a: super::args::AddArgs) -> super::args::AddArgs {
-    if !a.dev.no_recovery {
-        log::info!(
-            "serving device {} without recovery: in the foreground no keeper holds its store",
-            a.dev.id.unwrap_or(0)
-        );
-    }
-    a.dev.no_recovery = true;
-    a.foreground = true;
-    a
 }
 
 /// Creates one device unless it is live already; says what it did.
@@ -190,14 +175,6 @@ mod tests {
             lines[1],
             "ublkb1: /dev/ublkb1 is live: would leave it alone"
         );
-    }
-
-    #[test]
-    fn the_foreground_device_has_no_recovery() {
-        let entries = conf::parse(Path::new("t.conf"), TWO, 6000.0).unwrap();
-        let a = foreground_args(entries.into_iter().next().unwrap().add);
-        assert!(a.foreground && a.dev.no_recovery && a.swap);
-        assert_eq!(a.dev.engine.algo, zblk::Algo::Zstd(3));
     }
 
     #[test]

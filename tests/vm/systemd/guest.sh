@@ -1,0 +1,155 @@
+#!/bin/sh
+# The checks of tests/vm/systemd/run.sh, in the Debian guest, run by
+# zblk-vmtest.service once the system is up. The phase comes from the
+# kernel command line (zblk.phase=install|check). Each group of checks
+# runs in a subshell and prints one PASS or FAIL line (lib.sh's pass and
+# fail); "END <phase>" tells the host the phase ran to its end.
+L=/usr/local/lib/zblk-vm
+. $L/lib.sh systemd
+PHASE=$(tr ' ' '\n' </proc/cmdline | sed -n 's/^zblk\.phase=//p')
+# The workload's cgroup needs the memory controller below the root.
+echo +memory >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
+ZID=0
+ZDEV=/dev/ublkb0
+
+# The swap priority of $1 in /proc/swaps (empty: not swap).
+swap_prio() { awk -v d="$1" '$1 == d { print $5 }' /proc/swaps; }
+# A property of a unit (systemctl show).
+prop() { systemctl show -p "$2" --value "$1"; }
+# Waits up to $2 seconds for command "$1" (a shell string) to succeed.
+wait_until() {
+    local i=0
+    until sh -c "$1"; do
+        [ $i -ge $(($2 * 10)) ] && return 1
+        sleep 0.1; i=$((i + 1))
+    done
+}
+# Swap on ublkb0 at priority 100, its daemon answering; $1 says after what.
+check_swap_up() {
+    wait_until "grep -q '^/dev/ublkb0 ' /proc/swaps" 30 || fail "$1: no swap on /dev/ublkb0: $(cat /proc/swaps | tr '\n' '|')"
+    [ "$(swap_prio /dev/ublkb0)" = 100 ] || fail "$1: swap priority $(swap_prio /dev/ublkb0), want 100"
+    zstat >/dev/null || fail "$1: zblk stat -n 0 does not answer"
+}
+check_gone() {
+    wait_until "! grep -q '^/dev/ublkb0 ' /proc/swaps && [ ! -e /dev/ublkb0 ]" 60 ||
+        fail "$1: /dev/ublkb0 still there: $(cat /proc/swaps | tr '\n' '|')"
+    [ -z "$(zblk list --noheadings 2>/dev/null)" ] || fail "$1: zblk list still shows $(zblk list --noheadings)"
+}
+
+phase_install() (
+    SCEN=systemd-install
+    must dpkg -i $L/zblk.deb >/dev/null
+    [ -x /usr/bin/zblk ] || fail "no /usr/bin/zblk after dpkg -i"
+    [ -f /usr/share/man/man1/zblk.1.gz ] || fail "no man page zblk(1)"
+    [ -f /usr/share/bash-completion/completions/zblk ] || fail "no bash completion"
+    systemctl cat zblk-setup.service zblk@.service >/dev/null || fail "the units are not installed"
+    cat >/etc/zblk/zblk.conf <<CONF
+# written by tests/vm/systemd/guest.sh
+[ublkb0]
+size = "min(ram / 2, 1024)"
+compression-algorithm = "lz4"
+CONF
+    zblk setup --dry-run | grep -q 'would create /dev/ublkb0' || fail "setup --dry-run: $(zblk setup --dry-run 2>&1)"
+    must systemctl enable zblk-setup.service >/dev/null
+    pass "package $(dpkg-query -W -f='${Version}' zblk) installed, zblk-setup.service enabled"
+)
+
+# Swap came up at boot; discard works (an exiting workload's pages leave);
+# stop, start and restart of zblk-setup.service.
+phase_boot() (
+    SCEN=systemd-boot
+    [ "$(prop zblk-setup.service ActiveState)" = active ] || fail "zblk-setup.service is $(prop zblk-setup.service ActiveState): $(journalctl -b -u zblk-setup -n 5 --no-pager | tr '\n' '|')"
+    check_swap_up "at boot"
+    swap_workload zblk
+    # With discard, what the workload freed leaves the device, but for the
+    # pages of swap clusters still partly in use (6.12 keeps a few MB).
+    left=$((256 + W_PEAK / 50))
+    wait_until "[ \$(zblk stat -n 0 --json | tr -d '\n' | grep -o '\"stored_pages\"[^,]*' | head -1 | tr -dc 0-9) -lt $left ]" 20 ||
+        fail "pages stayed on the device after the workload exited (discard off?): $(zstat | jnum stored_pages) stored of $W_PEAK at the peak"
+    pass "swap at boot, priority 100, $W_FIGS, $(zstat | jnum stored_pages) pages left after exit (discard)"
+)
+
+phase_setup_unit() (
+    SCEN=systemd-setup-unit
+    pid0=$(zdaemon_pid 0)
+    must systemctl stop zblk-setup.service
+    check_gone "after systemctl stop"
+    must systemctl start zblk-setup.service
+    check_swap_up "after systemctl start"
+    pid1=$(zdaemon_pid 0)
+    must systemctl restart zblk-setup.service
+    check_swap_up "after systemctl restart"
+    pid2=$(zdaemon_pid 0)
+    [ -n "$pid2" ] && [ "$pid2" != "$pid1" ] || fail "restart kept daemon pid $pid1"
+    pass "stop: swap off, device gone; start and restart: swap back (daemons $pid0 $pid1 $pid2)"
+)
+
+# zblk@0.service: the store in systemd's fd store; kill -9 of the daemon
+# under a verifying workload, three times; a handover (zblk restart).
+phase_fdstore() (
+    SCEN=systemd-fdstore
+    U0=zblk@0.service
+    must systemctl stop zblk-setup.service
+    check_gone "before zblk@0"
+    must systemctl start $U0
+    [ "$(prop $U0 ActiveState)" = active ] || fail "$U0 is $(prop $U0 ActiveState)"
+    check_swap_up "zblk@0 started"
+    [ "$(prop $U0 NFileDescriptorStore)" = 1 ] || fail "the unit's fd store holds $(prop $U0 NFileDescriptorStore) fds, want 1"
+    zblk list --json | grep -q '"recovery": *"reissue"' || fail "zblk@0 has no recovery: $(zblk list --json | tr -d '\n' | cut -c1-300)"
+    DMESG_FROM=$(( $(dmesg | wc -l) + 1 ))
+    BASE=$(zstat | jnum mem_used_total)
+    CG=$(cg_make "$SCEN" "$ZBLK_LIMIT_MB")
+    in_cg usemem --mb "$ZBLK_USEMEM_MB" --procs "$ZBLK_USEMEM_PROCS" --sleep 1 --passes 6 >/tmp/zblk-vm.usemem 2>&1 &
+    U=$!
+    wait_until "[ \$(zblk stat -n 0 --json | tr -d '\n' | grep -o '\"stored_pages\"[^,]*' | head -1 | tr -dc 0-9) -ge 4096 ]" 60 ||
+        fail "the workload never reached swap"
+    PEAK=0 ms=""
+    for k in 1 2 3; do
+        old=$(prop $U0 MainPID)
+        t0=$(now)
+        kill -9 "$old"
+        wait_until "[ \"\$(systemctl show -p NRestarts --value $U0)\" = $k ] && [ \"\$(systemctl show -p MainPID --value $U0)\" != $old ] && zblk stat -n 0 --json >/dev/null 2>&1" 30 ||
+            fail "kill $k: no new daemon serves (unit $(prop $U0 ActiveState)/$(prop $U0 SubState), NRestarts $(prop $U0 NRestarts)): $(journalctl -b -u $U0 -n 6 --no-pager | tr '\n' '|')"
+        ms="$ms $(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%d", (b - a) * 1000 }')"
+        n=$(zstat | jnum stored_pages); [ "$n" -gt "$PEAK" ] && PEAK=$n
+        sleep 3
+    done
+    # (not $out: lib.sh's must() sets that)
+    old=$(prop $U0 MainPID)
+    handed=$(zblk restart -n 0 2>&1) || fail "zblk restart -n 0: $handed"
+    [ "$(prop $U0 ActiveState)" = active ] && [ "$(prop $U0 MainPID)" != "$old" ] && [ "$(prop $U0 NRestarts)" = 4 ] ||
+        fail "after zblk restart: $U0 $(prop $U0 ActiveState), MainPID $(prop $U0 MainPID) (was $old), NRestarts $(prop $U0 NRestarts)"
+    wait $U
+    urc=$?
+    UJ=$(grep '"program":"usemem"' /tmp/zblk-vm.usemem | tail -1)
+    [ "$urc" = 0 ] || fail "usemem exit $urc: $(tail -c 300 /tmp/zblk-vm.usemem | tr '\n' ' ')"
+    [ "$(echo "$UJ" | jget ok)" = true ] && [ "$(echo "$UJ" | jnum bad_pages)" = 0 ] || fail "usemem: $UJ"
+    dmesg | tail -n +"$DMESG_FROM" | grep -qiE 'segfault|SIGBUS|I/O error, dev ublkb|(read|write)-error on swap' &&
+        fail "kernel saw errors: $(dmesg | tail -n +"$DMESG_FROM" | grep -iE 'segfault|SIGBUS|I/O error|-error on swap' | tail -2 | tr '\n' '|')"
+    rmdir "$CG" 2>/dev/null
+    must systemctl stop $U0
+    check_gone "after systemctl stop $U0"
+    [ "$(prop $U0 NFileDescriptorStore)" = 0 ] || fail "the fd store still holds $(prop $U0 NFileDescriptorStore) fds after stop"
+    pass "3 kills + 1 zblk restart under usemem, kill-to-serving ms:$ms, $(echo "$UJ" | jget total_mb) MB verified x6 passes, peak $PEAK pages, $handed"
+)
+
+case "$PHASE" in
+install)
+    phase_install
+    echo "END install"
+    sync
+    systemctl reboot
+    ;;
+check)
+    phase_boot
+    phase_setup_unit
+    phase_fdstore
+    echo "END check"
+    sync
+    systemctl poweroff
+    ;;
+*)
+    echo "FAIL systemd no zblk.phase= on the kernel command line"
+    systemctl poweroff
+    ;;
+esac
