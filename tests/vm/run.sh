@@ -17,7 +17,7 @@
 #                       the kernels boot one after the other, in the given order
 #   --scenario NAME     run only this scenario (repeatable; default: all, in order
 #                       swap munmap blockio stat lifecycle zram-compare recompress crash
-#                       upgrade swapkill, the last because its kill -9 of an active
+#                       upgrade security swapkill, the last because its kill -9 of an active
 #                       swap device's daemon leaves a dead swap area behind;
 #                       also, by name only: bench (the device benchmarks of
 #                       tools/scripts/bench-device.sh, BENCH lines, no limits),
@@ -83,7 +83,7 @@ REPO=$(cd "$HERE/../.." && pwd)
 CACHE=${ZBLK_VM_CACHE:-$REPO/.vmcache}
 WORK=${ZBLK_VM_WORK:-$REPO/tests/vm/work}
 # swapkill runs last: it leaves a dead swap area the kernel cannot remove.
-DEFAULT_SCENARIOS="swap munmap blockio stat lifecycle zram-compare recompress crash upgrade swapkill"
+DEFAULT_SCENARIOS="swap munmap blockio stat lifecycle zram-compare recompress crash upgrade security swapkill"
 # bench measures and is slow: run by name only (tools/scripts/bench-device.sh).
 ALL_SCENARIOS="$DEFAULT_SCENARIOS bench recovery-cost transport-ab tiering"
 SCENARIOS=""
@@ -378,7 +378,10 @@ carry_program() {
 pack_initramfs() {
     local root=$WORK/root busybox b
     rm -rf "$root"
-    mkdir -p "$root"/{bin,sbin,dev,proc,sys,run,tmp,usr/bin,usr/sbin,usr/local/bin,lib/zblk-vm/modules}
+    mkdir -p "$root"/{bin,sbin,dev,etc,proc,sys,run,tmp,usr/bin,usr/sbin,usr/local/bin,lib/zblk-vm/modules}
+    # A non-root user for the security scenario (busybox su needs it).
+    printf 'root:x:0:0:root:/:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/sh\n' >"$root/etc/passwd"
+    printf 'root:x:0:\nnogroup:x:65534:\n' >"$root/etc/group"
     busybox=$(dpkg -L busybox-static 2>/dev/null | grep -E '/bin/busybox$' | head -1 || true)
     [ -n "$busybox" ] || busybox=$(command -v busybox)
     file -L "$busybox" 2>/dev/null | grep -q dynamically && die "$busybox is not static (install busybox-static)"

@@ -17,7 +17,7 @@ use crate::features::{Features, Recovery};
 use crate::queue::Queues;
 use crate::signals::StopSignals;
 use crate::transport::Transport;
-use crate::{device, fdpass, keeper, notify, paths, safety};
+use crate::{device, fdpass, keeper, notify, paths, privileges, safety};
 use libublk::ctrl::UblkCtrl;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
@@ -109,6 +109,7 @@ fn serve(
     let t0 = Instant::now();
     // Before any thread exists, so that all of them inherit it.
     safety::harden()?;
+    drop_privileges(cfg, &start)?;
     let signals = StopSignals::block()?;
     let features = Features::probe();
     log::info!(
@@ -153,6 +154,19 @@ fn serve(
             source,
         }),
     }
+}
+
+/// Keeps only the capabilities a running daemon uses
+/// ([`crate::privileges`]): hardened, it needs no more than the ublk
+/// control commands and `mlock`.
+fn drop_privileges(cfg: &DeviceConfig, _start: &Start) -> Result<()> {
+    let needs = privileges::Needs {
+        starts_zblk: false,
+        iaa: cfg.engine.algo == zblk::Algo::DeflateIaa,
+    };
+    let kept = privileges::drop_to(needs)?;
+    log::info!("capabilities kept: {}", privileges::names(&kept));
+    Ok(())
 }
 
 /// A new store and device, with the recovery the driver offers unless

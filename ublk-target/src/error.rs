@@ -16,6 +16,10 @@ pub enum Step {
     OomScore,
     /// Locking the daemon's memory (`mlockall`).
     LockMemory,
+    /// Dropping the capabilities a started daemon or keeper does not need.
+    DropCapabilities,
+    /// Setting `no_new_privs`.
+    NoNewPrivs,
     /// Blocking SIGTERM and SIGINT.
     BlockSignals,
     /// Opening the signalfd.
@@ -77,6 +81,8 @@ impl fmt::Display for Step {
             Step::IoFlusher => write!(f, "prctl(PR_SET_IO_FLUSHER) failed"),
             Step::OomScore => write!(f, "cannot set oom_score_adj to -1000"),
             Step::LockMemory => write!(f, "mlockall failed"),
+            Step::DropCapabilities => write!(f, "cannot drop capabilities"),
+            Step::NoNewPrivs => write!(f, "prctl(PR_SET_NO_NEW_PRIVS) failed"),
             Step::BlockSignals => write!(f, "pthread_sigmask failed"),
             Step::Signalfd => write!(f, "signalfd"),
             Step::Eventfd => write!(f, "eventfd"),

@@ -15,6 +15,8 @@
 //! - [`io`]: request decoding and dispatch, pure and unit-tested;
 //! - [`safety`]: what a swap device's server needs so that it never waits
 //!   on swap (mlockall, io-flusher, OOM score);
+//! - [`privileges`]: dropping the capabilities a started daemon or keeper
+//!   does not need, and `no_new_privs`;
 //! - [`swap`]: whether a device is active swap (`/proc/swaps`), swapon,
 //!   swapoff;
 //! - [`notify`]: `READY=1` to systemd once a device serves I/O;
@@ -43,6 +45,7 @@ pub mod keeper;
 pub mod notify;
 pub mod params;
 pub mod paths;
+pub mod privileges;
 mod queue;
 pub mod safety;
 pub mod signals;

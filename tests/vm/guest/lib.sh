@@ -94,6 +94,18 @@ zdaemon_pid() {
     return 1
 }
 
+# Pid of the keeper of device $1: the process listening on its socket
+# (/run/zblk/N.keeper.sock, found by inode in /proc/net/unix).
+zkeeper_pid() {
+    local ino p
+    ino=$(awk -v s="/run/zblk/$1.keeper.sock" '$NF == s && $6 == "01" { print $7; exit }' /proc/net/unix)
+    [ -n "$ino" ] || return 1
+    for p in /proc/[0-9]*; do
+        ls -l "$p/fd" 2>/dev/null | grep -q "socket:\[$ino\]" && { echo "${p#/proc/}"; return 0; }
+    done
+    return 1
+}
+
 # One line per thread of process $1: its name, state and where the kernel
 # holds it (wchan, and the kernel stack's top frames where readable): what
 # a hang report needs.

@@ -42,8 +42,15 @@ pub fn del(a: DelArgs) -> CliResult {
 pub(super) fn del_one(id: u32, force: bool) -> CliResult {
     let bdev = paths::bdev_path(id);
     let sock = paths::socket_path(id);
-    if !sock.exists() {
-        return Err(control::ClientError::NoDevice(id).into());
+    // A non-root user cannot even look into the run directory: say so,
+    // rather than that the device does not exist.
+    match sock.try_exists() {
+        Ok(true) => {}
+        Ok(false) => return Err(control::ClientError::NoDevice(id).into()),
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+            return Err(control::ClientError::PermissionDenied.into())
+        }
+        Err(e) => return Err(CliError(format!("cannot look for {}: {e}", sock.display()))),
     }
     if swap::is_active_swap(&bdev) {
         if !force {

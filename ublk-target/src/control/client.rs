@@ -67,7 +67,13 @@ pub fn request_at<R: serde::Serialize>(
     s.set_write_timeout(Some(timeout)).map_err(io)?;
     let mut line = serde_json::to_string(req).map_err(|e| ClientError::Io(e.to_string()))?;
     line.push('\n');
-    s.write_all(line.as_bytes()).map_err(io)?;
+    // A server that refused us may have replied and closed before
+    // reading: the reply, if there is one, says more than EPIPE.
+    if let Err(e) = s.write_all(line.as_bytes()) {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            return Err(io(e));
+        }
+    }
     let mut reply = String::new();
     BufReader::new(s.take(MAX_LINE))
         .read_line(&mut reply)

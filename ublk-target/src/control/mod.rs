@@ -1,7 +1,8 @@
 //! The control socket: one JSON request per connection, one JSON reply.
 //!
 //! Each daemon listens on `/run/zblk/<id>.sock` (mode 0600 in a 0700
-//! directory: root only). A client writes one line such as
+//! directory: root only; and every connection's peer is checked too, see
+//! [`peer`]). A client writes one line such as
 //! `{"cmd":"stats"}` and reads one line back:
 //! `{"ok":true,"data":{...}}` or `{"ok":false,"error":"..."}`.
 //!
@@ -9,6 +10,7 @@
 //! answers for one.
 
 pub mod client;
+pub mod peer;
 pub mod server;
 
 pub use client::{request, ClientError};
@@ -223,6 +225,24 @@ pub fn write_response(s: &mut UnixStream, resp: &Response) -> std::io::Result<()
     let mut line = serde_json::to_string(resp).map_err(std::io::Error::other)?;
     line.push('\n');
     s.write_all(line.as_bytes())
+}
+
+/// Answers a client that is not root with one refusal line, before
+/// reading anything from it; true when it was refused (server side, for
+/// the daemon's and the keeper's sockets alike).
+pub fn refuse_non_root(s: &mut UnixStream) -> bool {
+    let Some(why) = peer::check(s) else {
+        return false;
+    };
+    log::warn!("control client refused: {why}");
+    // Its request is read (bounded, and not acted on) before the reply:
+    // closing on an unread request would make the client's write fail
+    // with EPIPE instead of it reading why.
+    let _ = read_request(s);
+    if let Err(e) = write_response(s, &Response::err(why)) {
+        log::warn!("control client: {e}");
+    }
+    true
 }
 
 #[cfg(test)]

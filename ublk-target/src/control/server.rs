@@ -1,7 +1,7 @@
 //! The daemon side of the control socket: binds `/run/zblk/<id>.sock` and
 //! answers one request per connection.
 
-use super::{read_request, write_response, DeviceInfo, Request, Response};
+use super::{read_request, refuse_non_root, write_response, DeviceInfo, Request, Response};
 use crate::error::{Error, Result, Step};
 use crate::queue::Queues;
 use crate::{paths, swap};
@@ -87,6 +87,9 @@ fn serve_client(queues: &Queues, info: &DeviceInfo, mut s: UnixStream) -> Next {
         .and_then(|()| s.set_write_timeout(Some(CLIENT_TIMEOUT)));
     if let Err(e) = setup {
         log::warn!("control client: {e}");
+        return Next::Serve;
+    }
+    if refuse_non_root(&mut s) {
         return Next::Serve;
     }
     let (resp, stop) = match read_request(&mut s) {
@@ -522,6 +525,123 @@ mod tests {
         let mut line = String::new();
         BufReader::new(&a).read_line(&mut line).unwrap();
         serde_json::from_str(&line).unwrap()
+    }
+
+    /// Set (to a socket path) in the non-root child of
+    /// [`a_non_root_peer_is_refused_every_command`].
+    const PEER_CHILD: &str = "ZBLK_PEER_CHILD";
+
+    /// Every request a client can send, once each.
+    fn every_request() -> Vec<Request> {
+        vec![
+            Request::Info,
+            Request::Stats,
+            Request::Compact,
+            Request::Idle { age: None },
+            Request::Recompress {
+                algo: "zstd:9".into(),
+                kind: "all".into(),
+                threshold: 0,
+                max_pages: 0,
+            },
+            Request::SetMemLimit { bytes: 4096 },
+            Request::Shutdown { force: true },
+            Request::Handover,
+        ]
+    }
+
+    /// The child's half, run as uid 65534: sends every request on its own
+    /// connection and prints each reply line.
+    #[test]
+    fn non_root_peer_child() {
+        let Ok(path) = std::env::var(PEER_CHILD) else {
+            return;
+        };
+        for req in every_request() {
+            let mut s = UnixStream::connect(&path).unwrap();
+            let mut line = serde_json::to_string(&req).unwrap();
+            line.push('\n');
+            s.write_all(line.as_bytes()).unwrap();
+            let mut reply = String::new();
+            BufReader::new(&s).read_line(&mut reply).unwrap();
+            println!("REPLY {}", reply.trim_end());
+        }
+    }
+
+    /// A process of uid 65534 that reaches the socket (its mode opened on
+    /// purpose, so that only the peer check stands in the way) gets one
+    /// refusal line for every command, and nothing changes.
+    #[test]
+    fn a_non_root_peer_is_refused_every_command() {
+        use std::os::unix::fs::PermissionsExt;
+        use std::os::unix::process::CommandExt;
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!(
+                "skipped: starting a uid-65534 client needs root (the tests run as root in CI)"
+            );
+            return;
+        }
+        let store = zblk::Store::new(cfg(1).store_config()).unwrap();
+        let shared = Queues::with_store(&cfg(1), store.clone()).unwrap();
+        fake::no_threads(&shared);
+        store.new_ctx().write(0, &[7u8; PAGE_SIZE]).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let path = dir.path().join("0.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "control::server::tests::non_root_peer_child",
+                "--nocapture",
+            ])
+            .env(PEER_CHILD, &path)
+            .uid(65534)
+            .gid(65534)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let mut served = 0;
+        while served < every_request().len() {
+            assert!(std::time::Instant::now() < deadline, "the child stalled");
+            match listener.accept() {
+                Ok((s, _)) => {
+                    assert_eq!(serve_client(&shared, &info(), s), Next::Serve);
+                    served += 1;
+                }
+                Err(_) if child.try_wait().unwrap().is_some() => break,
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+        let out = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{text}");
+        let replies: Vec<&str> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("REPLY "))
+            .collect();
+        assert_eq!(replies.len(), every_request().len(), "{text}");
+        for r in replies {
+            let r: Response = serde_json::from_str(r).unwrap();
+            assert!(!r.ok && r.data.is_null(), "{r:?}");
+            assert_eq!(
+                r.error.unwrap(),
+                "permission denied: zblk's control socket answers root only (you are uid 65534)"
+            );
+        }
+        // Nothing was done for it: no limit, no idle mark, the page kept.
+        let st = serde_json::to_value(shared.store().stats()).unwrap();
+        assert_eq!(
+            (&st["mem_limit"], &st["idle_pages"], &st["stored_pages"]),
+            (&0.into(), &0.into(), &1.into())
+        );
+        // And root, on the same socket, is answered.
+        let r = exchange(&shared, b"{\"cmd\":\"info\"}\n");
+        assert!(r.ok, "{r:?}");
     }
 
     #[test]

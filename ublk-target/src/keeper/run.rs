@@ -9,7 +9,7 @@ use super::{KeeperRequest, KeeperStatus, EXIT_HANDOVER};
 use crate::config::DeviceConfig;
 use crate::control::{self, write_response, DeviceInfo, Request, Response};
 use crate::error::{Error, Result, Step};
-use crate::{device, fdpass, paths, safety};
+use crate::{device, fdpass, paths, privileges, safety};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::os::unix::process::ExitStatusExt;
@@ -111,6 +111,12 @@ pub fn run(
 fn first_daemon(k: &KeeperConfig) -> Result<(Daemon, DeviceInfo, Option<OwnedFd>)> {
     safety::protect_from_oom()?;
     safety::lock_memory()?;
+    // Before the first daemon: it starts with the keeper's bounding set.
+    let kept = privileges::drop_to(privileges::Needs {
+        starts_zblk: true,
+        iaa: k.cfg.engine.algo == zblk::Algo::DeflateIaa,
+    })?;
+    log::info!("keeper: capabilities kept: {}", privileges::names(&kept));
     let (ours, theirs) = UnixStream::pair().map_err(Error::os(Step::SendMemfd))?;
     let args = spawn::fresh_args(&k.cfg, theirs.as_raw_fd(), k.log_file.as_deref());
     let (mut daemon, out) = spawn::spawn(&k.exe, &args, theirs.as_raw_fd())?;
@@ -276,6 +282,10 @@ impl Keeper {
     /// Answers one client of the keeper socket.
     fn answer(&mut self, mut s: UnixStream) {
         let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        let _ = s.set_write_timeout(Some(Duration::from_secs(2)));
+        if control::refuse_non_root(&mut s) {
+            return;
+        }
         let resp = match read_request_as::<KeeperRequest>(&mut s) {
             Ok(KeeperRequest::Status) => json(serde_json::to_value(self.status())),
             Ok(KeeperRequest::Restart) => self.restart(),
