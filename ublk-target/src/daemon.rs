@@ -19,7 +19,7 @@ use crate::signals::StopSignals;
 use crate::transport::Transport;
 use crate::{device, fdpass, keeper, notify, paths, privileges, safety};
 use libublk::ctrl::UblkCtrl;
-use std::os::fd::OwnedFd;
+use std::os::fd::{OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -109,7 +109,16 @@ fn serve(
     let t0 = Instant::now();
     // Before any thread exists, so that all of them inherit it.
     safety::harden()?;
-    drop_privileges(cfg, &start)?;
+    // A recovering daemon's parent is its keeper, or systemd for a
+    // zblk@N.service daemon recovered from the fd store (no keeper then).
+    let has_keeper = match &start {
+        Start::Fresh { holder } => matches!(holder, Holder::Keeper(_)),
+        Start::Recover { .. } => keeper::replace::parent_is_keeper(),
+    };
+    drop_privileges(cfg, has_keeper)?;
+    // Watched from here: a keeper that dies before the device is up is
+    // replaced at the control loop's first round.
+    let watch = Arc::new(Mutex::new(has_keeper.then(keeper::KeeperWatch::parent)));
     let signals = StopSignals::block()?;
     let features = Features::probe();
     log::info!(
@@ -136,7 +145,14 @@ fn serve(
     .with_recovery(dev.recovery, features)
     .with_transport(Transport::of_flags(dev.ctrl.dev_info().flags));
     log_start(&info, dev.recovered, t0);
-    let r = start_device(&dev, info, socket.clone(), signals, ready.clone());
+    let r = start_device(
+        &dev,
+        info,
+        socket.clone(),
+        signals,
+        ready.clone(),
+        watch.clone(),
+    );
     if dev.recovered && r.is_ok() {
         device::delete_recovered(&dev.ctrl, id);
     }
@@ -147,6 +163,9 @@ fn serve(
     match r {
         Ok(_) => {
             log::info!("device {id}: deleted");
+            if let Some(w) = lock(&watch).as_ref() {
+                w.say(keeper::link::DELETED);
+            }
             Ok(())
         }
         Err(source) => Err(Error::Ublk {
@@ -159,9 +178,11 @@ fn serve(
 /// Keeps only the capabilities a running daemon uses
 /// ([`crate::privileges`]): hardened, it needs no more than the ublk
 /// control commands and `mlock`.
-fn drop_privileges(cfg: &DeviceConfig, _start: &Start) -> Result<()> {
+/// A daemon with a keeper keeps what a keeper keeps: it starts a new
+/// keeper if its own dies ([`keeper::replace`]).
+fn drop_privileges(cfg: &DeviceConfig, has_keeper: bool) -> Result<()> {
     let needs = privileges::Needs {
-        starts_zblk: false,
+        starts_zblk: has_keeper,
         iaa: cfg.engine.algo == zblk::Algo::DeflateIaa,
     };
     let kept = privileges::drop_to(needs)?;
@@ -244,6 +265,7 @@ fn start_device(
     socket: Arc<ControlSocket>,
     signals: StopSignals,
     ready: ReadyOnce,
+    watch: Watch,
 ) -> std::result::Result<i32, libublk::UblkError> {
     let size = info.config.size;
     let queues = dev.queues.clone();
@@ -251,9 +273,11 @@ fn start_device(
     let q_fn = move |qid: u16, d: &_| qs.serve(qid, d);
     let dev_fn = move |ctrl: &UblkCtrl| {
         ready.fire(Ok(&info));
-        if control_loop(&queues, &info, &socket, &signals) == Next::Handover {
-            hand_over(ctrl, &queues, info.id());
+        let mut w = lock(&watch);
+        if control_loop(&queues, &info, &socket, &signals, &mut w) == Next::Handover {
+            hand_over(ctrl, &queues, info.id(), w.as_ref());
         }
+        drop(w);
         log::info!("device {}: stopping", info.id());
         device::stop(ctrl, info.id());
         queues.wait_exit();
@@ -267,7 +291,7 @@ fn start_device(
 /// transport) the driver first waits for the requests in flight to
 /// complete; without it the process just exits and the driver issues them
 /// again to the next daemon, as after a crash.
-fn hand_over(ctrl: &UblkCtrl, queues: &Queues, id: u32) -> ! {
+fn hand_over(ctrl: &UblkCtrl, queues: &Queues, id: u32, watch: Option<&keeper::KeeperWatch>) -> ! {
     let flags = ctrl.dev_info().flags;
     // Not for a batch device: see crate::transport.
     let batch = Transport::of_flags(flags) == Transport::Batch;
@@ -289,6 +313,9 @@ fn hand_over(ctrl: &UblkCtrl, queues: &Queues, id: u32) -> ! {
         ctrl.disown();
     }
     log::info!("device {id}: handed over, exiting");
+    if let Some(w) = watch {
+        w.say(keeper::link::HANDOVER);
+    }
     std::process::exit(keeper::EXIT_HANDOVER)
 }
 /// Renames the log the daemon was started with to the device's log.
@@ -323,13 +350,22 @@ fn log_start(info: &DeviceInfo, recovered: bool, t0: Instant) {
     }
 }
 
+/// The daemon's watch on its keeper, if it has one: the control loop
+/// uses it, the exit paths say goodbye on it.
+type Watch = Arc<Mutex<Option<keeper::KeeperWatch>>>;
+
+fn lock(w: &Watch) -> std::sync::MutexGuard<'_, Option<keeper::KeeperWatch>> {
+    w.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Serves the control socket and signals until the device should stop or
-/// be handed over.
+/// be handed over; replaces the keeper when it dies.
 fn control_loop(
     queues: &Queues,
     info: &DeviceInfo,
     socket: &ControlSocket,
     sig: &StopSignals,
+    watch: &mut Option<keeper::KeeperWatch>,
 ) -> Next {
     let bdev = PathBuf::from(&info.path);
     let mut last_tick = Instant::now();
@@ -338,7 +374,19 @@ fn control_loop(
             log::warn!("device {}: all queues ended", info.id());
             return Next::Stop;
         }
-        let (client, signal) = wait(socket, sig);
+        let keeper_fd = watch.as_ref().map_or(-1, |w| w.fd());
+        let (client, signal) = wait(socket, sig, keeper_fd);
+        // Without recovery the first keeper leaves on purpose (nothing to
+        // keep): no replacement then.
+        if let (Some(w), Some(fd), true) = (
+            watch.as_mut(),
+            queues.store().memory_fd(),
+            info.recovery.is_on(),
+        ) {
+            if w.needs_keeper() {
+                w.replace(&info.config, fd);
+            }
+        }
         if last_tick.elapsed() >= TICK {
             queues.kick_all();
             last_tick = Instant::now();
@@ -355,17 +403,19 @@ fn control_loop(
     }
 }
 
-/// Waits up to one tick for a client or a signal; says which are ready.
-fn wait(socket: &ControlSocket, sig: &StopSignals) -> (bool, bool) {
+/// Waits up to one tick for a client, a signal or the keeper's exit; says
+/// whether a client and a signal are ready.
+fn wait(socket: &ControlSocket, sig: &StopSignals, keeper: RawFd) -> (bool, bool) {
     let pollfd = |fd| libc::pollfd {
         fd,
         events: libc::POLLIN,
         revents: 0,
     };
-    let mut fds = [pollfd(socket.fd()), pollfd(sig.fd())];
+    let mut fds = [pollfd(socket.fd()), pollfd(sig.fd()), pollfd(keeper)];
     let timeout = i32::try_from(TICK.as_millis()).unwrap_or(i32::MAX);
-    // SAFETY: fds is a valid, writable array of two pollfd.
-    let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout) };
+    // SAFETY: fds is a valid, writable array of three pollfd (a negative
+    // fd is ignored by poll).
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), 3, timeout) };
     if n < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
         log::error!("poll: {}", std::io::Error::last_os_error());
         std::thread::sleep(Duration::from_millis(100));

@@ -56,6 +56,8 @@ pub enum Step {
     ReceiveMemfd,
     /// Starting a daemon from the keeper.
     SpawnDaemon,
+    /// Starting a keeper from the daemon (its keeper died).
+    SpawnKeeper,
     /// Reading a daemon's readiness line.
     DaemonReady,
     /// Watching the daemon (`pidfd_open`, `waitpid`).
@@ -104,6 +106,7 @@ impl fmt::Display for Step {
             ),
             Step::ReceiveMemfd => write!(f, "cannot receive the store's memfd"),
             Step::SpawnDaemon => write!(f, "cannot start the daemon"),
+            Step::SpawnKeeper => write!(f, "cannot start a keeper"),
             Step::DaemonReady => write!(f, "the daemon did not say it was ready"),
             Step::WatchDaemon => write!(f, "cannot watch the daemon"),
             Step::Keeper(id) => write!(f, "keeper of device {id}"),

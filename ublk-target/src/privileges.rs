@@ -16,7 +16,8 @@
 //!   `RLIMIT_MEMLOCK`, and the keeper `mlock`s the store while no daemon
 //!   maps it.
 //! - `CAP_SYS_RESOURCE` and `CAP_SETPCAP`, only in a process that starts
-//!   zblk processes (the keeper starts daemons). Each of those hardens
+//!   zblk processes (the keeper starts daemons; a daemon with a keeper
+//!   starts a new keeper if its own dies). Each of those hardens
 //!   itself at start (`PR_SET_IO_FLUSHER` and `oom_score_adj` -1000 both
 //!   need `CAP_SYS_RESOURCE`), then drops its own bounding set to its kept
 //!   set (`PR_CAPBSET_DROP` needs `CAP_SETPCAP`, which only removes); and a

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 use zblk_ublk::control::{self, DeviceInfo, Request};
-use zblk_ublk::keeper::{self, ready, KeeperConfig};
+use zblk_ublk::keeper::{self, ready, Adopt, KeeperConfig};
 use zblk_ublk::swap::Discard;
 use zblk_ublk::{notify, paths, DeviceConfig, Holder, Ready, Start};
 
@@ -245,10 +245,18 @@ pub fn recover_daemon(a: RecoverArgs) -> CliResult {
 pub fn keeper(a: KeeperArgs) -> CliResult {
     let exe =
         std::env::current_exe().map_err(|e| CliError(format!("cannot find my own binary: {e}")))?;
+    let adopt = match (a.adopt, a.link_fd) {
+        (Some(pid), Some(fd)) => Some(Adopt {
+            pid,
+            link: std::os::unix::net::UnixStream::from(inherited(fd)?),
+        }),
+        _ => None,
+    };
     let k = KeeperConfig {
         exe,
         cfg: a.config_json,
         log_file: a.log_file,
+        adopt,
     };
     Ok(keeper::run(k, say_ready)?)
 }

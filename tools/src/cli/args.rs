@@ -363,6 +363,13 @@ pub struct KeeperArgs {
     /// Log file to rename to /run/zblk/<id>.log once the id is known.
     #[arg(long)]
     pub log_file: Option<PathBuf>,
+    /// Keep this running daemon (whose keeper died) instead of starting
+    /// one; the memfd comes on --link-fd.
+    #[arg(long, requires = "link_fd")]
+    pub adopt: Option<u32>,
+    /// The inherited link to the daemon of --adopt.
+    #[arg(long, requires = "adopt")]
+    pub link_fd: Option<i32>,
 }
 
 /// `zblk recover`.

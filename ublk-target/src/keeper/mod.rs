@@ -33,6 +33,10 @@
 //! pages itself ([`pin`]), so that reclaim cannot swap them out onto the
 //! very device that waits for them.
 //!
+//! **A keeper that dies is replaced.** The daemon watches its keeper and,
+//! when it dies, starts a new one and hands it the memfd ([`replace`]),
+//! which watches the daemon through the link between them ([`link`]).
+//!
 //! **Giving up.** A daemon that crashes on the same request would crash
 //! again and again with the I/O stalled: after [`policy::GIVE_UP_CRASHES`]
 //! crashes within [`policy::GIVE_UP_WINDOW`] the keeper logs one line,
@@ -41,13 +45,16 @@
 //! mode chosen at creation that fails every request while no daemon runs,
 //! the opposite of what REISSUE gives a swap device on every crash.
 
+pub mod link;
 mod pin;
 pub mod policy;
 pub mod ready;
+pub mod replace;
 mod run;
 mod spawn;
 
-pub use run::{run, KeeperConfig};
+pub use replace::KeeperWatch;
+pub use run::{run, Adopt, KeeperConfig};
 
 use crate::control::client::{request_at, ClientError};
 use serde::{Deserialize, Serialize};

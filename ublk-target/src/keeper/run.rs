@@ -5,7 +5,7 @@
 use super::pin::Pinned;
 use super::policy::CrashWindow;
 use super::spawn::{self, poll_in, Daemon};
-use super::{KeeperRequest, KeeperStatus, EXIT_HANDOVER};
+use super::{link, KeeperRequest, KeeperStatus, EXIT_HANDOVER};
 use crate::config::DeviceConfig;
 use crate::control::{self, write_response, DeviceInfo, Request, Response};
 use crate::error::{Error, Result, Step};
@@ -32,6 +32,17 @@ pub struct KeeperConfig {
     pub cfg: DeviceConfig,
     /// Log file for the first daemon to rename (see `zblk daemon`).
     pub log_file: Option<PathBuf>,
+    /// A running daemon to keep instead of starting one: the daemon whose
+    /// keeper died started this keeper ([`super::replace`]).
+    pub adopt: Option<Adopt>,
+}
+
+/// The daemon a replacement keeper takes on.
+pub struct Adopt {
+    /// Its process id (this keeper's parent).
+    pub pid: u32,
+    /// The link it started us with; the memfd comes on it.
+    pub link: UnixStream,
 }
 
 /// The running keeper of one device.
@@ -66,6 +77,9 @@ pub fn run(
     k: KeeperConfig,
     ready: impl FnOnce(std::result::Result<&DeviceInfo, &Error>),
 ) -> Result<()> {
+    if let Some(a) = k.adopt {
+        return adopted(k.exe, k.cfg, a);
+    }
     let first = match first_daemon(&k) {
         Ok(f) => f,
         Err(e) => {
@@ -90,33 +104,50 @@ pub fn run(
         "keeper of device {id}: holding its store, daemon pid {}",
         info.pid
     );
-    let mut keeper = Keeper {
-        exe: k.exe,
-        cfg: info.config.clone(),
-        memfd,
-        daemon: Some(daemon),
-        pinned: None,
-        listener,
-        crashes: CrashWindow::default(),
-        recoveries: 0,
-        restarts: 0,
-    };
-    let r = keeper.serve();
-    let _ = std::fs::remove_file(paths::keeper_socket_path(id));
-    r
+    Keeper::new(k.exe, info.config.clone(), memfd, daemon, listener).serve_until_done()
+}
+
+/// Keeps the running daemon `a` (whose keeper died): takes its memfd,
+/// binds the keeper socket, tells it we are ready, then serves as any
+/// keeper.
+fn adopted(exe: PathBuf, cfg: DeviceConfig, a: Adopt) -> Result<()> {
+    harden(&cfg)?;
+    let id = cfg.id.unwrap_or_default();
+    a.link
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(Error::os(Step::ReceiveMemfd))?;
+    let memfd = fdpass::recv_fd(&a.link).map_err(Error::os(Step::ReceiveMemfd))?;
+    let listener = bind(id)?;
+    let daemon = Daemon::adopt(a.pid, a.link)?;
+    if let Some(l) = &daemon.link {
+        link::say(l, link::READY);
+    }
+    log::info!(
+        "keeper of device {id}: replaces a keeper that died, holding the store of daemon pid {}",
+        a.pid
+    );
+    Keeper::new(exe, cfg, memfd, daemon, listener).serve_until_done()
+}
+
+/// What every keeper does before it starts anything: out of the OOM
+/// killer's reach, locked in memory, with only the capabilities its
+/// daemons need ([`crate::privileges`]).
+fn harden(cfg: &DeviceConfig) -> Result<()> {
+    safety::protect_from_oom()?;
+    safety::lock_memory()?;
+    // Before any daemon: it starts with the keeper's bounding set.
+    let kept = privileges::drop_to(privileges::Needs {
+        starts_zblk: true,
+        iaa: cfg.engine.algo == zblk::Algo::DeflateIaa,
+    })?;
+    log::info!("keeper: capabilities kept: {}", privileges::names(&kept));
+    Ok(())
 }
 
 /// Hardens the keeper, starts the first daemon and takes its memfd (none
 /// when the device has no recovery).
 fn first_daemon(k: &KeeperConfig) -> Result<(Daemon, DeviceInfo, Option<OwnedFd>)> {
-    safety::protect_from_oom()?;
-    safety::lock_memory()?;
-    // Before the first daemon: it starts with the keeper's bounding set.
-    let kept = privileges::drop_to(privileges::Needs {
-        starts_zblk: true,
-        iaa: k.cfg.engine.algo == zblk::Algo::DeflateIaa,
-    })?;
-    log::info!("keeper: capabilities kept: {}", privileges::names(&kept));
+    harden(&k.cfg)?;
     let (ours, theirs) = UnixStream::pair().map_err(Error::os(Step::SendMemfd))?;
     let args = spawn::fresh_args(&k.cfg, theirs.as_raw_fd(), k.log_file.as_deref());
     let (mut daemon, out) = spawn::spawn(&k.exe, &args, theirs.as_raw_fd())?;
@@ -124,8 +155,7 @@ fn first_daemon(k: &KeeperConfig) -> Result<(Daemon, DeviceInfo, Option<OwnedFd>
     let info = match spawn::read_ready(out, READY_TIMEOUT) {
         Ok(i) => i,
         Err(e) => {
-            let _ = daemon.child.kill();
-            let _ = daemon.child.wait();
+            daemon.kill();
             return Err(e);
         }
     };
@@ -151,6 +181,33 @@ fn bind(id: u32) -> Result<UnixListener> {
 }
 
 impl Keeper {
+    fn new(
+        exe: PathBuf,
+        cfg: DeviceConfig,
+        memfd: OwnedFd,
+        daemon: Daemon,
+        listener: UnixListener,
+    ) -> Keeper {
+        Keeper {
+            exe,
+            cfg,
+            memfd,
+            daemon: Some(daemon),
+            pinned: None,
+            listener,
+            crashes: CrashWindow::default(),
+            recoveries: 0,
+            restarts: 0,
+        }
+    }
+
+    /// [`Keeper::serve`], then removes the keeper socket.
+    fn serve_until_done(mut self) -> Result<()> {
+        let r = self.serve();
+        let _ = std::fs::remove_file(paths::keeper_socket_path(self.id()));
+        r
+    }
+
     fn id(&self) -> u32 {
         self.cfg.id.unwrap_or_default()
     }
@@ -198,9 +255,13 @@ impl Keeper {
         let Some(mut d) = self.daemon.take() else {
             return Ok(None);
         };
-        let pid = d.child.id();
-        let status = d.child.wait().map_err(Error::os(Step::WatchDaemon))?;
-        match ending(status) {
+        let pid = d.pid;
+        let end = match (&mut d.child, &d.link) {
+            (Some(c), _) => ending(c.wait().map_err(Error::os(Step::WatchDaemon))?),
+            (None, Some(l)) => last_word_ending(link::last_word(l)),
+            (None, None) => Ending::Crash("ended".into()),
+        };
+        match end {
             Ending::Deleted => {
                 log::info!("keeper of device {}: device deleted, leaving", self.id());
                 Ok(Some(Ok(())))
@@ -256,7 +317,7 @@ impl Keeper {
             }
             Err(e) => {
                 log::error!("device {}: {why}; the new daemon failed: {e}", self.id());
-                let _ = d.child.kill();
+                d.kill();
             }
         }
         self.daemon = Some(d);
@@ -299,7 +360,7 @@ impl Keeper {
     }
 
     fn status(&mut self) -> KeeperStatus {
-        let pid = self.daemon.as_ref().map_or(0, |d| d.child.id());
+        let pid = self.daemon.as_ref().map_or(0, |d| d.pid);
         let running = self
             .daemon
             .as_ref()
@@ -346,7 +407,7 @@ impl Keeper {
                 return Response::err(format!("device {id}: the daemon did not hand over"))
             }
         }
-        let pid = self.daemon.as_ref().map_or(0, |d| d.child.id());
+        let pid = self.daemon.as_ref().map_or(0, |d| d.pid);
         Response::ok(serde_json::json!({ "pid": pid, "ms": t0.elapsed().as_millis() as u64 }))
     }
 
@@ -357,14 +418,14 @@ impl Keeper {
                 return Response::err(format!(
                     "device {} is live: its daemon (pid {}) serves it",
                     self.id(),
-                    d.child.id()
+                    d.pid
                 ));
             }
             // It just died: the loop's own round recovers it.
             return Response::ok(serde_json::json!({ "pid": 0 }));
         }
         self.respawn(Instant::now(), "recovery asked for");
-        let pid = self.daemon.as_ref().map_or(0, |d| d.child.id());
+        let pid = self.daemon.as_ref().map_or(0, |d| d.pid);
         Response::ok(serde_json::json!({ "pid": pid }))
     }
 }
@@ -377,6 +438,16 @@ fn ending(status: ExitStatus) -> Ending {
         (Some(c), _) => Ending::Crash(format!("exited with status {c}")),
         (None, Some(sig)) => Ending::Crash(format!("was killed by signal {sig}")),
         (None, None) => Ending::Crash("ended".into()),
+    }
+}
+
+/// Why a daemon that is not our child ended: what it said last
+/// ([`link`]); nothing is a crash.
+fn last_word_ending(word: Option<u8>) -> Ending {
+    match word {
+        Some(link::DELETED) => Ending::Deleted,
+        Some(link::HANDOVER) => Ending::Handover,
+        _ => Ending::Crash("died with nothing said (it is not this keeper's child)".into()),
     }
 }
 
@@ -416,5 +487,15 @@ mod tests {
             panic!()
         };
         assert_eq!(how, "exited with status 1");
+        assert!(matches!(
+            last_word_ending(Some(link::DELETED)),
+            Ending::Deleted
+        ));
+        assert!(matches!(
+            last_word_ending(Some(link::HANDOVER)),
+            Ending::Handover
+        ));
+        assert!(matches!(last_word_ending(None), Ending::Crash(_)));
+        assert!(matches!(last_word_ending(Some(b'x')), Ending::Crash(_)));
     }
 }

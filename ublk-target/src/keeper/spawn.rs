@@ -7,18 +7,46 @@ use crate::control::DeviceInfo;
 use crate::error::{Error, Result, Step};
 use std::io::{BufRead, BufReader};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
-/// A running daemon: the child and a pidfd that polls readable when it
-/// exits.
+/// A running daemon: a pidfd that polls readable when it exits, and how
+/// to learn why it did.
 pub struct Daemon {
-    /// The process.
-    pub child: Child,
+    /// Its process id.
+    pub pid: u32,
+    /// The process, when this keeper started it: its exit status says why
+    /// it ended.
+    pub child: Option<Child>,
     /// `pidfd_open` of it.
     pub pidfd: OwnedFd,
+    /// The link to a daemon that started this keeper (it is not our
+    /// child): its last word says why it ended ([`super::link`]).
+    pub link: Option<UnixStream>,
+}
+
+impl Daemon {
+    /// The daemon `pid` that started this keeper, over `link`.
+    pub fn adopt(pid: u32, link: UnixStream) -> Result<Daemon> {
+        Ok(Daemon {
+            pid,
+            child: None,
+            pidfd: pidfd_open(pid)?,
+            link: Some(link),
+        })
+    }
+
+    /// Kills and reaps a daemon this keeper started (one it adopted is
+    /// its parent: left alone).
+    pub fn kill(&mut self) {
+        if let Some(c) = &mut self.child {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }
 
 /// The arguments of the first daemon: a new device, whose memfd comes back
@@ -77,11 +105,17 @@ pub fn spawn(exe: &Path, args: &[String], keep: RawFd) -> Result<(Daemon, ChildS
         .stdout
         .take()
         .ok_or(Error::Refused("the daemon has no stdout".into()))?;
-    Ok((Daemon { child, pidfd }, out))
+    let d = Daemon {
+        pid: child.id(),
+        child: Some(child),
+        pidfd,
+        link: None,
+    };
+    Ok((d, out))
 }
 
 /// `pidfd_open(pid)` (Linux 5.3).
-fn pidfd_open(pid: u32) -> Result<OwnedFd> {
+pub fn pidfd_open(pid: u32) -> Result<OwnedFd> {
     // SAFETY: the syscall takes two integers and returns a descriptor.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
     if fd < 0 {
@@ -161,7 +195,7 @@ mod tests {
         let e = read_ready(out, Duration::from_secs(10)).unwrap_err();
         assert_eq!(e.to_string(), "no way");
         assert!(poll_in(d.pidfd.as_raw_fd(), Duration::from_secs(10)));
-        let mut child = d.child;
+        let mut child = d.child.unwrap();
         assert!(child.wait().unwrap().success());
     }
 }

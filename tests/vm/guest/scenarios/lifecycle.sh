@@ -119,6 +119,35 @@ dd if="$q_dev" of=/tmp/zblk-vm.back bs=1048576 count=4 iflag=direct 2>/dev/null 
 head -c 4194304 /tmp/zblk-vm.src | cmp -s - /tmp/zblk-vm.back || fail "data of $q_dev differs after zblk recover"
 must zblk del -n "$q_id"
 
+# A killed keeper is replaced: the daemon starts a new one and hands it the
+# store; then a kill -9 of the daemon is recovered by the new keeper, with
+# the data intact.
+zadd --size 64M --algo "$ZBLK_ALGO"
+r_id=$ZID r_dev=$ZDEV
+LOG=/run/zblk/$r_id.log
+dd if=/tmp/zblk-vm.src of="$r_dev" bs=1048576 count=4 oflag=direct conv=notrunc 2>/dev/null || fail "write to $r_dev failed"
+kpid=$(zkeeper_pid "$r_id") || fail "no keeper for device $r_id"
+dpid=$(zdaemon_pid "$r_id") || fail "no process holds /dev/ublkc$r_id"
+kill -9 "$kpid"
+i=0
+while { k2=$(zkeeper_pid "$r_id") || k2=; [ -z "$k2" ] || [ "$k2" = "$kpid" ]; } && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+[ -n "$k2" ] && [ "$k2" != "$kpid" ] || fail "no new keeper 10 s after kill -9 of keeper $kpid: $(tail -2 "$LOG" | tr '\n' '|')"
+grep -q "its keeper (pid $kpid) died; started keeper pid $k2 and handed it the store" "$LOG" ||
+    fail "the daemon did not log the keeper's replacement: $(tail -3 "$LOG" | tr '\n' '|')"
+[ "$(zdaemon_pid "$r_id")" = "$dpid" ] || fail "the daemon changed when its keeper died"
+zblk list | grep -E "^/dev/ublkb$r_id " | grep -q live || fail "device $r_id not live with the new keeper: $(zblk list | tr '\n' '|')"
+taken=$(takeovers "$LOG")
+kill -9 "$dpid"
+wait_takeover "$LOG" "$taken" 300 || fail "the new keeper $k2 did not recover the daemon within 30 s: $(tail -3 "$LOG" | tr '\n' '|')"
+dd if="$r_dev" of=/tmp/zblk-vm.back bs=1048576 count=4 iflag=direct 2>/dev/null || fail "read of $r_dev after the recovery failed"
+head -c 4194304 /tmp/zblk-vm.src | cmp -s - /tmp/zblk-vm.back || fail "data of $r_dev differs after the new keeper's recovery"
+[ "$(zkeeper_pid "$r_id")" = "$k2" ] || fail "the keeper changed during the recovery (was $k2)"
+must zblk del -n "$r_id"
+i=0
+while kill -0 "$k2" 2>/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+kill -0 "$k2" 2>/dev/null && fail "the new keeper $k2 still runs 10 s after zblk del"
+log "keeper $kpid killed: keeper $k2 took over, recovered daemon $dpid's kill, left on del"
+
 # Crash loop: a recovering device whose daemon is killed as soon as each new
 # one takes over. The keeper gives up at the 5th crash within 10 s
 # (keeper/policy.rs): it says so once, deletes the device, and I/O on it
@@ -153,4 +182,4 @@ if [ -b "$loop_dev" ]; then
 fi
 zblk list 2>&1 | grep -E "^/dev/ublkb$loop_id " | grep -q live && fail "crash loop: zblk list still shows device $loop_id live"
 zblk del -n "$loop_id" --force >/dev/null 2>&1
-pass "del and SIGTERM refused on active swap, del --force removed it; SIGTERM stopped an idle device; taken id refused; --foreground served until del; 6 bad commands refused; kill -9 under load: loaders stopped in ${load_s}s, new device $ZDEV verified; binary gone: quiesced, then zblk recover verified 4 MB; crash loop: the keeper gave up after $k kills and $loop_dev failed I/O"
+pass "del and SIGTERM refused on active swap, del --force removed it; SIGTERM stopped an idle device; taken id refused; --foreground served until del; 6 bad commands refused; kill -9 under load: loaders stopped in ${load_s}s, new device $ZDEV verified; binary gone: quiesced, then zblk recover verified 4 MB; killed keeper replaced, its daemon's kill recovered (4 MB verified); crash loop: the keeper gave up after $k kills and $loop_dev failed I/O"

@@ -49,8 +49,11 @@ check_caps() {
 # CAP_SETPCAP (8): the keeper starts daemons, which harden themselves and
 # drop their bounding set (ublk-target/src/privileges.rs).
 KEEPER_CAPS=0000000001204100
-# A daemon starts nothing: CAP_SYS_ADMIN | CAP_IPC_LOCK.
-DAEMON_CAPS=0000000000204000
+# The same for a daemon with a keeper: it starts a new keeper if its own
+# dies.
+DAEMON_CAPS=0000000001204100
+# A daemon without a keeper (--no-recovery) starts nothing: CAP_SYS_ADMIN |
+# CAP_IPC_LOCK.
 PLAIN_CAPS=0000000000204000
 
 zadd --size 64M --algo "$ZBLK_ALGO"
