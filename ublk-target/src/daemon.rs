@@ -14,6 +14,7 @@ use crate::control::server::{may_stop, ControlSocket, Next};
 use crate::control::DeviceInfo;
 use crate::error::{Error, Result, Step};
 use crate::features::{Features, Recovery};
+use crate::policy::{self, Policy, Settings};
 use crate::queue::Queues;
 use crate::signals::StopSignals;
 use crate::transport::Transport;
@@ -22,6 +23,7 @@ use libublk::ctrl::UblkCtrl;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use zblk::{Store, StoreConfig};
@@ -122,7 +124,8 @@ fn serve(
     .with_recovery(dev.recovery, features)
     .with_transport(Transport::of_flags(dev.ctrl.dev_info().flags));
     log_start(&info, dev.recovered, t0);
-    let r = start_device(&dev, info, socket.clone(), signals, ready.clone());
+    let policy = Arc::new(idle_policy(cfg, &dev));
+    let r = start_device(&dev, info, socket.clone(), signals, ready.clone(), policy);
     if dev.recovered && r.is_ok() {
         device::delete_recovered(&dev.ctrl, id);
     }
@@ -140,6 +143,22 @@ fn serve(
             source,
         }),
     }
+}
+
+/// The idle policy of `cfg` on the device's store. A fresh device was
+/// checked before it was created ([`fresh`]); a recovered one whose store
+/// refuses the settings runs with the policy off rather than not at all
+/// (its swap must come back).
+fn idle_policy(cfg: &DeviceConfig, dev: &Device) -> Policy {
+    let settings = Settings::of(cfg);
+    let settings = match settings.check(dev.queues.store()) {
+        Ok(()) => settings,
+        Err(e) => {
+            log::warn!("idle policy off: {e}");
+            Settings::default()
+        }
+    };
+    Policy::new(settings, policy::Timing::default())
 }
 
 /// A new store and device, with the recovery the driver offers unless
@@ -160,6 +179,10 @@ fn fresh(cfg: &DeviceConfig, features: Features, keeper: Option<UnixStream>) -> 
         ..cfg.store_config()
     };
     let queues = Arc::new(Queues::with_store(cfg, Store::new(store_cfg)?)?);
+    // Before the device exists: settings it cannot run are a bad `add`.
+    Settings::of(cfg)
+        .check(queues.store())
+        .map_err(Error::Refused)?;
     if let (Some(k), Some(fd)) = (keeper, queues.store().memory_fd()) {
         fdpass::send_fd(&k, fd).map_err(Error::os(Step::SendMemfd))?;
     }
@@ -210,6 +233,7 @@ fn start_device(
     socket: Arc<ControlSocket>,
     signals: StopSignals,
     ready: ReadyOnce,
+    policy: Arc<Policy>,
 ) -> std::result::Result<i32, libublk::UblkError> {
     let size = info.config.size;
     let queues = dev.queues.clone();
@@ -217,7 +241,20 @@ fn start_device(
     let q_fn = move |qid: u16, d: &_| qs.serve(qid, d);
     let dev_fn = move |ctrl: &UblkCtrl| {
         ready.fire(Ok(&info));
-        if control_loop(&queues, &info, &socket, &signals) == Next::Handover {
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = policy::spawn(queues.clone(), policy.clone(), stop.clone())
+            .map_err(|e| log::error!("device {}: no idle policy thread: {e}", info.id()))
+            .ok();
+        let next = control_loop(&queues, &policy, &info, &socket, &signals);
+        // Before a handover or stop: no round is left half done.
+        stop.store(true, Ordering::SeqCst);
+        if thread
+            .map(std::thread::JoinHandle::join)
+            .is_some_and(|r| r.is_err())
+        {
+            log::error!("device {}: the idle policy thread panicked", info.id());
+        }
+        if next == Next::Handover {
             hand_over(ctrl, &queues, info.id());
         }
         log::info!("device {}: stopping", info.id());
@@ -293,6 +330,7 @@ fn log_start(info: &DeviceInfo, recovered: bool, t0: Instant) {
 /// be handed over.
 fn control_loop(
     queues: &Queues,
+    policy: &Policy,
     info: &DeviceInfo,
     socket: &ControlSocket,
     sig: &StopSignals,
@@ -313,7 +351,7 @@ fn control_loop(
             return Next::Stop;
         }
         if client {
-            match socket.serve_one(queues, info) {
+            match socket.serve_one(queues, policy, info) {
                 Next::Serve => {}
                 next => return next,
             }
