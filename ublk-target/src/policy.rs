@@ -355,6 +355,10 @@ impl Policy {
         let (mut used, mut changed) = (0, false);
         if let (true, Some(algo)) = (s.recompress_idle_after > 0, s.algo(store)) {
             store.remark_idle(s.recompress_idle_after)?;
+            // Known limit: the engine walks pages from the first, and a
+            // compressed page the secondary shrank by less than 5 % is
+            // not marked (only huge ones are, as incompressible), so such
+            // pages are tried again each round and use its budget first.
             let r = store.recompress(&Recompress {
                 algo,
                 kind: RecompressType::Idle,

@@ -620,9 +620,11 @@ mod tests {
         // Two young pages, which no round may touch.
         ctx.write(8 * PAGE_SIZE as u64, &text[8 * PAGE_SIZE..])
             .unwrap();
+        // Ticks long enough that a pump thread descheduled on a loaded
+        // machine still counts well over 1000 requests/s in every one.
         let fast = Timing {
-            tick: Duration::from_millis(10),
-            round_every: Duration::from_millis(10),
+            tick: Duration::from_millis(100),
+            round_every: Duration::from_millis(100),
             busy_rps: 1000,
             rate: 100_000,
             max_pages: 1000,
@@ -650,7 +652,7 @@ mod tests {
         let (r, _) = answer(&shared, &p, &info(), set(Some(500), None));
         assert!(r.ok, "{r:?}");
         eventually("rounds skipped while busy", || {
-            p.report(&store).rounds_skipped_busy >= 5
+            p.report(&store).rounds_skipped_busy >= 4
         });
         let rep = p.report(&store);
         assert_eq!((rep.rounds, rep.recompressed_pages), (0, 0), "{rep:?}");
