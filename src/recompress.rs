@@ -246,3 +246,25 @@ pub(crate) fn mark_idle(table: &SlotTable, st: &CtxState, now: u32, age: Option<
     st.shard.add(Counter::IdlePages, marked as i64);
     marked
 }
+
+/// Makes the idle marks say exactly "not accessed for `age` seconds":
+/// marks the slots that old, clears the mark of the younger ones (their
+/// access times stay). Returns (marked, cleared). The daemon's policy
+/// uses it because one idle bit serves two thresholds (recompress after
+/// R seconds, write back after W): a mark left from the smaller one
+/// would otherwise select pages for the larger.
+pub(crate) fn remark_idle(table: &SlotTable, st: &CtxState, now: u32, age: u32) -> (u64, u64) {
+    let (mut marked, mut cleared) = (0u64, 0u64);
+    for page in 0..table.pages() {
+        let mut guard = table.lock(page);
+        let old_enough = now.wrapping_sub(guard.entry().atime) & ATIME_MASK >= age;
+        if old_enough {
+            marked += u64::from(guard.set_idle());
+        } else {
+            cleared += u64::from(guard.clear_idle());
+        }
+    }
+    st.shard
+        .add(Counter::IdlePages, marked as i64 - cleared as i64);
+    (marked, cleared)
+}

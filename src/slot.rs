@@ -340,6 +340,16 @@ impl SlotGuard<'_> {
         self.meta |= IDLE;
         true
     }
+
+    /// Clears the slot's idle mark without touching its access time.
+    /// Returns false if it was not marked.
+    pub fn clear_idle(&mut self) -> bool {
+        if self.meta & IDLE == 0 {
+            return false;
+        }
+        self.meta &= !IDLE;
+        true
+    }
 }
 
 impl Drop for SlotGuard<'_> {

@@ -333,17 +333,31 @@ impl Store {
     /// Returns the pages newly marked; `stats().counters.idle_pages`
     /// counts all marked ones.
     pub fn mark_idle(&self, age_secs: Option<u64>) -> Result<u64> {
-        let age = match age_secs {
-            None => None,
-            Some(a) if a <= u64::from(ATIME_MASK) => Some(a as u32),
-            Some(a) => {
-                return Err(Error::InvalidConfig(format!(
-                    "an idle age of {a} s is past what slots keep ({ATIME_MASK} s, 194 days)"
-                )))
-            }
-        };
+        let age = age_secs.map(Self::idle_age).transpose()?;
         let now = self.now();
         Ok(self.with_maintenance(|st| crate::recompress::mark_idle(&self.table, st, now, age)))
+    }
+
+    /// Marks idle exactly the stored pages not accessed for `age_secs`
+    /// seconds and clears the mark of every younger page (what an
+    /// automatic policy with its own thresholds needs; `mark_idle` only
+    /// ever adds marks, as zram's `idle` file). Returns (marked, cleared).
+    pub fn remark_idle(&self, age_secs: u64) -> Result<(u64, u64)> {
+        let age = Self::idle_age(age_secs)?;
+        let now = self.now();
+        Ok(self.with_maintenance(|st| crate::recompress::remark_idle(&self.table, st, now, age)))
+    }
+
+    /// Checks an idle age against what slots' access times can hold.
+    fn idle_age(a: u64) -> Result<u32> {
+        u32::try_from(a)
+            .ok()
+            .filter(|&a| a <= ATIME_MASK)
+            .ok_or_else(|| {
+                Error::InvalidConfig(format!(
+                    "an idle age of {a} s is past what slots keep ({ATIME_MASK} s, 194 days)"
+                ))
+            })
     }
 
     /// Recompresses the pages `p` selects with the secondary algorithm
@@ -433,6 +447,13 @@ impl Store {
         }
         let _ = self.secondary.set(algo);
         Ok(())
+    }
+
+    /// The secondary algorithm recompressed pages are held by, once the
+    /// first recompression chose it (a recovered store knows it from its
+    /// header).
+    pub fn secondary_algo(&self) -> Option<Algo> {
+        self.secondary.get().copied()
     }
 
     /// Moves the store's clock `secs` seconds forward, so that tests of

@@ -369,3 +369,47 @@ fn recompression_of_real_pages_saves_memory() {
         .unwrap();
     assert_eq!(huge_again.tried, 0, "{huge_again:?}");
 }
+
+#[test]
+fn remark_idle_marks_exactly_the_pages_that_old() {
+    let store = Store::new(config(Algo::Lz4, false)).unwrap();
+    let mut ctx = store.new_ctx();
+    let text = page(Content::Text(7), &[]);
+    for p in 0..4 {
+        ctx.write(p * P, &text).unwrap();
+    }
+    store.debug_advance_clock(STEP);
+    for p in 4..6 {
+        ctx.write(p * P, &text).unwrap();
+    }
+    let idle = |s: &Store| s.stats().counters.idle_pages;
+    assert_eq!(store.mark_idle(None).unwrap(), 6);
+    // The two young pages lose the mark `--all` gave them.
+    assert_eq!(store.remark_idle(STEP / 2).unwrap(), (0, 2));
+    assert_eq!(idle(&store), 4);
+    let mut back = vec![0u8; PAGE_SIZE];
+    ctx.read(0, &mut back).unwrap();
+    assert_eq!(idle(&store), 3, "a read clears the mark");
+    store.debug_advance_clock(STEP);
+    // Page 0 (read), 4 and 5 (written) are old now too.
+    assert_eq!(store.remark_idle(STEP / 2).unwrap(), (3, 0));
+    assert_eq!(idle(&store), 6);
+    assert_eq!(store.remark_idle(10 * STEP).unwrap(), (0, 6));
+    assert_eq!(idle(&store), 0);
+    let e = store.remark_idle(1 << 40).unwrap_err().to_string();
+    assert!(e.contains("past what slots keep"), "{e}");
+}
+
+#[test]
+fn the_secondary_algorithm_is_known_once_chosen() {
+    let store = Store::new(config(Algo::Lz4, false)).unwrap();
+    assert_eq!(store.secondary_algo(), None);
+    let p = Recompress {
+        algo: Algo::Zstd(9),
+        kind: RecompressType::All,
+        threshold: 0,
+        max_pages: 0,
+    };
+    store.recompress(&p).unwrap();
+    assert_eq!(store.secondary_algo(), Some(Algo::Zstd(9)));
+}

@@ -23,15 +23,15 @@ use zblk_ublk::keeper::KeeperRequest;
 use zblk_ublk::{Request, Response};
 
 /// Every command of both sockets, and a few near misses.
-const CMDS: [&str; 17] = [
+const CMDS: [&str; 18] = [
     "info", "stats", "compact", "idle", "recompress", "set_mem_limit", "shutdown", "handover",
     "status", "restart", "recover", "Info", "format_disk", "set-mem-limit", "huge_idle",
-    "writeback", "set_writeback_limit",
+    "writeback", "set_writeback_limit", "set_policy",
 ];
 /// Every field of any request, and keys of replies.
-const KEYS: [&str; 13] = [
+const KEYS: [&str; 16] = [
     "cmd", "bytes", "force", "age", "algo", "kind", "threshold", "max_pages", "data", "ok", "error",
-    "limit", "pages",
+    "limit", "pages", "recompress_idle_after", "writeback_idle_after", "recompress_algo",
 ];
 
 #[derive(Arbitrary, Debug)]
@@ -112,6 +112,20 @@ fn model(v: &Value) -> Option<Request> {
         "set_writeback_limit" => Some(Request::SetWritebackLimit {
             pages: o.get("pages")?.as_u64()?,
         }),
+        "set_policy" => {
+            let opt_u64 = |k: &str| match o.get(k) {
+                None | Some(Value::Null) => Some(None),
+                Some(n) => n.as_u64().map(Some),
+            };
+            Some(Request::SetPolicy {
+                recompress_idle_after: opt_u64("recompress_idle_after")?,
+                writeback_idle_after: opt_u64("writeback_idle_after")?,
+                recompress_algo: match o.get("recompress_algo") {
+                    None | Some(Value::Null) => None,
+                    Some(a) => Some(a.as_str()?.to_string()),
+                },
+            })
+        }
         "set_mem_limit" => Some(Request::SetMemLimit {
             bytes: o.get("bytes")?.as_u64()?,
         }),
@@ -169,6 +183,18 @@ fn wire(r: &Request) -> Value {
             put("cmd", "set_writeback_limit".into());
             put("pages", (*pages).into());
         }
+        Request::SetPolicy { recompress_idle_after, writeback_idle_after, recompress_algo } => {
+            put("cmd", "set_policy".into());
+            if let Some(r) = recompress_idle_after {
+                put("recompress_idle_after", (*r).into());
+            }
+            if let Some(w) = writeback_idle_after {
+                put("writeback_idle_after", (*w).into());
+            }
+            if let Some(a) = recompress_algo {
+                put("recompress_algo", a.as_str().into());
+            }
+        }
         Request::SetMemLimit { bytes } => {
             put("cmd", "set_mem_limit".into());
             put("bytes", (*bytes).into());
@@ -217,6 +243,7 @@ enum Typed {
     Recompress { algo: String, kind: String, threshold: u64, max_pages: u64 },
     Writeback { kind: String, limit: u64 },
     SetWritebackLimit(u64),
+    SetPolicy { recompress: Option<u64>, writeback: Option<u64>, algo: Option<String> },
     SetMemLimit(u64),
     Shutdown(bool),
     Handover,
@@ -240,6 +267,11 @@ impl Typed {
             },
             Typed::Writeback { kind, limit } => Request::Writeback { kind: kind.clone(), limit: *limit },
             Typed::SetWritebackLimit(pages) => Request::SetWritebackLimit { pages: *pages },
+            Typed::SetPolicy { recompress, writeback, algo } => Request::SetPolicy {
+                recompress_idle_after: *recompress,
+                writeback_idle_after: *writeback,
+                recompress_algo: algo.clone(),
+            },
             Typed::SetMemLimit(bytes) => Request::SetMemLimit { bytes: *bytes },
             Typed::Shutdown(force) => Request::Shutdown { force: *force },
             Typed::Handover => Request::Handover,

@@ -88,6 +88,36 @@ pub struct DeviceConfig {
     #[arg(long, value_name = "PATH")]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backing_dev: Option<std::path::PathBuf>,
+    /// The idle policy: recompress, on its own, pages not accessed for
+    /// this many seconds (0: off; see `crate::policy`).
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub recompress_idle_after: u64,
+    /// The idle policy: write back, on its own, pages not accessed for
+    /// this many seconds (0: off; needs --backing-dev).
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value_t = 0,
+        allow_negative_numbers = true
+    )]
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub writeback_idle_after: u64,
+    /// The secondary algorithm the idle policy recompresses with
+    /// [default: the one the store's first recompress chose].
+    #[arg(long, value_name = "ALGO", value_parser = parse_algo)]
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_text")]
+    pub recompress_algo: Option<Algo>,
+}
+
+/// Whether a setting is at its "off" value (left out of the JSON).
+fn is_zero(v: &u64) -> bool {
+    *v == 0
 }
 
 impl DeviceConfig {
@@ -213,6 +243,33 @@ mod text {
     }
 }
 
+/// [`text`] for an optional value: absent or `null` is `None`.
+mod opt_text {
+    use serde::{de, Deserialize, Deserializer, Serializer};
+    use std::fmt::Display;
+    use std::str::FromStr;
+
+    /// Writes `v` as its `Display` text (`None` is left out by the field).
+    pub fn serialize<T: Display, S: Serializer>(v: &Option<T>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(v) => s.collect_str(v),
+            None => s.serialize_none(),
+        }
+    }
+
+    /// Reads an optional value from its `FromStr` text.
+    pub fn deserialize<'de, T, D>(d: D) -> Result<Option<T>, D::Error>
+    where
+        T: FromStr,
+        T::Err: Display,
+        D: Deserializer<'de>,
+    {
+        Option::<String>::deserialize(d)?
+            .map(|t| t.parse().map_err(de::Error::custom))
+            .transpose()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -259,6 +316,31 @@ mod tests {
         assert!(s.mlock);
         assert!(s.shared, "recoverable by default");
         assert!(!parse(&["-s", "1G", "--no-recovery"]).store_config().shared);
+    }
+
+    #[test]
+    fn the_idle_policy_is_off_by_default_and_round_trips() {
+        let c = parse(&["-s", "1G"]);
+        assert_eq!((c.recompress_idle_after, c.writeback_idle_after), (0, 0));
+        assert_eq!(c.recompress_algo, None);
+        let v: serde_json::Value = serde_json::from_str(&c.to_json()).unwrap();
+        assert!(v.get("recompress_idle_after").is_none(), "off: left out");
+        let c = parse(&[
+            "-s",
+            "1G",
+            "--recompress-idle-after",
+            "600",
+            "--writeback-idle-after",
+            "3600",
+            "--recompress-algo",
+            "zstd:9",
+        ]);
+        let v: serde_json::Value = serde_json::from_str(&c.to_json()).unwrap();
+        assert_eq!(v["recompress_idle_after"], 600);
+        assert_eq!(v["writeback_idle_after"], 3600);
+        assert_eq!(v["recompress_algo"], "zstd:9");
+        assert_eq!(DeviceConfig::from_json(&c.to_json()).unwrap(), c);
+        assert!(DeviceConfig::from_flags(["-s", "1G", "--recompress-algo", "lzo"]).is_err());
     }
 
     #[test]

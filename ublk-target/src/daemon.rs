@@ -14,6 +14,7 @@ use crate::control::server::{may_stop, ControlSocket, Next};
 use crate::control::DeviceInfo;
 use crate::error::{Error, Result, Step};
 use crate::features::{Features, Recovery};
+use crate::policy::{self, Policy, Settings};
 use crate::queue::Queues;
 use crate::signals::StopSignals;
 use crate::transport::Transport;
@@ -22,6 +23,7 @@ use libublk::ctrl::UblkCtrl;
 use std::os::fd::{OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use zblk::{Store, StoreConfig};
@@ -145,6 +147,7 @@ fn serve(
     .with_recovery(dev.recovery, features)
     .with_transport(Transport::of_flags(dev.ctrl.dev_info().flags));
     log_start(&info, dev.recovered, t0);
+    let policy = Arc::new(idle_policy(cfg, &dev));
     let r = start_device(
         &dev,
         info,
@@ -152,6 +155,7 @@ fn serve(
         signals,
         ready.clone(),
         watch.clone(),
+        policy,
     );
     if dev.recovered && r.is_ok() {
         device::delete_recovered(&dev.ctrl, id);
@@ -190,6 +194,22 @@ fn drop_privileges(cfg: &DeviceConfig, has_keeper: bool) -> Result<()> {
     Ok(())
 }
 
+/// The idle policy of `cfg` on the device's store. A fresh device was
+/// checked before it was created ([`fresh`]); a recovered one whose store
+/// refuses the settings runs with the policy off rather than not at all
+/// (its swap must come back).
+fn idle_policy(cfg: &DeviceConfig, dev: &Device) -> Policy {
+    let settings = Settings::of(cfg);
+    let settings = match settings.check(dev.queues.store()) {
+        Ok(()) => settings,
+        Err(e) => {
+            log::warn!("idle policy off: {e}");
+            Settings::default()
+        }
+    };
+    Policy::new(settings, policy::Timing::default())
+}
+
 /// A new store and device, with the recovery the driver offers unless
 /// `--no-recovery` or nobody holds the store; the memfd goes to `holder`
 /// before the device exists, so that no page is ever stored that only
@@ -211,6 +231,10 @@ fn fresh(cfg: &DeviceConfig, features: Features, holder: Holder) -> Result<Devic
         ..cfg.store_config()
     };
     let queues = Arc::new(Queues::with_store(cfg, Store::new(store_cfg)?)?);
+    // Before the device exists: settings it cannot run are a bad `add`.
+    Settings::of(cfg)
+        .check(queues.store())
+        .map_err(Error::Refused)?;
     if let Some(fd) = queues.store().memory_fd() {
         match holder {
             Holder::Keeper(k) => fdpass::send_fd(&k, fd).map_err(Error::os(Step::SendMemfd))?,
@@ -266,6 +290,7 @@ fn start_device(
     signals: StopSignals,
     ready: ReadyOnce,
     watch: Watch,
+    policy: Arc<Policy>,
 ) -> std::result::Result<i32, libublk::UblkError> {
     let size = info.config.size;
     let queues = dev.queues.clone();
@@ -273,8 +298,21 @@ fn start_device(
     let q_fn = move |qid: u16, d: &_| qs.serve(qid, d);
     let dev_fn = move |ctrl: &UblkCtrl| {
         ready.fire(Ok(&info));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = policy::spawn(queues.clone(), policy.clone(), stop.clone())
+            .map_err(|e| log::error!("device {}: no idle policy thread: {e}", info.id()))
+            .ok();
         let mut w = lock(&watch);
-        if control_loop(&queues, &info, &socket, &signals, &mut w) == Next::Handover {
+        let next = control_loop(&queues, &policy, &info, &socket, &signals, &mut w);
+        // Before a handover or stop: no round is left half done.
+        stop.store(true, Ordering::SeqCst);
+        if thread
+            .map(std::thread::JoinHandle::join)
+            .is_some_and(|r| r.is_err())
+        {
+            log::error!("device {}: the idle policy thread panicked", info.id());
+        }
+        if next == Next::Handover {
             hand_over(ctrl, &queues, info.id(), w.as_ref());
         }
         drop(w);
@@ -362,6 +400,7 @@ fn lock(w: &Watch) -> std::sync::MutexGuard<'_, Option<keeper::KeeperWatch>> {
 /// be handed over; replaces the keeper when it dies.
 fn control_loop(
     queues: &Queues,
+    policy: &Policy,
     info: &DeviceInfo,
     socket: &ControlSocket,
     sig: &StopSignals,
@@ -395,7 +434,7 @@ fn control_loop(
             return Next::Stop;
         }
         if client {
-            match socket.serve_one(queues, info) {
+            match socket.serve_one(queues, policy, info) {
                 Next::Serve => {}
                 next => return next,
             }

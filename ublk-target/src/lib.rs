@@ -22,6 +22,9 @@
 //! - [`notify`]: `READY=1` to systemd once a device serves I/O;
 //! - `signals`: SIGTERM and SIGINT through a signalfd;
 //! - `queue`: the queue threads, one engine context each, and their ticks;
+//! - `policy`: the idle policy's thread: recompression and writeback of
+//!   idle pages on its own, paced, and backing off while the device is
+//!   busy;
 //! - [`control`]: the per-device control socket: its protocol, the client
 //!   ([`control::client`]) and the daemon's server ([`control::server`]);
 //! - [`device`]: adding, taking over, stopping and deleting ublk devices
@@ -45,6 +48,7 @@ pub mod keeper;
 pub mod notify;
 pub mod params;
 pub mod paths;
+mod policy;
 pub mod privileges;
 mod queue;
 pub mod safety;

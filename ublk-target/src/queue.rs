@@ -110,6 +110,11 @@ pub struct Queues {
     log_first: AtomicBool,
     /// Set before a quiesce: queues keep answering ticks once stopping.
     handover: AtomicBool,
+    /// Held by each maintenance job (a manual compact, idle, recompress or
+    /// writeback, or one round of `crate::policy`), so that a policy
+    /// round's marking and processing are not interleaved with a manual
+    /// command's.
+    maintenance: Mutex<()>,
 }
 
 impl Queues {
@@ -135,6 +140,7 @@ impl Queues {
             tick_gen: AtomicU64::new(0),
             log_first: AtomicBool::new(false),
             handover: AtomicBool::new(false),
+            maintenance: Mutex::new(()),
         })
     }
 
@@ -165,6 +171,21 @@ impl Queues {
     /// Queue threads still serving.
     pub fn alive(&self) -> usize {
         self.alive.load(Ordering::SeqCst)
+    }
+
+    /// Requests served by all queues since the daemon started: what
+    /// `crate::policy` measures how busy the device is by.
+    pub fn served_total(&self) -> u64 {
+        self.queues
+            .iter()
+            .map(|q| q.served.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Takes the device's maintenance lock (see [`Queues`]'s field): one
+    /// maintenance job at a time, a manual one or a policy round.
+    pub fn maintenance(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.maintenance.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Wakes every queue; returns the generation they will report.
@@ -513,6 +534,11 @@ pub(crate) mod fake {
     use super::*;
     use std::sync::atomic::AtomicBool;
     use zblk::PAGE_SIZE;
+
+    /// Counts `n` requests as served by queue `qid`, as a busy device would.
+    pub fn serve_requests(q: &Queues, qid: usize, n: u64) {
+        q.queues[qid].served.fetch_add(n, Ordering::Relaxed);
+    }
 
     /// Marks every queue thread gone (for tests that start none).
     pub fn no_threads(q: &Queues) {

@@ -260,6 +260,17 @@ pub struct SetArgs {
     /// 0: no limit).
     #[arg(long, value_name = "PAGES", group = "setting")]
     pub writeback_limit: Option<u64>,
+    /// The idle policy: recompress pages not accessed for SECS seconds,
+    /// on its own (0: off).
+    #[arg(long, value_name = "SECS", group = "setting")]
+    pub recompress_idle_after: Option<u64>,
+    /// The idle policy: write back pages not accessed for SECS seconds,
+    /// on its own (0: off; needs a backing device).
+    #[arg(long, value_name = "SECS", group = "setting")]
+    pub writeback_idle_after: Option<u64>,
+    /// The secondary algorithm the idle policy recompresses with.
+    #[arg(long, value_name = "ALGO", group = "setting")]
+    pub recompress_algo: Option<String>,
 }
 
 /// `zblk writeback`.
@@ -554,6 +565,27 @@ mod tests {
             panic!()
         };
         assert_eq!((s.mem_limit, s.writeback_limit), (None, Some(500)));
+        let Cmd::Set(s) = parse(&[
+            "set",
+            "-n",
+            "1",
+            "--writeback-idle-after",
+            "3600",
+            "--recompress-idle-after",
+            "600",
+            "--recompress-algo",
+            "zstd:9",
+        ])
+        .unwrap()
+        .cmd
+        else {
+            panic!()
+        };
+        assert_eq!(
+            (s.writeback_idle_after, s.recompress_idle_after),
+            (Some(3600), Some(600))
+        );
+        assert_eq!(s.recompress_algo.as_deref(), Some("zstd:9"));
         let Cmd::Writeback(w) = parse(&["writeback", "-n", "2", "--type", "huge_idle"])
             .unwrap()
             .cmd

@@ -8,6 +8,9 @@
 //! compression-algorithm = "zstd:3"
 //! swap-priority = 100
 //! backing-dev = "/dev/sdb2"       # optional: zblk writeback's target
+//! recompress-idle-after = 600     # optional: seconds; the idle policy
+//! recompress-algorithm = "zstd:9" #   recompresses with this
+//! writeback-idle-after = 3600     # optional: needs backing-dev
 //! ```
 //!
 //! A section is named after the device it makes (`[ublkb0]` makes
@@ -52,6 +55,12 @@ struct Section {
     /// Like `--backing-dev`: the block device or file `zblk writeback`
     /// moves pages to (zram-generator's `writeback-device`).
     backing_dev: Option<Spanned<String>>,
+    /// Like `--recompress-idle-after`: seconds (the idle policy).
+    recompress_idle_after: Option<Spanned<i64>>,
+    /// Like `--recompress-algo`: the policy's secondary algorithm.
+    recompress_algorithm: Option<Spanned<String>>,
+    /// Like `--writeback-idle-after`: seconds (the idle policy).
+    writeback_idle_after: Option<Spanned<i64>>,
 }
 
 /// A device the file asks for, ready for `zblk add --swap`'s code.
@@ -223,6 +232,21 @@ impl Doc<'_> {
         opt("--mem-limit", value(s.mem_limit), "mem-limit");
         opt("--priority", num(s.swap_priority), "swap-priority");
         opt("--backing-dev", text(s.backing_dev), "backing-dev");
+        opt(
+            "--recompress-idle-after",
+            num(s.recompress_idle_after),
+            "recompress-idle-after",
+        );
+        opt(
+            "--recompress-algo",
+            text(s.recompress_algorithm),
+            "recompress-algorithm",
+        );
+        opt(
+            "--writeback-idle-after",
+            num(s.writeback_idle_after),
+            "writeback-idle-after",
+        );
         for (flag, v, span, k) in &flags {
             add_args(&[flag, v]).map_err(|e| self.error_at(span.clone(), k, &e))?;
         }
@@ -340,7 +364,10 @@ mod tests {
                     swap-priority = 50\n\
                     options = \"discard=pages\"\n\
                     recovery = false\n\
-                    backing-dev = \"/dev/vdb\"\n";
+                    backing-dev = \"/dev/vdb\"\n\
+                    recompress-idle-after = 600\n\
+                    recompress-algorithm = \"zstd:9\"\n\
+                    writeback-idle-after = 3600\n";
         let e = parse_ok(text, 16000.0);
         assert_eq!(e.len(), 2);
         let (a, b) = (&e[0], &e[1]);
@@ -358,6 +385,16 @@ mod tests {
             Some(Path::new("/dev/vdb"))
         );
         assert_eq!(b.add.dev.backing_dev, None);
+        let d = &a.add.dev;
+        assert_eq!(
+            (d.recompress_idle_after, d.writeback_idle_after),
+            (600, 3600)
+        );
+        assert_eq!(d.recompress_algo, Some(Algo::Zstd(9)));
+        assert_eq!(
+            (b.add.dev.recompress_idle_after, b.add.dev.recompress_algo),
+            (0, None)
+        );
         // What is not written takes zblk add's defaults.
         assert_eq!((b.name.as_str(), b.add.dev.id), ("ublkb1", Some(1)));
         assert_eq!(b.add.dev.size, 512 << 20);
@@ -488,6 +525,14 @@ mod tests {
             ("mode = \"dense\"", "mode: unknown mode 'dense'"),
             ("group-pages = 65", "group-pages: 65 is not in 1..=64"),
             ("mem-limit = \"1X\"", "mem-limit: invalid size '1X'"),
+            (
+                "recompress-idle-after = -1",
+                "recompress-idle-after: invalid digit",
+            ),
+            (
+                "recompress-algorithm = \"lzo\"",
+                "recompress-algorithm: unknown algorithm 'lzo'",
+            ),
             (
                 "swap-priority = 40000",
                 "swap-priority: 40000 is not in -1..=32767",

@@ -93,7 +93,9 @@ pub fn compact(a: IdArgs) -> CliResult {
     Ok(())
 }
 
-/// `zblk set -n ID [--mem-limit SIZE] [--writeback-limit PAGES]`.
+/// `zblk set -n ID [--mem-limit SIZE] [--writeback-limit PAGES]
+/// [--recompress-idle-after SECS] [--writeback-idle-after SECS]
+/// [--recompress-algo ALGO]`.
 pub fn set(a: SetArgs) -> CliResult {
     if let Some(bytes) = a.mem_limit {
         control::request(
@@ -108,6 +110,17 @@ pub fn set(a: SetArgs) -> CliResult {
             &Request::SetWritebackLimit { pages },
             Duration::from_secs(10),
         )?;
+    }
+    let policy_given = a.recompress_idle_after.is_some()
+        || a.writeback_idle_after.is_some()
+        || a.recompress_algo.is_some();
+    if policy_given {
+        let policy = Request::SetPolicy {
+            recompress_idle_after: a.recompress_idle_after,
+            writeback_idle_after: a.writeback_idle_after,
+            recompress_algo: a.recompress_algo,
+        };
+        control::request(a.id, &policy, Duration::from_secs(10))?;
     }
     Ok(())
 }

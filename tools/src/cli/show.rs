@@ -233,6 +233,17 @@ pub fn stat_text(reply: &Value) -> String {
     ]);
     out.push_str(&table(&["FIELD", "VALUE"], &rows));
     out.push('\n');
+    if let Some(p) = reply["policy"].as_object() {
+        let rows: Vec<Vec<String>> = p
+            .iter()
+            .map(|(k, v)| {
+                let v = v.as_str().map_or_else(|| v.to_string(), str::to_string);
+                vec![format!("  {k}"), v]
+            })
+            .collect();
+        out.push_str(&table(&["IDLE POLICY", "VALUE"], &rows));
+        out.push('\n');
+    }
 
     let lat: Vec<Vec<String>> = ["write", "read", "discard", "writeback"]
         .iter()
@@ -398,6 +409,36 @@ pub(super) mod tests {
         // Gauges appear once, for the device, not per queue.
         assert_eq!(row("same_pages"), ["same_pages", "1"]);
         assert_eq!(row("stored_pages"), ["stored_pages", "3"]);
+    }
+
+    #[test]
+    fn stat_shows_the_idle_policy() {
+        let mut reply = sample();
+        assert!(
+            !stat_text(&reply).contains("IDLE POLICY"),
+            "no policy: no table"
+        );
+        reply["policy"] = json!({
+            "recompress_idle_after": 600,
+            "recompress_algo": "zstd:9",
+            "rounds_skipped_busy": 3,
+        });
+        let text = stat_text(&reply);
+        let rows: Vec<Vec<&str>> = text
+            .lines()
+            .skip_while(|l| !l.starts_with("IDLE POLICY"))
+            .skip(1)
+            .take(3)
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ["recompress_idle_after", "600"],
+                ["recompress_algo", "zstd:9"],
+                ["rounds_skipped_busy", "3"]
+            ]
+        );
     }
 
     #[test]

@@ -29,7 +29,8 @@ pub enum Request {
     /// The device's description ([`DeviceInfo`]).
     Info,
     /// The device and its engine statistics, after every queue has freed
-    /// its batched handles: `{"device": DeviceInfo, "stats": StoreStats}`.
+    /// its batched handles: `{"device": DeviceInfo, "stats": StoreStats,
+    /// "policy": ..}` (the idle policy's settings and counters).
     Stats,
     /// Runs compaction: `{"pages_compacted": N}`.
     Compact,
@@ -70,6 +71,19 @@ pub enum Request {
     SetWritebackLimit {
         /// Pages writeback may write from now on.
         pages: u64,
+    },
+    /// Changes the idle policy (`crate::policy`); a field left out keeps
+    /// its value: `{"recompress_idle_after": N, ...}` (its report).
+    SetPolicy {
+        /// Recompress pages not accessed for this many seconds (0: off).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        recompress_idle_after: Option<u64>,
+        /// Write back pages not accessed for this many seconds (0: off).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        writeback_idle_after: Option<u64>,
+        /// The secondary algorithm to recompress with.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        recompress_algo: Option<String>,
     },
     /// Sets the memory limit in bytes (0: none).
     SetMemLimit {
@@ -264,6 +278,14 @@ mod tests {
                 r#"{"cmd":"shutdown","force":true}"#,
             ),
             (Request::Handover, r#"{"cmd":"handover"}"#),
+            (
+                Request::SetPolicy {
+                    recompress_idle_after: None,
+                    writeback_idle_after: Some(60),
+                    recompress_algo: None,
+                },
+                r#"{"cmd":"set_policy","writeback_idle_after":60}"#,
+            ),
             (Request::Idle { age: None }, r#"{"cmd":"idle"}"#),
             (
                 Request::Idle { age: Some(60) },

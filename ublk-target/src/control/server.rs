@@ -3,6 +3,7 @@
 
 use super::{read_request, refuse_non_root, write_response, DeviceInfo, Request, Response};
 use crate::error::{Error, Result, Step};
+use crate::policy::{Policy, Update};
 use crate::queue::Queues;
 use crate::{paths, swap};
 use std::os::fd::{AsRawFd, RawFd};
@@ -56,9 +57,9 @@ impl ControlSocket {
     }
 
     /// Answers the client waiting, if any; says what to do next.
-    pub fn serve_one(&self, queues: &Queues, info: &DeviceInfo) -> Next {
+    pub fn serve_one(&self, queues: &Queues, policy: &Policy, info: &DeviceInfo) -> Next {
         match self.listener.accept() {
-            Ok((stream, _)) => serve_client(queues, info, stream),
+            Ok((stream, _)) => serve_client(queues, policy, info, stream),
             Err(_) => Next::Serve,
         }
     }
@@ -80,7 +81,7 @@ pub fn may_stop(bdev: &Path, force: bool) -> Result<()> {
 }
 
 /// Answers one client; says what the daemon does next.
-fn serve_client(queues: &Queues, info: &DeviceInfo, mut s: UnixStream) -> Next {
+fn serve_client(queues: &Queues, policy: &Policy, info: &DeviceInfo, mut s: UnixStream) -> Next {
     let setup = s
         .set_nonblocking(false)
         .and_then(|()| s.set_read_timeout(Some(CLIENT_TIMEOUT)))
@@ -93,7 +94,7 @@ fn serve_client(queues: &Queues, info: &DeviceInfo, mut s: UnixStream) -> Next {
         return Next::Serve;
     }
     let (resp, stop) = match read_request(&mut s) {
-        Ok(req) => answer(queues, info, req),
+        Ok(req) => answer(queues, policy, info, req),
         Err(e) => (Response::err(e.to_string()), Next::Serve),
     };
     if let Err(e) = write_response(&mut s, &resp) {
@@ -110,11 +111,32 @@ fn json_reply(v: serde_json::Result<serde_json::Value>) -> Response {
     }
 }
 
-/// The reply to one request, and what to do afterwards.
-fn answer(queues: &Queues, info: &DeviceInfo, req: Request) -> (Response, Next) {
+/// The reply to one request, and what to do afterwards. A maintenance
+/// job holds the device's maintenance lock, as a policy round does.
+fn answer(queues: &Queues, policy: &Policy, info: &DeviceInfo, req: Request) -> (Response, Next) {
+    let _one_job = matches!(
+        req,
+        Request::Compact
+            | Request::Idle { .. }
+            | Request::Recompress { .. }
+            | Request::Writeback { .. }
+    )
+    .then(|| queues.maintenance());
     let reply = match req {
         Request::Info => json_reply(serde_json::to_value(info)),
-        Request::Stats => stats(queues, info),
+        Request::Stats => stats(queues, policy, info),
+        Request::SetPolicy {
+            recompress_idle_after,
+            writeback_idle_after,
+            recompress_algo,
+        } => set_policy(
+            queues,
+            policy,
+            info,
+            recompress_idle_after,
+            writeback_idle_after,
+            recompress_algo.as_deref(),
+        ),
         Request::Compact => {
             queues.flush_all();
             let n = queues.store().compact();
@@ -257,16 +279,51 @@ fn writeback(queues: &Queues, info: &DeviceInfo, kind: &str, limit: u64) -> Resp
     }
 }
 
-/// `{"device": .., "stats": ..}`, after every queue has freed its batch.
-fn stats(queues: &Queues, info: &DeviceInfo) -> Response {
+/// Changes the idle policy; replies with its report, or why not.
+fn set_policy(
+    queues: &Queues,
+    policy: &Policy,
+    info: &DeviceInfo,
+    recompress_idle_after: Option<u64>,
+    writeback_idle_after: Option<u64>,
+    recompress_algo: Option<&str>,
+) -> Response {
+    let algo = match recompress_algo.map(str::parse::<zblk::Algo>).transpose() {
+        Ok(a) => a,
+        Err(e) => return Response::err(e),
+    };
+    let u = Update {
+        recompress_idle_after,
+        writeback_idle_after,
+        recompress_algo: algo,
+    };
+    match policy.set(queues.store(), u) {
+        Ok(s) => {
+            log::info!(
+                "device {}: idle policy: recompress after {} s, write back after {} s (0: off)",
+                info.id(),
+                s.recompress_idle_after,
+                s.writeback_idle_after
+            );
+            json_reply(serde_json::to_value(policy.report(queues.store())))
+        }
+        Err(e) => Response::err(e),
+    }
+}
+
+/// `{"device": .., "stats": .., "policy": ..}`, after every queue has
+/// freed its batch.
+fn stats(queues: &Queues, policy: &Policy, info: &DeviceInfo) -> Response {
     // Handles a queue could not hand over in time are still pending, on
     // top of what the store's drain has not freed yet.
     let pending = queues.flush_all();
     let mut stats = queues.store().stats();
     stats.deferred_free_pending += pending;
-    json_reply(
-        serde_json::to_value(&stats).map(|s| serde_json::json!({"device": info, "stats": s})),
-    )
+    let report = policy.report(queues.store());
+    json_reply(serde_json::to_value(&stats).and_then(|s| {
+        let p = serde_json::to_value(report)?;
+        Ok(serde_json::json!({"device": info, "stats": s, "policy": p}))
+    }))
 }
 
 #[cfg(test)]
@@ -299,7 +356,12 @@ mod tests {
     }
 
     fn ask(queues: &Queues, req: Request) -> (Response, Next) {
-        answer(queues, &info(), req)
+        answer(queues, &off(), &info(), req)
+    }
+
+    /// A policy that is off.
+    fn off() -> Policy {
+        Policy::new(Default::default(), Default::default())
     }
 
     #[test]
@@ -356,11 +418,11 @@ mod tests {
         assert!(r.ok && stop == Next::Stop);
         let (r, next) = ask(&shared, Request::Handover);
         assert!(r.ok && next == Next::Handover);
-        let off = DeviceInfo {
+        let off_info = DeviceInfo {
             recovery: crate::features::Recovery::Off,
             ..info()
         };
-        let (r, next) = answer(&shared, &off, Request::Handover);
+        let (r, next) = answer(&shared, &off(), &off_info, Request::Handover);
         assert!(!r.ok && next == Next::Serve, "{r:?}");
     }
 
@@ -462,7 +524,7 @@ mod tests {
             config: dc.clone(),
             ..info()
         };
-        let (r, _) = answer(&shared, &with_bd, Request::Stats);
+        let (r, _) = answer(&shared, &off(), &with_bd, Request::Stats);
         let s = &r.data["stats"];
         assert_eq!(s["bd_count"], 5);
         assert_eq!(s["bd_writes"], 5);
@@ -481,6 +543,150 @@ mod tests {
         let (r, _) = ask(&plain, wb("huge", 0));
         let e = r.error.unwrap();
         assert!(e.contains("no backing device") && !e.contains('\n'), "{e}");
+    }
+
+    /// Polls `f` every few milliseconds for up to ten seconds.
+    fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+        let t0 = std::time::Instant::now();
+        while !f() {
+            assert!(t0.elapsed() < Duration::from_secs(10), "never: {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    #[test]
+    fn the_policy_refuses_what_the_device_cannot_do() {
+        let plain = Queues::new(&cfg(1)).unwrap();
+        fake::no_threads(&plain);
+        let p = off();
+        let set = |r: Option<u64>, w: Option<u64>, a: Option<&str>| {
+            let req = Request::SetPolicy {
+                recompress_idle_after: r,
+                writeback_idle_after: w,
+                recompress_algo: a.map(Into::into),
+            };
+            answer(&plain, &p, &info(), req).0
+        };
+        for (r, want) in [
+            (set(None, Some(60), None), "needs a backing device"),
+            (set(Some(60), None, None), "needs --recompress-algo"),
+            (set(Some(60), None, Some("lz4")), "must differ"),
+            (set(Some(60), None, Some("lzo")), "unknown algorithm"),
+            (
+                set(Some(1 << 30), None, Some("zstd")),
+                "past what slots keep",
+            ),
+        ] {
+            let e = r.error.unwrap_or_default();
+            assert!(e.contains(want) && !e.contains('\n'), "{want}: {e}");
+        }
+        assert_eq!(p.settings(), Default::default(), "refused: unchanged");
+        let r = set(Some(60), None, Some("zstd:9"));
+        assert!(r.ok, "{r:?}");
+        assert_eq!(
+            (
+                r.data["recompress_idle_after"].as_u64(),
+                r.data["recompress_algo"].as_str()
+            ),
+            (Some(60), Some("zstd:9"))
+        );
+        let r = set(Some(0), None, None);
+        assert_eq!(r.data["recompress_idle_after"], 0, "0 turns it off");
+        let (r, _) = answer(&plain, &p, &info(), Request::Stats);
+        assert_eq!(r.data["policy"]["recompress_algo"], "zstd:9");
+        assert_eq!(r.data["policy"]["rounds"], 0);
+    }
+
+    #[test]
+    fn the_policy_recompresses_and_writes_back_idle_pages_on_its_own() {
+        use crate::policy::{self, Timing};
+        let dir = tempfile::tempdir().unwrap();
+        let bd = dir.path().join("backing");
+        std::fs::File::create(&bd)
+            .unwrap()
+            .set_len(64 * PAGE_SIZE as u64)
+            .unwrap();
+        let mut dc = cfg(1);
+        dc.backing_dev = Some(bd);
+        let store = zblk::Store::new(dc.store_config()).unwrap();
+        let shared = Arc::new(Queues::with_store(&dc, store.clone()).unwrap());
+        fake::no_threads(&shared);
+        let mut ctx = store.new_ctx();
+        let text: Vec<u8> = b"idle pages the policy finds by itself; "
+            .iter()
+            .copied()
+            .cycle()
+            .take(10 * PAGE_SIZE)
+            .collect();
+        ctx.write(0, &text[..8 * PAGE_SIZE]).unwrap();
+        store.debug_advance_clock(1000);
+        // Two young pages, which no round may touch.
+        ctx.write(8 * PAGE_SIZE as u64, &text[8 * PAGE_SIZE..])
+            .unwrap();
+        // Ticks long enough that a pump thread descheduled on a loaded
+        // machine still counts well over 1000 requests/s in every one.
+        let fast = Timing {
+            tick: Duration::from_millis(100),
+            round_every: Duration::from_millis(100),
+            busy_rps: 1000,
+            rate: 100_000,
+            max_pages: 1000,
+        };
+        let p = Arc::new(Policy::new(Default::default(), fast));
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = policy::spawn(shared.clone(), p.clone(), stop.clone()).unwrap();
+
+        // Swap traffic well over 1000 requests per second: rounds wait.
+        let busy = Arc::new(AtomicBool::new(true));
+        let pump = {
+            let (q, busy) = (shared.clone(), busy.clone());
+            std::thread::spawn(move || {
+                while busy.load(Ordering::SeqCst) {
+                    fake::serve_requests(&q, 0, 100);
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            })
+        };
+        let set = |r: Option<u64>, w: Option<u64>| Request::SetPolicy {
+            recompress_idle_after: r,
+            writeback_idle_after: w,
+            recompress_algo: Some("zstd:9".into()),
+        };
+        let (r, _) = answer(&shared, &p, &info(), set(Some(500), None));
+        assert!(r.ok, "{r:?}");
+        eventually("rounds skipped while busy", || {
+            p.report(&store).rounds_skipped_busy >= 4
+        });
+        let rep = p.report(&store);
+        assert_eq!((rep.rounds, rep.recompressed_pages), (0, 0), "{rep:?}");
+        assert_eq!(store.stats().counters.recompressed_pages, 0);
+
+        // Quiet again: the idle pages are recompressed, the young ones not.
+        busy.store(false, Ordering::SeqCst);
+        pump.join().unwrap();
+        eventually("idle pages recompressed", || {
+            p.report(&store).recompressed_pages >= 8
+        });
+        assert_eq!(store.stats().counters.recompressed_pages, 8);
+        assert!(p.report(&store).rounds > 0);
+
+        // Writeback too, and without a single manual command.
+        let (r, _) = answer(&shared, &p, &info(), set(None, Some(500)));
+        assert!(r.ok && r.data["writeback_idle_after"] == 500, "{r:?}");
+        eventually("idle pages written back", || {
+            p.report(&store).written_back_pages >= 8
+        });
+        let (r, _) = answer(&shared, &p, &info(), Request::Stats);
+        let (s, pol) = (&r.data["stats"], &r.data["policy"]);
+        assert_eq!(s["bd_count"], 8, "the two young pages stay in RAM");
+        assert_eq!(pol["written_back_pages"], 8);
+        assert_eq!(pol["recompressed_pages"], 8);
+        assert_eq!(pol["errors"], 0);
+        stop.store(true, Ordering::SeqCst);
+        thread.join().unwrap();
+        let mut back = vec![0u8; 10 * PAGE_SIZE];
+        ctx.read(0, &mut back).unwrap();
+        assert!(back == text);
     }
 
     #[test]
@@ -521,7 +727,7 @@ mod tests {
     fn exchange(shared: &Queues, request: &[u8]) -> Response {
         let (mut a, b) = UnixStream::pair().unwrap();
         a.write_all(request).unwrap();
-        assert_eq!(serve_client(shared, &info(), b), Next::Serve);
+        assert_eq!(serve_client(shared, &off(), &info(), b), Next::Serve);
         let mut line = String::new();
         BufReader::new(&a).read_line(&mut line).unwrap();
         serde_json::from_str(&line).unwrap()
