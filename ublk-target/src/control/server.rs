@@ -816,7 +816,7 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "the child stalled");
             match listener.accept() {
                 Ok((s, _)) => {
-                    assert_eq!(serve_client(&shared, &info(), s), Next::Serve);
+                    assert_eq!(serve_client(&shared, &off(), &info(), s), Next::Serve);
                     served += 1;
                 }
                 Err(_) if child.try_wait().unwrap().is_some() => break,
