@@ -85,6 +85,16 @@ zadd() {
 
 # The JSON stats of device $1 (default $ZID).
 zstat() { zblk stat -n "${1:-$ZID}" --json 2>/dev/null; }
+# Field $1 of the store's statistics of device $2 (default $ZID), 0 when
+# absent: the "stats" object, not the "device" one before it (which keeps
+# the settings the device was created with, mem_limit among them).
+zstat_store() { zstat "${2:-$ZID}" | tr -d '\n' | awk '{ i = index($0, "\"stats\":{"); if (i) print substr($0, i + 9) }' | jnum "$1"; }
+
+# Field $1 of each queue of device $2 (default $ZID), one line per queue:
+# the entries of the "queues" array, which follows the device-wide fields.
+queue_field() {
+    zstat "${2:-$ZID}" | tr -d '\n ' | sed 's/.*"queues":\[//' | grep -o "\"$1\":[0-9]*" | cut -d: -f2
+}
 
 # Pid of the process serving ublk device $1 (the one holding /dev/ublkcN open).
 zdaemon_pid() {
@@ -186,13 +196,15 @@ oom_kills() {
 # Starts the guest's watchdog: a background loop, out of the OOM killer's
 # reach, that appends the uptime to /tmp/zblk-vm.beats every half second.
 # A guest that stalls (a reclaim livelock, a daemon stuck in the kernel)
-# leaves a gap; a guest that hangs for good is the host's --timeout.
+# leaves a gap; a guest that hangs for good is the host's --timeout. Its
+# output goes nowhere: a worker that outlives a failed scenario with the
+# console pipe open would keep /init waiting on that pipe for good.
 watchdog_start() {
     : >/tmp/zblk-vm.beats
     (
         echo -1000 >/proc/self/oom_score_adj
         while :; do now >>/tmp/zblk-vm.beats; sleep 0.5; done
-    ) &
+    ) </dev/null >/dev/null 2>&1 &
     WATCHDOG=$!
     track $WATCHDOG
 }

@@ -51,7 +51,7 @@ part() {
         [ "$(cat "/proc/$p/oom_score_adj")" = -1000 ] || fail "$LABEL: pid $p ($(cat "/proc/$p/comm")) has oom_score_adj $(cat "/proc/$p/oom_score_adj"), want -1000"
     done
     base=$(zstat | jnum mem_used_total)
-    limit=$(zstat | jnum mem_limit)
+    limit=$(zstat_store mem_limit)
     CG=$(cg_make "exhaust-$LABEL" "$ZBLK_EXHAUST_CG_MB" "$ZBLK_EXHAUST_CG_MB")
     watchdog_start
     rm -f /tmp/zblk-vm.peak
@@ -92,7 +92,7 @@ part() {
     rmdir "$CG" 2>/dev/null
     # What the killed and the finished workers left in swap is freed by now.
     must swapoff "$ZDEV"
-    must blkdiscard "$ZDEV"
+    must blkdiscard -f "$ZDEV"
     wait_no_pages "$ZID" 100
     wait_mem_back "$ZID" "$base" "$peak" 100
     dev_verify_rw "$ZDEV" 8
