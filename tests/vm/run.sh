@@ -17,11 +17,14 @@
 #                       the kernels boot one after the other, in the given order
 #   --scenario NAME     run only this scenario (repeatable; default: all, in order
 #                       swap munmap blockio stat lifecycle zram-compare recompress
-#                       exhaust soak crash upgrade swapkill, the last because its
-#                       kill -9 of an active swap device's daemon leaves a dead
-#                       swap area behind (exhaust: the OOM killer with a full
-#                       swap device, with and without --mem-limit; soak: mixed
-#                       verified traffic on two devices for zblk.soak_s seconds);
+#                       exhaust soak filesystem crash upgrade swapkill, the last
+#                       because its kill -9 of an active swap device's daemon
+#                       leaves a dead swap area behind (exhaust: the OOM killer
+#                       with a full swap device, with and without --mem-limit;
+#                       soak: mixed verified traffic on two devices for
+#                       zblk.soak_s seconds; filesystem: ext4 and xfs on zblk,
+#                       fstrim, fsck; xfs is skipped, with a SKIP line, when the
+#                       host lacks xfsprogs or the kernel xfs);
 #                       also, by name only: bench (the device benchmarks of
 #                       tools/scripts/bench-device.sh, BENCH lines, no limits),
 #                       recovery-cost (shared vs private memory A/B, recovery
@@ -90,7 +93,7 @@ REPO=$(cd "$HERE/../.." && pwd)
 CACHE=${ZBLK_VM_CACHE:-$REPO/.vmcache}
 WORK=${ZBLK_VM_WORK:-$REPO/tests/vm/work}
 # swapkill runs last: it leaves a dead swap area the kernel cannot remove.
-DEFAULT_SCENARIOS="swap munmap blockio stat lifecycle zram-compare recompress exhaust soak crash upgrade swapkill"
+DEFAULT_SCENARIOS="swap munmap blockio stat lifecycle zram-compare recompress exhaust soak filesystem crash upgrade swapkill"
 # bench measures and is slow: run by name only (tools/scripts/bench-device.sh).
 ALL_SCENARIOS="$DEFAULT_SCENARIOS bench recovery-cost transport-ab"
 SCENARIOS=""
