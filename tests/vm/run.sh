@@ -12,8 +12,9 @@
 #
 # Usage: bash tests/vm/run.sh [options]
 #   --kernel K          6.12, 7.3 or both (default both: the default suite takes
-#                       about 1.5 min of qemu time per kernel, well inside the
-#                       time CI allows); repeatable and comma-separated too;
+#                       about 12 min of qemu time per kernel under TCG, exhaust,
+#                       soak and filesystem 3.5 min of it, inside the 45 min CI
+#                       allows for both); repeatable and comma-separated too;
 #                       the kernels boot one after the other, in the given order
 #   --scenario NAME     run only this scenario (repeatable; default: all, in order
 #                       swap munmap blockio stat lifecycle zram-compare recompress
