@@ -2,10 +2,11 @@
 # Installs the Debian packages zblk needs, only those missing.
 #   deps.sh build   what building and cargo test need (libclang for libublk's
 #                   bindgen; tmux for the terminal test of zblk top)
-#   deps.sh vm      what the qemu VM tests need as well
+#   deps.sh vm      what the qemu VM tests need as well (e2fsprogs and xfsprogs:
+#                   the filesystem scenario's mkfs, fsck and fstrim)
 set -euo pipefail
 want=(libclang-dev pkg-config tmux)
-[ "${1:-build}" = vm ] && want+=(qemu-system-x86 busybox-static cpio xz-utils zstd)
+[ "${1:-build}" = vm ] && want+=(qemu-system-x86 busybox-static cpio xz-utils zstd e2fsprogs xfsprogs)
 missing=()
 for p in "${want[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -85,6 +85,16 @@ zadd() {
 
 # The JSON stats of device $1 (default $ZID).
 zstat() { zblk stat -n "${1:-$ZID}" --json 2>/dev/null; }
+# Field $1 of the store's statistics of device $2 (default $ZID), 0 when
+# absent: the "stats" object, not the "device" one before it (which keeps
+# the settings the device was created with, mem_limit among them).
+zstat_store() { zstat "${2:-$ZID}" | tr -d '\n' | awk '{ i = index($0, "\"stats\":{"); if (i) print substr($0, i + 9) }' | jnum "$1"; }
+
+# Field $1 of each queue of device $2 (default $ZID), one line per queue:
+# the entries of the "queues" array, which follows the device-wide fields.
+queue_field() {
+    zstat "${2:-$ZID}" | tr -d '\n ' | sed 's/.*"queues":\[//' | grep -o "\"$1\":[0-9]*" | cut -d: -f2
+}
 
 # Pid of the process serving ublk device $1 (the one holding /dev/ublkcN open).
 zdaemon_pid() {
@@ -135,6 +145,96 @@ last_takeover_ms() { grep 'took over in' "$1" | tail -1 | sed 's/.*took over in 
 # True when $1 (a /dev path) is an active swap area.
 is_swap() { grep -q "^$1 " /proc/swaps; }
 
+# Pid of the keeper of ublk device $1: the daemon's parent (the keeper
+# spawns every daemon of its device).
+zkeeper_pid() {
+    local d
+    d=$(zdaemon_pid "$1") || return 1
+    awk '/^PPid:/ { print $2 }' "/proc/$d/status"
+}
+
+# Waits up to $2 tenths of a second until device $1 stores no page; fails
+# the scenario otherwise.
+wait_no_pages() {
+    local i=0 n
+    while n=$(zstat "$1" | jnum stored_pages); [ "$n" != 0 ]; do
+        [ $i -lt "$2" ] || fail "device $1 still stores $n pages after $(($2 / 10)) s"
+        sleep 0.1; i=$((i + 1))
+    done
+}
+
+# Waits up to $4 tenths of a second until device $1's mem_used_total is back
+# at its baseline $2, at most 1 MB + 2% of $3 (its peak stored pages) above
+# it: the allocator keeps some partly used slab pages. Fails the scenario
+# otherwise; sets MEM.
+wait_mem_back() {
+    local i=0
+    while :; do
+        MEM=$(zstat "$1" | jnum mem_used_total)
+        [ $((MEM - $2)) -le $((1048576 + $3 * 4096 / 50)) ] && break
+        [ $i -lt "$4" ] || fail "memory of device $1 did not fall back: baseline $2, now $MEM (stored $(zstat "$1" | jnum stored_pages), peak $3 pages)"
+        sleep 0.1; i=$((i + 1))
+    done
+}
+
+# Writes $2 MB (random, then compressible text) at the start of block device
+# $1 with O_DIRECT, reads it back the same way and compares; fails the
+# scenario on an I/O error or any difference.
+dev_verify_rw() {
+    local dev=$1 mb=$2 half
+    half=$(( (mb + 1) / 2 ))
+    dd if=/dev/urandom of=/tmp/zblk-vm.pat bs=1048576 count="$half" 2>/dev/null
+    yes "zblk verified pattern $dev $(now)" | head -c $(( (mb - half) * 1048576 )) >>/tmp/zblk-vm.pat
+    dd if=/tmp/zblk-vm.pat of="$dev" bs=1048576 oflag=direct conv=notrunc 2>/tmp/zblk-vm.dd ||
+        fail "writing $mb MB to $dev failed: $(tail -1 /tmp/zblk-vm.dd)"
+    dd if="$dev" of=/tmp/zblk-vm.rd bs=1048576 count="$mb" iflag=direct 2>/tmp/zblk-vm.dd ||
+        fail "reading $mb MB of $dev failed: $(tail -1 /tmp/zblk-vm.dd)"
+    cmp -s /tmp/zblk-vm.pat /tmp/zblk-vm.rd || fail "$dev: the $mb MB read back differ from those written"
+    rm -f /tmp/zblk-vm.pat /tmp/zblk-vm.rd
+}
+
+# ---- kernel log and watchdog ----------------------------------------------------
+
+# Marks where this scenario's kernel messages begin: dmesg_new prints those
+# after the mark.
+dmesg_mark() { DMESG_FROM=$(( $(dmesg | wc -l) + 1 )); }
+dmesg_new() { dmesg | tail -n +"${DMESG_FROM:-1}" | tr -d '\000'; }
+
+# "PID COMM" of every process the OOM killer killed since dmesg_mark.
+oom_kills() {
+    dmesg_new | grep -o 'Killed process [0-9]* ([^)]*)' | sed 's/^Killed process \([0-9]*\) (\(.*\))$/\1 \2/'
+}
+
+# Starts the guest's watchdog: a background loop, out of the OOM killer's
+# reach, that appends the uptime to /tmp/zblk-vm.beats every half second.
+# A guest that stalls (a reclaim livelock, a daemon stuck in the kernel)
+# leaves a gap; a guest that hangs for good is the host's --timeout. Its
+# output goes nowhere: a worker that outlives a failed scenario with the
+# console pipe open would keep /init waiting on that pipe for good.
+watchdog_start() {
+    : >/tmp/zblk-vm.beats
+    (
+        echo -1000 >/proc/self/oom_score_adj
+        while :; do now >>/tmp/zblk-vm.beats; sleep 0.5; done
+    ) </dev/null >/dev/null 2>&1 &
+    WATCHDOG=$!
+    track $WATCHDOG
+}
+
+# Stops the watchdog; fails the scenario when it ever went more than $1
+# seconds (default 20: TCG under memory pressure is slow) without a beat,
+# up to now. Sets WATCHDOG_GAP (the longest gap, s) and WATCHDOG_BEATS.
+watchdog_check() {
+    local limit=${1:-20}
+    kill "$WATCHDOG" 2>/dev/null
+    WATCHDOG_BEATS=$(wc -l </tmp/zblk-vm.beats)
+    [ "$WATCHDOG_BEATS" -ge 2 ] || fail "the watchdog beat only $WATCHDOG_BEATS times"
+    WATCHDOG_GAP=$(awk -v t="$(now)" 'NR > 1 && $1 - p > m { m = $1 - p } { p = $1 } END { if (t - p > m) m = t - p; printf "%.1f", m }' /tmp/zblk-vm.beats)
+    awk -v g="$WATCHDOG_GAP" -v l="$limit" 'BEGIN { exit !(g > l) }' &&
+        fail "the guest stalled: no watchdog beat for ${WATCHDOG_GAP} s (limit $limit s, $WATCHDOG_BEATS beats)"
+    return 0
+}
+
 # ---- kernel zram ------------------------------------------------------------
 
 # Sets up /dev/zram0 of $1 MB with $ZBLK_ALGO as swap with discard, priority 100.
@@ -160,11 +260,13 @@ zram_notify_free() { awk '{ print $4 }' /sys/block/zram0/io_stat; }
 
 # ---- cgroup workloads --------------------------------------------------------
 
-# Creates cgroup zblk-$1 with memory.high of $2 MB (swap unlimited).
+# Creates cgroup zblk-$1 with memory.high of $2 MB (swap unlimited) and,
+# when $3 is given, memory.max of $3 MB (past it the OOM killer acts).
 cg_make() {
     cg=/sys/fs/cgroup/zblk-$1
     mkdir -p "$cg" || fail "cannot create cgroup $cg"
     echo "${2}M" >"$cg/memory.high" || fail "cannot set memory.high"
+    [ -z "${3:-}" ] || echo "${3}M" >"$cg/memory.max" || fail "cannot set memory.max"
     echo max >"$cg/memory.swap.max" 2>/dev/null
     echo "$cg"
 }
@@ -320,7 +422,7 @@ munmap_workload() {
 # device logs I/O errors before it, on purpose).
 handover_start() {
     grep -q "(deleted)" /proc/swaps && fail "a dead swap area from an earlier scenario is active (run swapkill last)"
-    DMESG_FROM=$(( $(dmesg | wc -l) + 1 ))
+    dmesg_mark
     local passes=$1
     shift
     zadd --size "${ZBLK_DEV_MB}M" --algo "$ZBLK_ALGO" --swap "$@"
@@ -346,16 +448,10 @@ handover_finish() {
     [ "$urc" = 0 ] || fail "usemem exit $urc after $n $what: $(tail -c 400 /tmp/zblk-vm.usemem | tr '\n' ' ')"
     [ "$(echo "$UJ" | jget ok)" = true ] || fail "usemem not ok: $UJ"
     [ "$(echo "$UJ" | jnum bad_pages)" = 0 ] || fail "usemem saw bad pages: $UJ"
-    dmesg | tail -n +"$DMESG_FROM" | grep -qiE 'segfault|SIGBUS|I/O error, dev ublkb|(read|write)-error on swap' &&
-        fail "kernel saw errors: $(dmesg | tail -n +"$DMESG_FROM" | grep -iE 'segfault|SIGBUS|I/O error|-error on swap' | tail -2 | tr '\n' '|')"
+    dmesg_new | grep -qiE 'segfault|SIGBUS|I/O error, dev ublkb|(read|write)-error on swap' &&
+        fail "kernel saw errors: $(dmesg_new | grep -iE 'segfault|SIGBUS|I/O error|-error on swap' | tail -2 | tr '\n' '|')"
     REC=$(zstat | jnum recoveries)
     [ "$REC" = "$n" ] || fail "stat shows recoveries=$REC after $n $what"
     rmdir "$CG" 2>/dev/null
-    i=0
-    while :; do
-        MEM=$(zstat | jnum mem_used_total)
-        [ $((MEM - BASE)) -le $((1048576 + PEAK * 4096 / 50)) ] && break
-        [ $i -lt 200 ] || fail "memory did not fall back: baseline $BASE, now $MEM (stored $(zstat | jnum stored_pages))"
-        sleep 0.1; i=$((i + 1))
-    done
+    wait_mem_back "$ZID" "$BASE" "$PEAK" 200
 }
