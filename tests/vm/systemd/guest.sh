@@ -101,6 +101,7 @@ phase_fdstore() (
     CG=$(cg_make "$SCEN" "$ZBLK_LIMIT_MB")
     in_cg usemem --mb "$ZBLK_USEMEM_MB" --procs "$ZBLK_USEMEM_PROCS" --sleep 1 --passes 6 >/tmp/zblk-vm.usemem 2>&1 &
     U=$!
+    track $U
     wait_until "[ \$(zblk stat -n 0 --json | tr -d '\n' | grep -o '\"stored_pages\"[^,]*' | head -1 | tr -dc 0-9) -ge 4096 ]" 60 ||
         fail "the workload never reached swap"
     PEAK=0 ms=""
@@ -133,20 +134,24 @@ phase_fdstore() (
     pass "3 kills + 1 zblk restart under usemem, kill-to-serving ms:$ms, $(echo "$UJ" | jget total_mb) MB verified x6 passes, peak $PEAK pages, $handed"
 )
 
+# Kills what a failed group left running (its workload would make the
+# shutdown's swapoff crawl under the cgroup's memory.high).
+cleanup() { [ -f /tmp/zblk-vm.pids ] && kill -9 $(cat /tmp/zblk-vm.pids) 2>/dev/null; rm -f /tmp/zblk-vm.pids; }
+# systemctl poweroff/reboot (a shutdown that hangs is the host's timeout).
+leave() { sync; systemctl "$1"; }
+
 case "$PHASE" in
 install)
     phase_install
     echo "END install"
-    sync
-    systemctl reboot
+    leave reboot
     ;;
 check)
-    phase_boot
-    phase_setup_unit
-    phase_fdstore
+    phase_boot; cleanup
+    phase_setup_unit; cleanup
+    phase_fdstore; cleanup
     echo "END check"
-    sync
-    systemctl poweroff
+    leave poweroff
     ;;
 *)
     echo "FAIL systemd no zblk.phase= on the kernel command line"

@@ -195,10 +195,13 @@ fn ask_keeper(id: u32, req: &KeeperRequest) -> Result<serde_json::Value, CliErro
 /// no keeper may be a systemd unit's (`zblk@N.service`): its daemon hands
 /// over and exits, systemd starts the binary again with the store.
 pub fn restart(a: IdArgs) -> CliResult {
-    if !paths::keeper_socket_path(a.id).exists() {
-        return restart_unit(a.id);
-    }
-    let r = ask_keeper(a.id, &KeeperRequest::Restart)?;
+    let r = match keeper::request(a.id, &KeeperRequest::Restart, RESTART_WAIT) {
+        Ok(r) => r,
+        // No keeper listens (none was started, or a socket file outlived
+        // it): a unit's daemon, or one nobody can restart (it says so).
+        Err(ClientError::NoDevice(_)) => return restart_unit(a.id),
+        Err(e) => return Err(e.into()),
+    };
     println!(
         "device {}: handed over to daemon pid {} in {} ms",
         a.id,
