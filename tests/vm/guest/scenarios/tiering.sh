@@ -21,7 +21,8 @@ DMESG_FROM=$(( $(dmesg | wc -l) + 1 ))
 BD_FILE=/tmp/zblk-tiering.img
 truncate -s 512M "$BD_FILE" || fail "cannot make $BD_FILE"
 if command -v losetup >/dev/null 2>&1; then
-    BD=$(losetup -f --show "$BD_FILE") || fail "losetup of $BD_FILE failed"
+    # busybox's losetup has no --show: ask for the free one, then attach.
+    BD=$(losetup -f) && losetup "$BD" "$BD_FILE" || fail "losetup of $BD_FILE failed"
 else
     # No losetup in this guest: the regular file itself (buffered I/O on
     # tmpfs, which refuses O_DIRECT: the daemon logs it).
