@@ -435,21 +435,31 @@ handover_start() {
     while [ "$(zstat | jnum stored_pages)" -lt 4096 ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
 }
 
+# Waits for the usemem workload $U (its output in /tmp/zblk-vm.usemem) and
+# fails the scenario unless it verified every page and the kernel logged
+# no swap error since dmesg_mark ($1 says when, for the message). Sets UJ,
+# usemem's result line.
+usemem_verified() {
+    local urc
+    wait $U
+    urc=$?
+    UJ=$(grep '"program":"usemem"' /tmp/zblk-vm.usemem | tail -1)
+    [ "$urc" = 0 ] || fail "usemem exit $urc $1: $(tail -c 400 /tmp/zblk-vm.usemem | tr '\n' ' ')"
+    [ "$(echo "$UJ" | jget ok)" = true ] || fail "usemem not ok $1: $UJ"
+    [ "$(echo "$UJ" | jnum bad_pages)" = 0 ] || fail "usemem saw bad pages $1: $UJ"
+    dmesg_new | grep -qiE 'segfault|SIGBUS|I/O error, dev ublkb|(read|write)-error on swap' &&
+        fail "kernel saw errors $1: $(dmesg_new | grep -iE 'segfault|SIGBUS|I/O error|-error on swap' | tail -2 | tr '\n' '|')"
+    return 0
+}
+
 # Waits for the workload after N handovers (WHAT: kills, restarts) and
 # checks: usemem verified every page, the kernel saw no swap error since
 # handover_start, stat counts N recoveries, and the memory falls back to
 # BASE once the workload is gone (at most 1 MB + 2% of PEAK pages left).
 # Sets UJ (usemem's result line), REC and MEM.
 handover_finish() {
-    local n=$1 what=$2 urc i
-    wait $U
-    urc=$?
-    UJ=$(grep '"program":"usemem"' /tmp/zblk-vm.usemem | tail -1)
-    [ "$urc" = 0 ] || fail "usemem exit $urc after $n $what: $(tail -c 400 /tmp/zblk-vm.usemem | tr '\n' ' ')"
-    [ "$(echo "$UJ" | jget ok)" = true ] || fail "usemem not ok: $UJ"
-    [ "$(echo "$UJ" | jnum bad_pages)" = 0 ] || fail "usemem saw bad pages: $UJ"
-    dmesg_new | grep -qiE 'segfault|SIGBUS|I/O error, dev ublkb|(read|write)-error on swap' &&
-        fail "kernel saw errors: $(dmesg_new | grep -iE 'segfault|SIGBUS|I/O error|-error on swap' | tail -2 | tr '\n' '|')"
+    local n=$1 what=$2 i
+    usemem_verified "after $n $what"
     REC=$(zstat | jnum recoveries)
     [ "$REC" = "$n" ] || fail "stat shows recoveries=$REC after $n $what"
     rmdir "$CG" 2>/dev/null
