@@ -14,6 +14,12 @@
 # test must never look like one, however fast the machine recovers. The
 # lifecycle scenario's crash-loop check tests the policy itself.
 #
+# Two kills are timed: the second lands during a `zblk compact` (started
+# just before it) and the fourth during a munmap's discard flood (64 MB of
+# munmap_bench paged out to the device, then unmapped: the kill follows
+# the unmap's start, while the discards arrive); munmap_bench must then
+# end cleanly. The others fall at random moments.
+#
 # In run.sh's default list (before swapkill; about 1-2 min under TCG); alone:
 #   bash tests/vm/run.sh --scenario crash
 SCEN=crash
@@ -21,6 +27,37 @@ SCEN=crash
 handover_start 8
 [ "$(zstat | jget recovery)" = reissue ] || fail "device recovery is '$(zstat | jget recovery)', want reissue"
 LOG=/run/zblk/$ZID.log
+MB_OUT=/tmp/zblk-vm.crash-mb MB_GO=/tmp/zblk-vm.crash-go MB_PID=""
+# Sets up the moment of kill number $1 + 1; MOMENT says which it is (not
+# run in a command substitution: MB_PID must reach this shell).
+crash_moment() {
+    case $1 in
+    1)
+        zblk compact -n "$ZID" >/tmp/zblk-vm.crash-compact 2>&1 &
+        sleep 0.05
+        MOMENT=compaction;;
+    3)
+        rm -f "$MB_GO"
+        munmap_bench --mb 64 --wait-file "$MB_GO" >"$MB_OUT" 2>&1 &
+        MB_PID=$!
+        track $MB_PID
+        local i=0
+        while ! grep -q '"event":"paged_out"' "$MB_OUT" && [ $i -lt 600 ]; do sleep 0.1; i=$((i + 1)); done
+        grep -q '"event":"paged_out"' "$MB_OUT" || fail "munmap_bench did not page out: $(tail -c 300 "$MB_OUT")"
+        touch "$MB_GO"
+        sleep 0.05
+        MOMENT=munmap-flood;;
+    *) MOMENT=random;;
+    esac
+}
+# The flood's munmap_bench ended cleanly across the kill.
+crash_moments_done() {
+    # An error here means the kill cut the compaction short, as meant.
+    log "the compaction at kill 2 said: $(head -1 /tmp/zblk-vm.crash-compact)"
+    [ -n "$MB_PID" ] || fail "no kill fell during a munmap flood"
+    wait "$MB_PID" || fail "munmap_bench failed across the kill: $(tail -c 300 "$MB_OUT")"
+    grep -q '"program":"munmap_bench"' "$MB_OUT" || fail "munmap_bench gave no result: $(tail -c 300 "$MB_OUT")"
+}
 kills=0 live_ms="" first_ms="" PEAK=0 n=0
 while [ $kills -lt "$ZBLK_CRASH_KILLS" ] && kill -0 $U 2>/dev/null; do
     n=$((n + 1))
@@ -29,6 +66,7 @@ while [ $kills -lt "$ZBLK_CRASH_KILLS" ] && kill -0 $U 2>/dev/null; do
     pid=$(zdaemon_pid "$ZID") || continue
     taken=$(takeovers "$LOG")
     served=$(grep -c 'first request served at uptime' "$LOG")
+    crash_moment "$kills"
     t=$(now)
     kill -9 "$pid" || continue
     kills=$((kills + 1))
@@ -41,8 +79,9 @@ while [ $kills -lt "$ZBLK_CRASH_KILLS" ] && kill -0 $U 2>/dev/null; do
     while [ "$(grep -c 'first request served at uptime' "$LOG")" -le "$served" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
     up=$(grep 'first request served at uptime' "$LOG" | tail -1 | sed 's/.*at uptime \([0-9.]*\).*/\1/')
     [ -n "$up" ] && [ $i -lt 100 ] && first_ms="$first_ms $(awk -v a="$t" -v b="$up" 'BEGIN { printf "%d", (b - a) * 1000 }')"
-    log "kill $kills of pid $pid with $st pages stored: new daemon live in ${ms} ms"
+    log "kill $kills ($MOMENT) of pid $pid with $st pages stored: new daemon live in ${ms} ms"
 done
+crash_moments_done
 [ $kills -ge 5 ] || fail "only $kills kills before the workload ended (want >= 5): raise zblk.usemem_mb"
 handover_finish "$kills" kills
 stats() { echo "$1" | tr ' ' '\n' | grep . | sort -n | awk '{ v[NR] = $1 } END { if (NR) printf "median=%d max=%d n=%d", v[int((NR + 1) / 2)], v[NR], NR; else printf "n=0" }'; }
