@@ -14,6 +14,9 @@ const RESTART_WAIT: Duration = Duration::from_secs(120);
 /// How long `del` waits for a daemon to delete its device and exit.
 const DEL_WAIT: Duration = Duration::from_secs(30);
 
+/// How long `del` then waits for the device's keeper to leave.
+const KEEPER_WAIT: Duration = Duration::from_secs(5);
+
 /// `zblk del -n ID | --all [--force]`.
 pub fn del(a: DelArgs) -> CliResult {
     let ids = match a.id {
@@ -79,6 +82,13 @@ pub(super) fn del_one(id: u32, force: bool) -> CliResult {
         return Err(CliError(format!(
             "device {id} did not go away within {DEL_WAIT:?}"
         )));
+    }
+    // And its keeper, which leaves once the daemon has: under systemd the
+    // unit's stop kills what is left in its cgroup as soon as we return,
+    // and a keeper killed then leaves its socket behind.
+    let keeper_sock = paths::keeper_socket_path(id);
+    if keeper_sock.exists() && !sys::wait_for(KEEPER_WAIT, || !keeper_sock.exists()) {
+        log::warn!("device {id}: its keeper did not leave within {KEEPER_WAIT:?}");
     }
     Ok(())
 }
