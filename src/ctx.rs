@@ -86,6 +86,13 @@ impl CtxState {
         }
     }
 
+    /// The id for the next packed object this thread makes.
+    pub(crate) fn take_pack_id(&mut self) -> u64 {
+        let id = self.next_pack_id;
+        self.next_pack_id += 1;
+        id
+    }
+
     /// The codec of the store's secondary algorithm, or `None` if the store
     /// has none (a slot that says otherwise is corrupt).
     pub(crate) fn secondary_codec(&mut self) -> Option<&mut Box<dyn Codec>> {
@@ -177,6 +184,11 @@ impl PackCache {
             self.pages.resize(n * PAGE_SIZE, 0);
         }
         &mut self.pages[..n * PAGE_SIZE]
+    }
+
+    /// The buffer as the last [`PackCache::buffer`] left it.
+    pub(crate) fn buffer_ref(&self) -> &[u8] {
+        &self.pages
     }
 
     /// Records that the buffer now holds object `id`.

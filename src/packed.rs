@@ -145,19 +145,10 @@ pub(crate) fn pack_group(
         return Ok(false);
     };
     crate::inject::point("pack:allocated");
-    let hdr = PackHeader {
-        orig,
-        base: first,
-        id: st.next_pack_id,
-    };
-    st.next_pack_id += 1;
+    let id = st.take_pack_id();
     // SAFETY: the object is fresh, of PACK_HEADER + clen bytes, and its
     // handle is in no slot yet.
-    unsafe {
-        alloc.write_fresh(h, 0, &hdr.to_bytes());
-        crate::inject::point("pack:header");
-        alloc.write_fresh(h, PACK_HEADER, &st.scratch[..clen]);
-    }
+    unsafe { write_object(alloc, h, orig, first, id, &st.scratch[..clen]) };
     for (i, e) in st.plan.entries.iter_mut().enumerate() {
         if orig & (1 << i) != 0 {
             *e = Entry {
@@ -191,9 +182,33 @@ fn gather(st: &mut CtxState, data: &[u8]) -> (u64, usize) {
     (orig, k)
 }
 
-/// Allocates a packed object; `None` (object freed again) if the allocator
-/// handed out memory not aligned for the header's atomic live mask.
-fn allocate(
+/// Writes the header (every page of `orig` live) and the blob of a fresh
+/// packed object for the group from `base`.
+///
+/// # Safety
+/// `h` is a fresh object of `alloc`, of `PACK_HEADER + blob.len()` bytes,
+/// from [`allocate`], and in no slot yet: no other thread can reach it.
+pub(crate) unsafe fn write_object(
+    alloc: &dyn ObjAllocator,
+    h: Handle,
+    orig: u64,
+    base: u64,
+    id: u64,
+    blob: &[u8],
+) {
+    let hdr = PackHeader { orig, base, id };
+    // SAFETY: the caller's contract.
+    unsafe {
+        alloc.write_fresh(h, 0, &hdr.to_bytes());
+        crate::inject::point("pack:header");
+        alloc.write_fresh(h, PACK_HEADER, blob);
+    }
+}
+
+/// Allocates a packed object of `PACK_HEADER + clen` bytes owned by page
+/// `first`; `None` (object freed again) if the allocator handed out memory
+/// not aligned for the header's atomic live mask.
+pub(crate) fn allocate(
     st: &mut CtxState,
     alloc: &dyn ObjAllocator,
     first: u64,
@@ -238,13 +253,52 @@ pub(crate) fn read_page(
     }
     // SAFETY: as above; the blob after the header is never written again.
     let blob = unsafe { alloc.bytes(e.val, PACK_HEADER, e.len as usize) };
-    let buf = st.pack_cache.buffer(e.n as usize);
-    st.codec
-        .decompress(blob, buf)
-        .map_err(|err| err.to_string())?;
-    out.copy_from_slice(&buf[pos * PAGE_SIZE..(pos + 1) * PAGE_SIZE]);
-    st.pack_cache.set(hdr.id);
-    Ok(())
+    // The cache is taken out while the codec (a borrow of `st` of its own)
+    // decodes into it; taking and putting back moves a Vec, no copy.
+    let mut cache = std::mem::take(&mut st.pack_cache);
+    let r = decode_group(st, e, blob, cache.buffer(e.n as usize));
+    if r.is_ok() {
+        out.copy_from_slice(&cache.buffer_ref()[pos * PAGE_SIZE..(pos + 1) * PAGE_SIZE]);
+        cache.set(hdr.id);
+    }
+    st.pack_cache = cache;
+    r
+}
+
+/// Decompresses a group's blob with the codec of the algorithm its slot
+/// names (0 the primary; 1 the secondary, for a recompressed group).
+fn decode_group(
+    st: &mut CtxState,
+    e: &Entry,
+    blob: &[u8],
+    buf: &mut [u8],
+) -> std::result::Result<(), String> {
+    let codec = match e.algo {
+        0 => &mut st.codec,
+        1 => st
+            .secondary_codec()
+            .ok_or("the group names a secondary algorithm this store does not have")?,
+        a => return Err(format!("the group names algorithm {a}, which no store has")),
+    };
+    codec.decompress(blob, buf).map_err(|err| err.to_string())
+}
+
+/// The first page of the group the packed page `e` was stored with.
+///
+/// # Safety
+/// The caller holds the lock of the slot `e` was read from.
+pub(crate) unsafe fn base(alloc: &dyn ObjAllocator, e: &Entry) -> u64 {
+    // SAFETY: the caller's contract.
+    unsafe { PackHeader::read(alloc, e.val) }.base
+}
+
+/// The position in its blob of the packed page `e`.
+///
+/// # Safety
+/// The caller holds the lock of the slot `e` was read from.
+pub(crate) unsafe fn position(alloc: &dyn ObjAllocator, e: &Entry) -> usize {
+    // SAFETY: the caller's contract.
+    unsafe { PackHeader::read(alloc, e.val) }.position(e.idx)
 }
 
 /// The live mask of the packed object at `h`.

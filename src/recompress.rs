@@ -11,12 +11,27 @@
 //! A page is read under its lock (not as an access: its time and idle mark
 //! stay), compressed and allocated unlocked, and installed only if its slot
 //! still holds the very same object, as compaction's rewrite does
-//! (`crate::compact`): a concurrent write or discard wins. Per-page stores
-//! only: a packed group would have to be unpacked first (not built yet).
+//! (`crate::compact`): a concurrent write or discard wins.
+//!
+//! A packed store recompresses into packed groups ([`run_packed`]): the
+//! selected pages of a window of G pages (its compression group's span,
+//! which is what the slab's relocation looks through for an object's
+//! holders) are read, whatever holds them (packed groups of the primary,
+//! per-page objects), compressed together by the secondary into one new
+//! group object, and installed slot by slot. The whole group is kept or
+//! dropped by the same 5 % rule, measured against the pages' shares of
+//! what they were stored in. Ordering: the object is written in full
+//! (header with every page live, blob) before the first slot names it; a
+//! slot whose page changed meanwhile is not installed and clears its own
+//! live bit, and whoever clears the last bit frees the object, so a crash
+//! at any point leaves each slot with its old or its new group, and the
+//! recovery scan rebuilds the live mask from the slots that name it.
 
-use crate::codec::{Algo, Codec};
+use crate::codec::{Algo, Codec, CodecError};
+use crate::config::Mode;
 use crate::ctx::CtxState;
 use crate::error::{Error, Result};
+use crate::packed;
 use crate::page::PAGE_SIZE;
 use crate::read::read_entry;
 use crate::slot::{Entry, Kind, ATIME_MASK, INCOMPRESSIBLE};
@@ -96,7 +111,7 @@ fn selected(e: &Entry, p: &Recompress) -> bool {
     // (zram's `ZRAM_INCOMPRESSIBLE`): it is what writeback's
     // `incompressible` type moves out.
     let tried_in_vain = huge && e.n == INCOMPRESSIBLE;
-    matches!(e.kind, Kind::Huge | Kind::Compressed)
+    matches!(e.kind, Kind::Huge | Kind::Compressed | Kind::Packed)
         && !tried_in_vain
         && e.algo == 0
         && kind_ok
@@ -104,13 +119,19 @@ fn selected(e: &Entry, p: &Recompress) -> bool {
 }
 
 /// Recompresses the pages `p` selects with `codec` (of `p.algo`), with
-/// the maintenance thread state `st` (its codec is the primary).
+/// the maintenance thread state `st` (its codec is the primary); a packed
+/// store (`mode`) into packed groups of at most `span` pages.
 pub(crate) fn run(
     table: &SlotTable,
     st: &mut CtxState,
     codec: &mut dyn Codec,
     p: &Recompress,
+    mode: Mode,
+    span: u64,
 ) -> RecompressReport {
+    if mode == Mode::Packed {
+        return run_packed(table, st, codec, p, span);
+    }
     let mut r = RecompressReport::default();
     let mut page_buf = vec![0u8; PAGE_SIZE];
     let mut dst = vec![0u8; PAGE_SIZE];
@@ -208,6 +229,245 @@ fn recompress_page(
     let saved = (old - n) as u64;
     st.shard.add(Counter::RecompressSavedBytes, saved as i64);
     Ok(Outcome::Kept(saved))
+}
+
+/// A page read for a recompressed group: what its slot held, and the
+/// bytes it took there.
+struct Member {
+    page: u64,
+    /// Where a window that starts with this page starts: the first page
+    /// of its packed group (so that recompressing whole groups rewrites
+    /// them as they were, not shifted across two old groups each), or the
+    /// page itself.
+    window: u64,
+    e: Entry,
+    /// The id of the packed object it was in (0: a per-page object).
+    id: u64,
+    /// Its share of the compressed bytes it was stored in.
+    old: u64,
+}
+
+/// Whether the slot entry `cur` still holds the object member `m` was
+/// read from (for a packed one, the very same object: same id).
+///
+/// # Safety
+/// The caller holds the lock of the slot `cur` was read from.
+unsafe fn unchanged(table: &SlotTable, cur: &Entry, m: &Member) -> bool {
+    // SAFETY: the caller's contract.
+    cur.same_object(&m.e) && unsafe { packed::object_id(table.allocator(), cur) } == m.id
+}
+
+/// Packed stores: gathers the selected pages window by window (`span`
+/// pages from where the window's first page's group starts) and stores
+/// each window's pages again as one packed group of the secondary.
+fn run_packed(
+    table: &SlotTable,
+    st: &mut CtxState,
+    codec: &mut dyn Codec,
+    p: &Recompress,
+    span: u64,
+) -> RecompressReport {
+    let mut r = RecompressReport::default();
+    let span = span.clamp(1, 64);
+    let mut group: Vec<Member> = Vec::with_capacity(span as usize);
+    let mut pages = vec![0u8; span as usize * PAGE_SIZE];
+    let mut dst = vec![0u8; span as usize * PAGE_SIZE];
+    for page in 0..table.pages() {
+        if p.max_pages != 0 && r.tried + group.len() as u64 >= p.max_pages {
+            break;
+        }
+        if group.first().is_some_and(|m| page - m.window >= span) {
+            store_group(table, st, codec, &mut group, &pages, &mut dst, &mut r);
+        }
+        let k = group.len();
+        match gather(
+            table,
+            st,
+            p,
+            page,
+            &mut pages[k * PAGE_SIZE..(k + 1) * PAGE_SIZE],
+        ) {
+            Ok(Some(m)) => group.push(m),
+            Ok(None) => {}
+            // The page keeps its object: nothing is lost, only not smaller.
+            Err(e) => log::warn!("recompression left page {page} as it was: {e}"),
+        }
+    }
+    store_group(table, st, codec, &mut group, &pages, &mut dst, &mut r);
+    r
+}
+
+/// Reads page `page` into `buf` if `p` selects it, under its lock (not as
+/// an access).
+fn gather(
+    table: &SlotTable,
+    st: &mut CtxState,
+    p: &Recompress,
+    page: u64,
+    buf: &mut [u8],
+) -> Result<Option<Member>> {
+    let guard = table.lock(page);
+    let e = guard.entry();
+    if !selected(&e, p) {
+        return Ok(None);
+    }
+    read_entry(table, st, page, &e, buf)?;
+    let alloc = table.allocator();
+    let (window, id, old) = match e.kind {
+        // SAFETY: we hold the lock of the slot `e` was read from.
+        Kind::Packed => unsafe {
+            let pos = packed::position(alloc, &e);
+            let old = packed::share(e.len, e.n, pos) as u64;
+            // A corrupt base cannot make a window that misses its page.
+            let base = packed::base(alloc, &e).min(page);
+            (base, packed::object_id(alloc, &e), old)
+        },
+        _ => (page, 0, u64::from(e.len)),
+    };
+    Ok(Some(Member {
+        page,
+        window,
+        e,
+        id,
+        old,
+    }))
+}
+
+/// Compresses the gathered pages (`pages`, in the order of `group`)
+/// together with the secondary and, if that saves at least
+/// [`MIN_SAVING_PERCENT`], installs the new group in every slot that
+/// still holds what was read. Empties `group`.
+fn store_group(
+    table: &SlotTable,
+    st: &mut CtxState,
+    codec: &mut dyn Codec,
+    group: &mut Vec<Member>,
+    pages: &[u8],
+    dst: &mut [u8],
+    r: &mut RecompressReport,
+) {
+    let k = group.len();
+    if k == 0 {
+        return;
+    }
+    r.tried += k as u64;
+    match pack_and_install(table, st, codec, group, &pages[..k * PAGE_SIZE], dst) {
+        Ok((kept, saved)) => {
+            r.recompressed += kept;
+            r.saved_bytes += saved;
+        }
+        Err(e) => log::warn!(
+            "recompression left pages {}..={} as they were: {e}",
+            group[0].page,
+            group[k - 1].page
+        ),
+    }
+    group.clear();
+}
+
+/// The body of [`store_group`]: returns the pages installed and the
+/// bytes they saved.
+fn pack_and_install(
+    table: &SlotTable,
+    st: &mut CtxState,
+    codec: &mut dyn Codec,
+    group: &[Member],
+    pages: &[u8],
+    dst: &mut [u8],
+) -> Result<(u64, u64)> {
+    let old: u64 = group.iter().map(|m| m.old).sum();
+    let budget = ((old - old * MIN_SAVING_PERCENT as u64 / 100) as usize).min(dst.len());
+    let Some(clen) = codec.compress(pages, &mut dst[..budget])? else {
+        return Ok((0, 0));
+    };
+    if clen > budget || clen == 0 {
+        return Err(Error::Codec(CodecError::overflow(clen, budget)));
+    }
+    let alloc = table.allocator();
+    let base = group[0].window;
+    let Some(h) = packed::allocate(st, alloc, base, clen)? else {
+        return Ok((0, 0));
+    };
+    let orig = group.iter().fold(0u64, |o, m| o | 1 << (m.page - base));
+    let id = st.take_pack_id();
+    // SAFETY: `h` is fresh from `allocate`, PACK_HEADER + clen bytes, and
+    // in no slot yet.
+    unsafe { packed::write_object(alloc, h, orig, base, id, &dst[..clen]) };
+    crate::inject::point("recompress:group-written");
+    let (mut kept, mut saved) = (0u64, 0i64);
+    for (pos, m) in group.iter().enumerate() {
+        let new = Entry {
+            kind: Kind::Packed,
+            len: clen as u32,
+            val: h,
+            idx: (m.page - base) as u8,
+            n: group.len() as u8,
+            algo: 1,
+            ..Entry::EMPTY
+        };
+        if install_member(table, st, m, new, pos) {
+            kept += 1;
+            saved += m.old as i64 - packed::share(new.len, new.n, pos);
+        }
+    }
+    st.shard.add(Counter::RecompressSavedBytes, saved);
+    Ok((kept, saved.max(0) as u64))
+}
+
+/// Puts `new` (at position `pos` of its group) into the slot of member
+/// `m` if the slot still holds what `m` read; otherwise lets go of the
+/// page's place in the new object. Returns whether it was installed.
+fn install_member(
+    table: &SlotTable,
+    st: &mut CtxState,
+    m: &Member,
+    new: Entry,
+    pos: usize,
+) -> bool {
+    let mut guard = table.lock(m.page);
+    let cur = guard.entry();
+    // SAFETY: we hold the lock of the slot `cur` was read from.
+    if !unsafe { unchanged(table, &cur, m) } {
+        drop(guard);
+        abandon(table, st, &new, pos);
+        return false;
+    }
+    // Moving is no access: the page keeps its time and idle mark.
+    let new = Entry {
+        idle: cur.idle,
+        atime: cur.atime,
+        ..new
+    };
+    let released = table.take_locked(&mut guard, new);
+    crate::inject::point("recompress:group-locked");
+    drop(guard);
+    table.entered(st, &new, pos);
+    table.release(st, released);
+    true
+}
+
+/// Clears the live bit of a page of the new group `new` that was not
+/// installed, freeing the object if it was the last (every other page
+/// was not installed either, or was overwritten since): its share is then
+/// dead bytes like a discarded page's.
+fn abandon(table: &SlotTable, st: &mut CtxState, new: &Entry, pos: usize) {
+    let alloc = table.allocator();
+    // SAFETY: the object is alive and stays put: this page's live bit is
+    // still set (only this thread clears the bits of pages it has not
+    // installed), so no holder frees it, and the slab's relocation leaves
+    // it where it is while its live count exceeds its holders. It was
+    // checked aligned by `allocate`.
+    let (_, last) = unsafe { packed::clear_live(alloc, new) };
+    let mine = packed::share(new.len, new.n, pos);
+    if last {
+        st.shard
+            .add(Counter::PackedDeadBytes, -(new.len as i64 - mine));
+        if let Some(h) = new.handle() {
+            alloc.free_bulk(&[h]);
+        }
+    } else {
+        st.shard.add(Counter::PackedDeadBytes, mine);
+    }
 }
 
 /// Marks the huge page `e` of `page` as one the secondary algorithm

@@ -180,8 +180,9 @@ pub(crate) fn scan(
         let algo_ok = match e.algo {
             0 => true,
             // Only recompression sets it, on compressed pages (which
-            // writeback may then move to the backing store).
-            1 => secondary && matches!(e.kind, Kind::Compressed | Kind::Backed),
+            // writeback may then move to the backing store) and on packed
+            // groups (a packed store's recompression).
+            1 => secondary && matches!(e.kind, Kind::Compressed | Kind::Backed | Kind::Packed),
             _ => false,
         };
         let claimed = if algo_ok && e.kind == Kind::Backed {

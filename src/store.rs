@@ -365,13 +365,9 @@ impl Store {
     /// least `MIN_SAVING_PERCENT` smaller. The first recompression chooses
     /// the store's secondary algorithm for good (it is recorded in shared
     /// memory, for a recovery to read the pages back); a later one with
-    /// another algorithm is refused. Per-page stores only.
+    /// another algorithm is refused. A packed store recompresses into
+    /// packed groups of the secondary.
     pub fn recompress(&self, p: &Recompress) -> Result<RecompressReport> {
-        if self.cfg.mode == Mode::Packed {
-            return Err(Error::InvalidConfig(
-                "recompression of packed stores is not supported yet: use a per-page device".into(),
-            ));
-        }
         if p.algo == self.cfg.algo {
             return Err(Error::InvalidConfig(format!(
                 "the secondary algorithm must differ from the primary ({})",
@@ -381,7 +377,15 @@ impl Store {
         self.with_maintenance(|st| {
             self.choose_secondary(p.algo)?;
             let mut codec = p.algo.new_codec();
-            Ok(crate::recompress::run(&self.table, st, &mut *codec, p))
+            let (mode, span) = (self.cfg.mode, self.cfg.object_span());
+            Ok(crate::recompress::run(
+                &self.table,
+                st,
+                &mut *codec,
+                p,
+                mode,
+                span,
+            ))
         })
     }
 

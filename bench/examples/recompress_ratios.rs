@@ -1,16 +1,18 @@
 //! RAM saved by recompression, for BENCHMARKS.md. Usage:
 //!
-//!     recompress_ratios FILE [PRIMARY [SECONDARY...]]
+//!     recompress_ratios FILE [--packed] [PRIMARY [SECONDARY...]]
 //!
-//! Stores every page of FILE in a fresh per-page store of PRIMARY (lz4 by
-//! default), then recompresses every page with each SECONDARY in turn (a
-//! fresh store each), and prints a markdown table: compressed bytes and
+//! Stores every page of FILE in a fresh per-page store (packed, groups of
+//! 8, with `--packed`) of PRIMARY (lz4 by default), then recompresses every
+//! page with each SECONDARY in turn (a fresh store each; a packed store
+//! into packed groups), and prints a markdown table: compressed bytes and
 //! `mem_used_total` before and after, pages recompressed, and the time the
 //! pass took. Every page is read back and checked after the pass.
 
 use std::path::PathBuf;
+use std::time::Duration;
 use std::time::Instant;
-use zblk::{Algo, Recompress, RecompressType, Store, StoreConfig};
+use zblk::{Algo, Mode, Recompress, RecompressType, Store, StoreConfig};
 use zblk_bench::engine::load_input;
 
 const MB: f64 = 1024.0 * 1024.0;
@@ -19,9 +21,16 @@ fn parse(s: &str) -> Result<Algo, String> {
     s.parse()
 }
 
-fn row(data: &[u8], primary: Algo, secondary: Algo) -> Result<String, String> {
+/// Lets the drain free what was queued, then compacts.
+fn settle_and_compact(store: &Store) {
+    store.settle_frees(Duration::from_secs(10));
+    store.compact();
+}
+
+fn row(data: &[u8], mode: Mode, primary: Algo, secondary: Algo) -> Result<String, String> {
     let mut cfg = StoreConfig::new(data.len() as u64);
     cfg.algo = primary;
+    cfg.mode = mode;
     let store = Store::new(cfg).map_err(|e| e.to_string())?;
     let mut ctx = store.new_ctx();
     for (i, chunk) in data.chunks(16 * zblk::PAGE_SIZE).enumerate() {
@@ -29,7 +38,7 @@ fn row(data: &[u8], primary: Algo, secondary: Algo) -> Result<String, String> {
         ctx.write(off, chunk).map_err(|e| e.to_string())?;
     }
     ctx.flush_frees();
-    store.compact();
+    settle_and_compact(&store);
     let before = store.stats();
     let t0 = Instant::now();
     let r = store
@@ -41,7 +50,7 @@ fn row(data: &[u8], primary: Algo, secondary: Algo) -> Result<String, String> {
         })
         .map_err(|e| e.to_string())?;
     let secs = t0.elapsed().as_secs_f64();
-    store.compact();
+    settle_and_compact(&store);
     let after = store.stats();
     let mut back = vec![0u8; data.len()];
     ctx.read(0, &mut back).map_err(|e| e.to_string())?;
@@ -54,7 +63,7 @@ fn row(data: &[u8], primary: Algo, secondary: Algo) -> Result<String, String> {
     );
     let (mb, ma) = (before.mem_used_total, after.mem_used_total);
     Ok(format!(
-        "| {primary} | {secondary} | {} of {} | {:.1} -> {:.1} MB ({:+.1} %) | {:.1} -> {:.1} MB ({:+.1} %) | {:.2} s |",
+        "| {mode} {primary} | {secondary} | {} of {} | {:.1} -> {:.1} MB ({:+.1} %) | {:.1} -> {:.1} MB ({:+.1} %) | {:.2} s |",
         r.recompressed,
         r.tried,
         cb as f64 / MB,
@@ -71,8 +80,14 @@ fn main() -> Result<(), String> {
     let mut args = std::env::args().skip(1);
     let file = PathBuf::from(
         args.next()
-            .ok_or("usage: recompress_ratios FILE [PRIMARY [SECONDARY...]]")?,
+            .ok_or("usage: recompress_ratios FILE [--packed] [PRIMARY [SECONDARY...]]")?,
     );
+    let mut args = args.peekable();
+    let mode = if args.next_if(|a| a == "--packed").is_some() {
+        Mode::Packed
+    } else {
+        Mode::PerPage
+    };
     let primary = args.next().map_or(Ok(Algo::Lz4), |a| parse(&a))?;
     let mut secondaries: Vec<Algo> = args.map(|a| parse(&a)).collect::<Result<_, _>>()?;
     if secondaries.is_empty() {
@@ -90,7 +105,7 @@ fn main() -> Result<(), String> {
     );
     println!("| --- | --- | --- | --- | --- | --- |");
     for s in secondaries {
-        println!("{}", row(&data, primary, s)?);
+        println!("{}", row(&data, mode, primary, s)?);
     }
     Ok(())
 }

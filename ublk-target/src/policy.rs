@@ -176,9 +176,9 @@ impl Settings {
     /// Checks the settings against `store`; says in one line why not.
     pub fn check(&self, store: &Store) -> Result<(), String> {
         let cfg = store.config();
-        if self.is_on() && cfg.mode == Mode::Packed {
-            return Err("the idle policy needs a per-page device: packed stores \
-                        cannot be recompressed or written back yet"
+        if self.writeback_idle_after > 0 && cfg.mode == Mode::Packed {
+            return Err("--writeback-idle-after needs a per-page device: packed \
+                        stores cannot be written back yet (recompression works)"
                 .into());
         }
         for (name, age) in [
@@ -471,5 +471,24 @@ mod tests {
         b.give_back(1000);
         assert_eq!(b.take(t0 + ms(10_200), 1000), 50, "returns are capped");
         assert_eq!(b.take(t0, 10), 0, "a clock going back adds nothing");
+    }
+
+    #[test]
+    fn a_packed_device_takes_the_recompression_policy_not_writeback() {
+        let mut cfg = zblk::StoreConfig::new(1 << 20);
+        cfg.mode = Mode::Packed;
+        let store = Store::new(cfg).expect("a small heap store");
+        let recompress = Settings {
+            recompress_idle_after: 60,
+            writeback_idle_after: 0,
+            recompress_algo: Some(Algo::Zstd(9)),
+        };
+        assert_eq!(recompress.check(&store), Ok(()));
+        let writeback = Settings {
+            writeback_idle_after: 60,
+            ..recompress
+        };
+        let e = writeback.check(&store).expect_err("packed: no writeback");
+        assert!(e.contains("per-page"), "{e}");
     }
 }
