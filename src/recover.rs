@@ -74,6 +74,7 @@ fn header_for(cfg: &StoreConfig) -> Header {
         recovered_at: 0,
         clock_base: crate::clock::boot_seconds(),
         secondary: String::new(),
+        live: None,
     }
 }
 
@@ -89,9 +90,8 @@ pub(crate) fn create(cfg: &StoreConfig) -> Result<(SharedMem, Header)> {
 /// names it (a slot naming a secondary the header lacks is dropped by a
 /// recovery).
 pub(crate) fn record_secondary(shm: &SharedMem, algo: Algo) -> Result<()> {
-    let mut h = shm.read_header()?;
-    h.secondary = algo.to_string();
-    shm.write_header(&h)
+    shm.update_header(|h| h.secondary = algo.to_string())
+        .map(drop)
 }
 
 /// The secondary algorithm a header names, if any.

@@ -13,7 +13,7 @@
 //!
 //! | offset | what |
 //! | --- | --- |
-//! | 0 | the header (4 KB): magic, layout, the store's shape, recoveries |
+//! | 0 | the header (4 KB): magic, layout, the store's shape, recoveries; then the settings changed at run time ([`Live`]) |
 //! | [`SLOTS_AT`] | the slot table, 16 bytes per page |
 //! | [`class_region`]`(k)` | size class `k`'s zspages, zspage `id` at `id * zspage_bytes` |
 //!
@@ -79,9 +79,33 @@ pub(crate) struct Header {
     /// The secondary algorithm's name, empty until the first
     /// recompression chose one; written before any slot uses it.
     pub(crate) secondary: String,
+    /// The settings changed at run time, once one was (`None` in a
+    /// header written before this field existed: all zeros there).
+    pub(crate) live: Option<Live>,
+}
+
+/// The settings a store was changed to while it ran, kept so that the
+/// process recovering it goes on with them rather than with the ones it
+/// was created with: a device's limits outlive its daemon, as zram's
+/// sysfs settings outlive nothing because zram has no daemon to lose.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct Live {
+    /// The memory limit in bytes (0: none).
+    pub(crate) mem_limit: u64,
+    /// Pages writeback may still write (`u64::MAX`: no limit).
+    pub(crate) writeback_limit: u64,
+    /// What the serving process keeps with the store, opaque to the engine
+    /// (the daemon's idle policy), at most [`NOTE_BYTES`] bytes.
+    pub(crate) note: String,
 }
 
 const FIELDS: usize = 10;
+/// Marks the [`Live`] settings after the names; zeros: none recorded.
+const LIVE_MAGIC: [u8; 8] = *b"ZBLKLIVE";
+/// Most bytes of [`Live::note`].
+pub(crate) const NOTE_BYTES: usize = 2048;
+/// Where the live settings start.
+const LIVE_AT: usize = 8 + 8 * FIELDS + 2 * ALGO_BYTES;
 
 impl Header {
     fn to_bytes(&self) -> Vec<u8> {
@@ -109,7 +133,45 @@ impl Header {
             algo[..n].copy_from_slice(&name[..n]);
             b.extend_from_slice(&algo);
         }
+        if let Some(l) = &self.live {
+            b.extend_from_slice(&LIVE_MAGIC);
+            b.extend_from_slice(&l.mem_limit.to_le_bytes());
+            b.extend_from_slice(&l.writeback_limit.to_le_bytes());
+            let note = &l.note.as_bytes()[..l.note.len().min(NOTE_BYTES)];
+            b.extend_from_slice(&(note.len() as u32).to_le_bytes());
+            b.extend_from_slice(note);
+        }
+        // Always the same length: a header without live settings clears
+        // whatever an earlier write left there.
+        b.resize(LIVE_AT + 28 + NOTE_BYTES, 0);
         b
+    }
+
+    /// The live settings at [`LIVE_AT`] of header page `b`, if recorded.
+    fn parse_live(b: &[u8]) -> Result<Option<Live>> {
+        let bad = |why: &str| Error::InvalidConfig(format!("shared memory: {why}"));
+        if b.len() < LIVE_AT + 28 || b[LIVE_AT..LIVE_AT + 8] != LIVE_MAGIC {
+            return Ok(None);
+        }
+        let word = |at: usize| {
+            let mut x = [0u8; 8];
+            x.copy_from_slice(&b[at..at + 8]);
+            u64::from_le_bytes(x)
+        };
+        let mut n = [0u8; 4];
+        n.copy_from_slice(&b[LIVE_AT + 24..LIVE_AT + 28]);
+        let n = u32::from_le_bytes(n) as usize;
+        let start = LIVE_AT + 28;
+        if n > NOTE_BYTES || start + n > b.len() {
+            return Err(bad("the live settings' note overruns the header"));
+        }
+        let note = std::str::from_utf8(&b[start..start + n])
+            .map_err(|_| bad("the live settings' note is not UTF-8"))?;
+        Ok(Some(Live {
+            mem_limit: word(LIVE_AT + 8),
+            writeback_limit: word(LIVE_AT + 16),
+            note: note.to_string(),
+        }))
     }
 
     fn parse(b: &[u8]) -> Result<Header> {
@@ -150,6 +212,7 @@ impl Header {
             clock_base: w(9),
             algo,
             secondary,
+            live: Self::parse_live(b)?,
         })
     }
 }
@@ -158,6 +221,10 @@ impl Header {
 #[derive(Debug)]
 pub(crate) struct SharedMem {
     file: std::fs::File,
+    /// Held across a read-modify-write of the header, so that two threads
+    /// changing different fields (the maintenance thread's secondary, the
+    /// control thread's limits) do not undo each other.
+    header_lock: std::sync::Mutex<()>,
 }
 
 fn os_error(what: &str, e: io::Error) -> Error {
@@ -177,7 +244,10 @@ impl SharedMem {
         let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
         file.set_len(FILE_SIZE)
             .map_err(|e| os_error("sizing the memfd", e))?;
-        Ok(SharedMem { file })
+        Ok(SharedMem {
+            file,
+            header_lock: std::sync::Mutex::new(()),
+        })
     }
 
     /// Takes over the memfd of a store whose process died.
@@ -189,7 +259,10 @@ impl SharedMem {
                 "shared memory: the file is {len} bytes, a zblk store's is {FILE_SIZE}"
             )));
         }
-        Ok(SharedMem { file })
+        Ok(SharedMem {
+            file,
+            header_lock: std::sync::Mutex::new(()),
+        })
     }
 
     /// The descriptor, for whoever keeps the memory while no daemon runs.
@@ -204,6 +277,18 @@ impl SharedMem {
             .read_exact_at(&mut b, 0)
             .map_err(|e| os_error("reading the header", e))?;
         Header::parse(&b)
+    }
+
+    /// Changes the header with `f`, under the header lock. A process killed
+    /// meanwhile leaves the old header or the new one: the write is one
+    /// `pwrite` of under a page into the memfd's page cache, which a signal
+    /// cannot cut in two.
+    pub(crate) fn update_header(&self, f: impl FnOnce(&mut Header)) -> Result<Header> {
+        let _held = self.header_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut h = self.read_header()?;
+        f(&mut h);
+        self.write_header(&h)?;
+        Ok(h)
     }
 
     /// Writes the header.
@@ -285,10 +370,29 @@ mod tests {
             recovered_at: 1_700_000_100,
             clock_base: 12_345,
             secondary: "deflate:9".into(),
+            live: None,
         };
         let shm = SharedMem::create().unwrap();
         shm.write_header(&h).unwrap();
         assert_eq!(shm.read_header().unwrap(), h);
+        let live = Live {
+            mem_limit: 64 << 20,
+            writeback_limit: 1000,
+            note: "{\"policy\":1}".into(),
+        };
+        let got = shm.update_header(|h| h.live = Some(live.clone())).unwrap();
+        assert_eq!(got.live.as_ref(), Some(&live));
+        assert_eq!(shm.read_header().unwrap().live, Some(live));
+        let cleared = shm.update_header(|h| h.live = None).unwrap();
+        assert_eq!(shm.read_header().unwrap(), cleared);
+        assert_eq!(cleared.live, None, "nothing left behind");
+        let mut b = h.to_bytes();
+        b[LIVE_AT..LIVE_AT + 8].copy_from_slice(&LIVE_MAGIC);
+        b[LIVE_AT + 24..LIVE_AT + 28].copy_from_slice(&(NOTE_BYTES as u32 + 1).to_le_bytes());
+        assert!(
+            Header::parse(&b).is_err(),
+            "a note past its room is refused"
+        );
         let empty = SharedMem::create().unwrap();
         assert!(empty.read_header().is_err(), "no magic, no store");
         let mut b = h.to_bytes();

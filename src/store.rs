@@ -31,7 +31,7 @@ use crate::error::{Error, Result};
 use crate::free::FreeConfig;
 use crate::page::{PAGE_SIZE, PAGE_SIZE_U64};
 use crate::recompress::{Recompress, RecompressReport};
-use crate::shm::SharedMem;
+use crate::shm::{Live, SharedMem, NOTE_BYTES};
 use crate::slab::{SlabAllocator, SlabConfig};
 use crate::slot::{Entry, Kind, ATIME_MASK};
 use crate::stats::{self, Counter, Counters, Latencies, Op, StatsShard};
@@ -145,6 +145,8 @@ struct PastLives {
     clock_base: u64,
     /// The secondary algorithm the header names.
     secondary: Option<Algo>,
+    /// The settings the store last ran with, if any changed at run time.
+    live: Option<Live>,
 }
 
 impl PastLives {
@@ -198,7 +200,10 @@ impl Store {
     /// every object no slot references freed. `cfg` must describe the same
     /// store (size, algorithm, group shape), with `shared` set; settings
     /// that only steer the process (memory limit, mlock, deferred free)
-    /// may differ. Nothing else may use the memory meanwhile.
+    /// may differ, but a memory or writeback limit set at run time
+    /// ([`Store::set_mem_limit`], [`Store::set_writeback_limit`]) is kept
+    /// over `cfg`'s, as it was when the process died. Nothing else may use
+    /// the memory meanwhile.
     pub fn recover(cfg: StoreConfig, fd: OwnedFd) -> Result<Arc<Store>> {
         cfg.validate()?;
         // (validate refuses shared memory without the slab.)
@@ -235,7 +240,15 @@ impl Store {
             dropped: scan.dropped,
             clock_base: header.clock_base,
             secondary,
+            live: header.live,
         };
+        if let Some(l) = &past.live {
+            log::info!(
+                "recovery: keeping the limits set at run time (mem_limit {} bytes, writeback limit {})",
+                l.mem_limit,
+                if l.writeback_limit == u64::MAX { "off".to_string() } else { format!("{} pages", l.writeback_limit) }
+            );
+        }
         Ok(Self::assemble(cfg, table, past))
     }
 
@@ -257,8 +270,13 @@ impl Store {
         SlotTable::new(pages, shm, alloc, free, cfg.object_span(), backing)
     }
 
+    /// Puts a store together; a recovered one keeps the limits its last
+    /// process set at run time over those of `cfg`.
     fn assemble(cfg: StoreConfig, table: SlotTable, past: PastLives) -> Arc<Store> {
-        table.allocator().set_mem_limit(cfg.mem_limit);
+        let (mem_limit, wb_limit) = past.live.as_ref().map_or((cfg.mem_limit, u64::MAX), |l| {
+            (l.mem_limit, l.writeback_limit)
+        });
+        table.allocator().set_mem_limit(mem_limit);
         let secondary = Arc::new(OnceLock::new());
         if let Some(algo) = past.secondary {
             let _ = secondary.set(algo);
@@ -270,7 +288,7 @@ impl Store {
             compactor: Mutex::new(None),
             clock: Clock::from_base(past.clock_base),
             secondary,
-            wb_limit: AtomicU64::new(u64::MAX),
+            wb_limit: AtomicU64::new(wb_limit),
             cfg,
             past,
         });
@@ -419,6 +437,7 @@ impl Store {
                     .wb_limit
                     .compare_exchange(allowed, left, Relaxed, Relaxed);
                 r.limited = r.selected >= allowed && allowed < asked;
+                self.record_live(None);
             }
             Ok(r)
         })
@@ -430,6 +449,7 @@ impl Store {
     pub fn set_writeback_limit(&self, pages: u64) {
         let v = if pages == 0 { u64::MAX } else { pages };
         self.wb_limit.store(v, Relaxed);
+        self.record_live(None);
     }
 
     /// Makes `algo` the secondary algorithm, unless another one is. A store
@@ -490,9 +510,63 @@ impl Store {
         self.table.allocator()
     }
 
-    /// Sets the memory limit in bytes (0: none), at run time.
+    /// Sets the memory limit in bytes (0: none), at run time. A store in
+    /// shared memory keeps it for the process that recovers it.
     pub fn set_mem_limit(&self, bytes: u64) {
         self.allocator().set_mem_limit(bytes);
+        self.record_live(None);
+    }
+
+    /// Keeps `note` (at most 2048 bytes, opaque to the engine) with a store
+    /// in shared memory, for the process that recovers it to read with
+    /// [`Store::owner_note`]: the daemon keeps its idle policy there. A
+    /// store in private memory has nowhere to keep it and ignores it.
+    pub fn set_owner_note(&self, note: &str) -> Result<()> {
+        if note.len() > NOTE_BYTES {
+            return Err(Error::InvalidConfig(format!(
+                "a note of {} bytes is more than the {NOTE_BYTES} a store keeps",
+                note.len()
+            )));
+        }
+        self.record_live_result(Some(note))
+    }
+
+    /// The note the store's last process kept with it (see
+    /// [`Store::set_owner_note`]), if any.
+    pub fn owner_note(&self) -> Option<String> {
+        let shm = self.table.shared()?;
+        let note = shm.read_header().ok()?.live?.note;
+        (!note.is_empty()).then_some(note)
+    }
+
+    /// Records the limits now in force, and `note` if given (else the note
+    /// recorded before), in the header of a store in shared memory; a
+    /// failure is logged (the limits still hold in this process).
+    fn record_live(&self, note: Option<&str>) {
+        if let Err(e) = self.record_live_result(note) {
+            log::warn!("the store's header could not keep its limits: {e}");
+        }
+    }
+
+    fn record_live_result(&self, note: Option<&str>) -> Result<()> {
+        let Some(shm) = self.table.shared() else {
+            return Ok(());
+        };
+        let mem_limit = self.allocator().mem_limit();
+        let writeback_limit = self.wb_limit.load(Relaxed);
+        shm.update_header(|h| {
+            let note = match (note, h.live.take()) {
+                (Some(n), _) => n.to_string(),
+                (None, Some(old)) => old.note,
+                (None, None) => String::new(),
+            };
+            h.live = Some(Live {
+                mem_limit,
+                writeback_limit,
+                note,
+            });
+        })
+        .map(drop)
     }
 
     /// Runs compaction now: rewrites sparse packed groups, lets the drain

@@ -268,3 +268,48 @@ fn idle_marks_access_times_and_recompressed_pages_survive_a_recovery() {
     assert_eq!(st.counters.recompressed_pages, 0);
     assert_eq!(st.mem_used_total, 0, "nothing leaked");
 }
+
+/// Limits set at run time and the owner's note outlive the process: a
+/// recovered store keeps them over its configuration's, a store that was
+/// never changed takes its configuration's.
+#[test]
+fn run_time_limits_and_the_owner_note_survive_a_recovery() {
+    let mut cfg = StoreConfig::new(64 * PAGE_SIZE as u64);
+    cfg.shared = true;
+    cfg.mem_limit = 1 << 30;
+    let store = Store::new(cfg.clone()).unwrap();
+    let fd = store.memory_fd().unwrap().try_clone_to_owned().unwrap();
+    assert_eq!(store.owner_note(), None);
+    zblk::debug_crash(store);
+    let store = Store::recover(cfg.clone(), fd).unwrap();
+    assert_eq!(store.stats().mem_limit, 1 << 30, "nothing set: cfg's");
+
+    store.set_mem_limit(8 << 20);
+    store.set_writeback_limit(77);
+    store
+        .set_owner_note(r#"{"recompress_idle_after":60}"#)
+        .unwrap();
+    let e = store.set_owner_note(&"x".repeat(5000)).unwrap_err();
+    assert!(e.to_string().contains("2048"), "{e}");
+    let fd = store.memory_fd().unwrap().try_clone_to_owned().unwrap();
+    zblk::debug_crash(store);
+    let store = Store::recover(cfg.clone(), fd).unwrap();
+    let st = store.stats();
+    assert_eq!(st.mem_limit, 8 << 20);
+    assert!(st.writeback_limit_enable);
+    assert_eq!(st.writeback_limit, 77);
+    assert_eq!(
+        store.owner_note().as_deref(),
+        Some(r#"{"recompress_idle_after":60}"#)
+    );
+    // A later limit keeps the note; turning limits off is kept too.
+    store.set_mem_limit(0);
+    store.set_writeback_limit(0);
+    let fd = store.memory_fd().unwrap().try_clone_to_owned().unwrap();
+    zblk::debug_crash(store);
+    let store = Store::recover(cfg, fd).unwrap();
+    let st = store.stats();
+    assert_eq!(st.mem_limit, 0);
+    assert!(!st.writeback_limit_enable);
+    assert!(store.owner_note().is_some());
+}

@@ -194,12 +194,17 @@ fn drop_privileges(cfg: &DeviceConfig, has_keeper: bool) -> Result<()> {
     Ok(())
 }
 
-/// The idle policy of `cfg` on the device's store. A fresh device was
-/// checked before it was created ([`fresh`]); a recovered one whose store
-/// refuses the settings runs with the policy off rather than not at all
-/// (its swap must come back).
+/// The idle policy of `cfg` on the device's store (for a recovered one,
+/// what its last daemon was set to, which the store keeps). A fresh device
+/// was checked before it was created ([`fresh`]); a recovered one whose
+/// store refuses the settings runs with the policy off rather than not at
+/// all (its swap must come back).
 fn idle_policy(cfg: &DeviceConfig, dev: &Device) -> Policy {
-    let settings = Settings::of(cfg);
+    let settings = if dev.recovered {
+        Settings::recovered(cfg, dev.queues.store())
+    } else {
+        Settings::of(cfg)
+    };
     let settings = match settings.check(dev.queues.store()) {
         Ok(()) => settings,
         Err(e) => {

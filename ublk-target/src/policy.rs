@@ -153,6 +153,20 @@ pub struct Settings {
     pub recompress_algo: Option<Algo>,
 }
 
+/// The settings as the store keeps them for a recovering daemon
+/// (`Store::set_owner_note`), so that a `zblk set` outlives the daemon.
+#[derive(Debug, Serialize, serde::Deserialize)]
+struct Note {
+    policy: NotedSettings,
+}
+
+#[derive(Debug, Serialize, serde::Deserialize)]
+struct NotedSettings {
+    recompress_idle_after: u64,
+    writeback_idle_after: u64,
+    recompress_algo: Option<String>,
+}
+
 impl Settings {
     /// The settings a device was made with.
     pub fn of(cfg: &DeviceConfig) -> Self {
@@ -161,6 +175,44 @@ impl Settings {
             writeback_idle_after: cfg.writeback_idle_after,
             recompress_algo: cfg.recompress_algo,
         }
+    }
+
+    /// The settings a recovered device runs with: those its last daemon
+    /// kept with the store (a `zblk set` since the device was made), else
+    /// those it was made with.
+    pub fn recovered(cfg: &DeviceConfig, store: &Store) -> Self {
+        let Some(note) = store.owner_note() else {
+            return Settings::of(cfg);
+        };
+        match Settings::from_note(&note) {
+            Ok(s) => s,
+            Err(e) => {
+                log::warn!("the store's note of the idle policy is unreadable ({e}): using the device's settings");
+                Settings::of(cfg)
+            }
+        }
+    }
+
+    /// The note [`Settings::recovered`] reads.
+    pub fn to_note(self) -> String {
+        let n = Note {
+            policy: NotedSettings {
+                recompress_idle_after: self.recompress_idle_after,
+                writeback_idle_after: self.writeback_idle_after,
+                recompress_algo: self.recompress_algo.map(|a| a.to_string()),
+            },
+        };
+        serde_json::to_string(&n).unwrap_or_default()
+    }
+
+    fn from_note(note: &str) -> Result<Self, String> {
+        let n: Note = serde_json::from_str(note).map_err(|e| e.to_string())?;
+        let p = n.policy;
+        Ok(Settings {
+            recompress_idle_after: p.recompress_idle_after,
+            writeback_idle_after: p.writeback_idle_after,
+            recompress_algo: p.recompress_algo.map(|a| a.parse()).transpose()?,
+        })
     }
 
     /// Whether either half is on.
@@ -293,8 +345,9 @@ impl Policy {
         *self.settings.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Applies `u` if the result passes [`Settings::check`] on `store`;
-    /// returns the new settings, or why not in one line.
+    /// Applies `u` if the result passes [`Settings::check`] on `store`,
+    /// and keeps it with the store for a daemon that recovers it; returns
+    /// the new settings, or why not in one line.
     pub fn set(&self, store: &Store, u: Update) -> Result<Settings, String> {
         let mut cur = self.settings.lock().unwrap_or_else(|e| e.into_inner());
         let new = Settings {
@@ -304,6 +357,10 @@ impl Policy {
         };
         new.check(store)?;
         *cur = new;
+        // Kept with the store, so that a recovered daemon goes on with it.
+        if let Err(e) = store.set_owner_note(&new.to_note()) {
+            log::warn!("the idle policy will not outlive this daemon: {e}");
+        }
         Ok(new)
     }
 
@@ -471,6 +528,23 @@ mod tests {
         b.give_back(1000);
         assert_eq!(b.take(t0 + ms(10_200), 1000), 50, "returns are capped");
         assert_eq!(b.take(t0, 10), 0, "a clock going back adds nothing");
+    }
+
+    #[test]
+    fn settings_round_trip_through_the_store_note() {
+        let s = Settings {
+            recompress_idle_after: 60,
+            writeback_idle_after: 3600,
+            recompress_algo: Some(Algo::Zstd(9)),
+        };
+        assert_eq!(Settings::from_note(&s.to_note()), Ok(s));
+        let off = Settings::default();
+        assert_eq!(Settings::from_note(&off.to_note()), Ok(off));
+        assert!(Settings::from_note("{}").is_err());
+        assert!(Settings::from_note(
+            r#"{"policy":{"recompress_idle_after":1,"writeback_idle_after":0,"recompress_algo":"zz"}}"#
+        )
+        .is_err());
     }
 
     #[test]

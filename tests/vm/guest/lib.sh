@@ -86,9 +86,10 @@ zadd() {
 # The JSON stats of device $1 (default $ZID).
 zstat() { zblk stat -n "${1:-$ZID}" --json 2>/dev/null; }
 # Field $1 of the store's statistics of device $2 (default $ZID), 0 when
-# absent: the "stats" object, not the "device" one before it (which keeps
-# the settings the device was created with, mem_limit among them).
+# absent: the "stats" object, not the "device" one before it.
 zstat_store() { zstat "${2:-$ZID}" | tr -d '\n' | awk '{ i = index($0, "\"stats\":{"); if (i) print substr($0, i + 9) }' | jnum "$1"; }
+# Field $1 of the idle policy's report of device $2 (default $ZID).
+zstat_policy() { zstat "${2:-$ZID}" | tr -d '\n' | awk '{ i = index($0, "\"policy\":{"); if (i) print substr($0, i + 10) }' | jget "$1"; }
 
 # Field $1 of each queue of device $2 (default $ZID), one line per queue:
 # the entries of the "queues" array, which follows the device-wide fields.

@@ -322,7 +322,11 @@ fn stats(queues: &Queues, policy: &Policy, info: &DeviceInfo) -> Response {
     let report = policy.report(queues.store());
     json_reply(serde_json::to_value(&stats).and_then(|s| {
         let p = serde_json::to_value(report)?;
-        Ok(serde_json::json!({"device": info, "stats": s, "policy": p}))
+        let mut device = serde_json::to_value(info)?;
+        // The limit in force: `set --mem-limit` (or a recovered store's
+        // last one) changes it after the device was made.
+        device["mem_limit"] = stats.mem_limit.into();
+        Ok(serde_json::json!({"device": device, "stats": s, "policy": p}))
     }))
 }
 
@@ -406,6 +410,8 @@ mod tests {
         let (r, _) = ask(&shared, Request::SetMemLimit { bytes: 1 << 20 });
         assert!(r.ok);
         assert_eq!(shared.store().stats().mem_limit, 1 << 20);
+        let (r, _) = ask(&shared, Request::Stats);
+        assert_eq!(r.data["device"]["mem_limit"], 1 << 20, "the limit in force");
         let (r, _) = ask(&shared, Request::Compact);
         assert!(r.ok && r.data["pages_compacted"].is_u64(), "{r:?}");
         let (r, _) = ask(&shared, Request::Info);

@@ -4,13 +4,19 @@
 # On 6.12 (no UBLK_F_QUIESCE) the old daemon just exits and the driver
 # reissues its requests to the new one; with QUIESCE the driver drains them
 # first. Pass: usemem verified every page, `stat` shows the restarts as
-# recoveries, memory back to the baseline after the workload.
+# recoveries, memory back to the baseline after the workload, and what
+# `zblk set` changed before the first restart (memory limit, writeback
+# limit, idle policy) still in force after the last.
 #
 # In run.sh's default list (before swapkill); alone:
 #   bash tests/vm/run.sh --scenario upgrade
 SCEN=upgrade
 : "${ZBLK_UPGRADE_RESTARTS:=3}"
 handover_start 3
+# Settings changed at run time must outlive the daemons: the store keeps
+# them for the next one. The policy's age is an hour, so it does nothing.
+must zblk set -n "$ZID" --mem-limit 900M --writeback-limit 4321
+must zblk set -n "$ZID" --recompress-idle-after 3600 --recompress-algo zstd:3
 n=0 PEAK=0 took=""
 while [ $n -lt "$ZBLK_UPGRADE_RESTARTS" ] && kill -0 $U 2>/dev/null; do
     sleep 2
@@ -24,4 +30,10 @@ done
 [ $n -ge "$ZBLK_UPGRADE_RESTARTS" ] || fail "only $n restarts before the workload ended"
 handover_finish "$n" restarts
 zblk list | grep -q "live" || fail "zblk list does not show the device live: $(zblk list | tr '\n' '|')"
+lim=$(zstat_store mem_limit) wbl=$(zstat_store writeback_limit) dev_lim=$(zstat | jnum mem_limit)
+ria=$(zstat_policy recompress_idle_after) ralgo=$(zstat_policy recompress_algo)
+[ "$lim" = $((900 << 20)) ] && [ "$dev_lim" = "$lim" ] && [ "$wbl" = 4321 ] ||
+    fail "limits set before the restarts lost: mem_limit $lim (device $dev_lim), writeback_limit $wbl"
+[ "$ria" = 3600 ] && [ "$ralgo" = zstd:3 ] ||
+    fail "idle policy set before the restarts lost: recompress_idle_after '$ria' algo '$ralgo'"
 pass "restarts=$n recoveries=$REC usemem_ok bad_pages=0 total_mb=$(echo "$UJ" | jget total_mb) mem=$BASE->$MEM handover_ms:$took"
