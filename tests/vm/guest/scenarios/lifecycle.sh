@@ -132,8 +132,14 @@ kill -9 "$kpid"
 i=0
 while { k2=$(zkeeper_pid "$r_id") || k2=; [ -z "$k2" ] || [ "$k2" = "$kpid" ]; } && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
 [ -n "$k2" ] && [ "$k2" != "$kpid" ] || fail "no new keeper 10 s after kill -9 of keeper $kpid: $(tail -2 "$LOG" | tr '\n' '|')"
-grep -q "its keeper (pid $kpid) died; started keeper pid $k2 and handed it the store" "$LOG" ||
-    fail "the daemon did not log the keeper's replacement: $(tail -3 "$LOG" | tr '\n' '|')"
+# The new keeper's socket can be seen before the daemon has handed it the
+# store and logged so: wait for the line (the kill below needs the store
+# handed over).
+i=0
+until grep -q "its keeper (pid $kpid) died; started keeper pid $k2 and handed it the store" "$LOG"; do
+    [ $i -lt 100 ] || fail "the daemon did not log the keeper's replacement (keeper $k2) within 10 s: $(tail -3 "$LOG" | tr '\n' '|')"
+    sleep 0.1; i=$((i + 1))
+done
 [ "$(zdaemon_pid "$r_id")" = "$dpid" ] || fail "the daemon changed when its keeper died"
 zblk list | grep -E "^/dev/ublkb$r_id " | grep -q live || fail "device $r_id not live with the new keeper: $(zblk list | tr '\n' '|')"
 taken=$(takeovers "$LOG")
