@@ -3,7 +3,8 @@
 //! Any store shape (lz4/zstd/deflate, per-page/packed, any group size,
 //! slab/heap, deferred or synchronous free, any huge threshold), then any
 //! sequence of write / read / discard / write-zeroes / compact / mem-limit
-//! changes over any range (page-aligned, sector-aligned, raw, out of
+//! changes / idle marking / recompression (per page, or into packed groups
+//! in a packed store) over any range (page-aligned, sector-aligned, raw, out of
 //! range) with any data. Checks:
 //! - no panic;
 //! - a request fails exactly when the model says its range is invalid
@@ -19,7 +20,7 @@
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use std::time::Duration;
-use zblk::{Error, Store, PAGE_SIZE};
+use zblk::{Algo, Error, Recompress, RecompressType, Store, PAGE_SIZE};
 use zblk_fuzz::{make_data, Fill, Setup};
 
 const PAGE: u64 = PAGE_SIZE as u64;
@@ -67,6 +68,12 @@ enum Op {
     SetMemLimit(u16),
     FlushFrees,
     CheckGauges,
+    /// Marks every stored page idle.
+    MarkIdle,
+    /// Recompresses with the store's secondary (type by `kind` % 4, at most
+    /// `max_pages` pages, 0: all; only objects of at least `threshold` * 16
+    /// bytes).
+    Recompress { kind: u8, max_pages: u8, threshold: u8 },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -117,6 +124,17 @@ fn check_gauges(store: &Store, model: &Model) {
     assert!(c.stored_pages <= model.pages.len() as u64, "{c:?}");
     assert_eq!(c.stored_pages, model.stored(), "stored_pages vs model");
     assert!(c.same_pages + c.huge_pages <= c.stored_pages, "{c:?}");
+    assert!(c.recompressed_pages + c.same_pages <= c.stored_pages, "{c:?}");
+}
+
+/// The one secondary algorithm a store of `primary` recompresses with (a
+/// store keeps the first it was given).
+fn secondary(primary: Algo) -> Algo {
+    if primary == Algo::Zstd(3) {
+        Algo::Deflate(6)
+    } else {
+        Algo::Zstd(3)
+    }
 }
 
 fuzz_target!(|input: Input| {
@@ -217,6 +235,32 @@ fuzz_target!(|input: Input| {
             }
             Op::FlushFrees => ctx.flush_frees(),
             Op::CheckGauges => check_gauges(&store, &model),
+            Op::MarkIdle => {
+                store.mark_idle(None).expect("mark every page idle");
+            }
+            Op::Recompress {
+                kind,
+                max_pages,
+                threshold,
+            } => {
+                let kind = [
+                    RecompressType::All,
+                    RecompressType::Idle,
+                    RecompressType::Huge,
+                    RecompressType::HugeIdle,
+                ][usize::from(kind % 4)];
+                let p = Recompress {
+                    algo: secondary(store.config().algo),
+                    kind,
+                    threshold: usize::from(*threshold) * 16,
+                    max_pages: u64::from(*max_pages),
+                };
+                // Pages that cannot be stored again (a mem_limit) keep what
+                // they had: the reads after it check that.
+                let r = store.recompress(&p).expect("recompress with the one secondary");
+                assert!(r.recompressed <= r.tried, "{r:?}");
+                assert!(p.max_pages == 0 || r.tried <= p.max_pages, "{r:?}");
+            }
         }
     }
     // Every page, as the model has it.

@@ -146,14 +146,6 @@ last_takeover_ms() { grep 'took over in' "$1" | tail -1 | sed 's/.*took over in 
 # True when $1 (a /dev path) is an active swap area.
 is_swap() { grep -q "^$1 " /proc/swaps; }
 
-# Pid of the keeper of ublk device $1: the daemon's parent (the keeper
-# spawns every daemon of its device).
-zkeeper_pid() {
-    local d
-    d=$(zdaemon_pid "$1") || return 1
-    awk '/^PPid:/ { print $2 }' "/proc/$d/status"
-}
-
 # Waits up to $2 tenths of a second until device $1 stores no page; fails
 # the scenario otherwise.
 wait_no_pages() {
