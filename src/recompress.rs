@@ -245,6 +245,8 @@ struct Member {
     id: u64,
     /// Its share of the compressed bytes it was stored in.
     old: u64,
+    /// Pages live in its packed object when it was read (1 per page).
+    live: u32,
 }
 
 /// Whether the slot entry `cur` still holds the object member `m` was
@@ -257,9 +259,15 @@ unsafe fn unchanged(table: &SlotTable, cur: &Entry, m: &Member) -> bool {
     cur.same_object(&m.e) && unsafe { packed::object_id(table.allocator(), cur) } == m.id
 }
 
-/// Packed stores: gathers the selected pages window by window (`span`
-/// pages from where the window's first page's group starts) and stores
-/// each window's pages again as one packed group of the secondary.
+/// Packed stores: gathers the selected pages window by window and stores
+/// each window's pages again as one packed group of the secondary. A
+/// window starts at its first page's group base (or the page, for a
+/// per-page object) and spans `span` pages; a packed page of another
+/// group (another base) closes it, so that each old group lands in one
+/// window whole. An old group is recompressed only if every page still
+/// live in it was selected: moving part of it would free none of its
+/// bytes and add a new object (the rest is left for compaction, which
+/// rewrites it only once it is less than half live).
 fn run_packed(
     table: &SlotTable,
     st: &mut CtxState,
@@ -269,32 +277,51 @@ fn run_packed(
 ) -> RecompressReport {
     let mut r = RecompressReport::default();
     let span = span.clamp(1, 64);
-    let mut group: Vec<Member> = Vec::with_capacity(span as usize);
-    let mut pages = vec![0u8; span as usize * PAGE_SIZE];
+    let mut group: Vec<Member> = Vec::with_capacity(span as usize + 1);
+    // One page more than a window holds: a page is read before it is
+    // known whether it joins the window.
+    let mut pages = vec![0u8; (span as usize + 1) * PAGE_SIZE];
     let mut dst = vec![0u8; span as usize * PAGE_SIZE];
     for page in 0..table.pages() {
         if p.max_pages != 0 && r.tried + group.len() as u64 >= p.max_pages {
             break;
         }
-        if group.first().is_some_and(|m| page - m.window >= span) {
-            store_group(table, st, codec, &mut group, &pages, &mut dst, &mut r);
-        }
         let k = group.len();
-        match gather(
+        let m = match gather(
             table,
             st,
             p,
             page,
+            span,
             &mut pages[k * PAGE_SIZE..(k + 1) * PAGE_SIZE],
         ) {
-            Ok(Some(m)) => group.push(m),
-            Ok(None) => {}
+            Ok(Some(m)) => m,
+            Ok(None) => continue,
             // The page keeps its object: nothing is lost, only not smaller.
-            Err(e) => log::warn!("recompression left page {page} as it was: {e}"),
+            Err(e) => {
+                log::warn!("recompression left page {page} as it was: {e}");
+                continue;
+            }
+        };
+        if group.first().is_some_and(|f| !joins(f.window, &m, span)) {
+            store_group(table, st, codec, &mut group, &mut pages, &mut dst, &mut r);
+            pages.copy_within(k * PAGE_SIZE..(k + 1) * PAGE_SIZE, 0);
         }
+        group.push(m);
     }
-    store_group(table, st, codec, &mut group, &pages, &mut dst, &mut r);
+    store_group(table, st, codec, &mut group, &mut pages, &mut dst, &mut r);
     r
+}
+
+/// Whether member `m` joins the window that starts at `window`: a packed
+/// page only if its group starts there too, a per-page object if it lies
+/// within the window's span.
+fn joins(window: u64, m: &Member, span: u64) -> bool {
+    if m.id != 0 {
+        m.window == window
+    } else {
+        m.page >= window && m.page - window < span
+    }
 }
 
 /// Reads page `page` into `buf` if `p` selects it, under its lock (not as
@@ -304,6 +331,7 @@ fn gather(
     st: &mut CtxState,
     p: &Recompress,
     page: u64,
+    span: u64,
     buf: &mut [u8],
 ) -> Result<Option<Member>> {
     let guard = table.lock(page);
@@ -313,16 +341,23 @@ fn gather(
     }
     read_entry(table, st, page, &e, buf)?;
     let alloc = table.allocator();
-    let (window, id, old) = match e.kind {
+    let (window, id, old, live) = match e.kind {
         // SAFETY: we hold the lock of the slot `e` was read from.
         Kind::Packed => unsafe {
             let pos = packed::position(alloc, &e);
             let old = packed::share(e.len, e.n, pos) as u64;
-            // A corrupt base cannot make a window that misses its page.
-            let base = packed::base(alloc, &e).min(page);
-            (base, packed::object_id(alloc, &e), old)
+            // A base that cannot be this page's (a corrupt header) makes
+            // the window start at the page itself.
+            let base = packed::base(alloc, &e);
+            let window = if base <= page && page - base < span {
+                base
+            } else {
+                page
+            };
+            let live = packed::live_count(alloc, e.val);
+            (window, packed::object_id(alloc, &e), old, live)
         },
-        _ => (page, 0, u64::from(e.len)),
+        _ => (page, 0, u64::from(e.len), 1),
     };
     Ok(Some(Member {
         page,
@@ -330,22 +365,45 @@ fn gather(
         e,
         id,
         old,
+        live,
     }))
+}
+
+/// Drops from `group` (and `pages`, gathered in its order) the pages of
+/// old packed groups that are not whole in it: counted against the live
+/// pages their group had when they were read (a later discard only lowers
+/// that, so a group found whole is whole).
+fn keep_whole_groups(group: &mut Vec<Member>, pages: &mut [u8]) {
+    let whole: Vec<bool> = group
+        .iter()
+        .map(|m| m.id == 0 || group.iter().filter(|o| o.id == m.id).count() as u32 >= m.live)
+        .collect();
+    let mut j = 0;
+    for (i, &keep) in whole.iter().enumerate() {
+        if keep {
+            pages.copy_within(i * PAGE_SIZE..(i + 1) * PAGE_SIZE, j * PAGE_SIZE);
+            group.swap(i, j);
+            j += 1;
+        }
+    }
+    group.truncate(j);
 }
 
 /// Compresses the gathered pages (`pages`, in the order of `group`)
 /// together with the secondary and, if that saves at least
 /// [`MIN_SAVING_PERCENT`], installs the new group in every slot that
-/// still holds what was read. Empties `group`.
+/// still holds what was read. Pages of old groups not whole in the window
+/// are left as they are (not tried). Empties `group`.
 fn store_group(
     table: &SlotTable,
     st: &mut CtxState,
     codec: &mut dyn Codec,
     group: &mut Vec<Member>,
-    pages: &[u8],
+    pages: &mut [u8],
     dst: &mut [u8],
     r: &mut RecompressReport,
 ) {
+    keep_whole_groups(group, pages);
     let k = group.len();
     if k == 0 {
         return;

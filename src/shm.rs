@@ -137,7 +137,13 @@ impl Header {
             b.extend_from_slice(&LIVE_MAGIC);
             b.extend_from_slice(&l.mem_limit.to_le_bytes());
             b.extend_from_slice(&l.writeback_limit.to_le_bytes());
-            let note = &l.note.as_bytes()[..l.note.len().min(NOTE_BYTES)];
+            // `Store::set_owner_note` refuses longer notes; cut at a
+            // character boundary all the same.
+            let mut n = l.note.len().min(NOTE_BYTES);
+            while !l.note.is_char_boundary(n) {
+                n -= 1;
+            }
+            let note = &l.note.as_bytes()[..n];
             b.extend_from_slice(&(note.len() as u32).to_le_bytes());
             b.extend_from_slice(note);
         }
@@ -212,7 +218,12 @@ impl Header {
             clock_base: w(9),
             algo,
             secondary,
-            live: Self::parse_live(b)?,
+            // The live settings are advice: unreadable ones must not keep
+            // a store's pages from being recovered.
+            live: Self::parse_live(b).unwrap_or_else(|e| {
+                log::warn!("{e}: going on with the settings the store was made with");
+                None
+            }),
         })
     }
 }
@@ -389,9 +400,10 @@ mod tests {
         let mut b = h.to_bytes();
         b[LIVE_AT..LIVE_AT + 8].copy_from_slice(&LIVE_MAGIC);
         b[LIVE_AT + 24..LIVE_AT + 28].copy_from_slice(&(NOTE_BYTES as u32 + 1).to_le_bytes());
-        assert!(
-            Header::parse(&b).is_err(),
-            "a note past its room is refused"
+        assert_eq!(
+            Header::parse(&b).unwrap().live,
+            None,
+            "a note past its room is ignored, the store still opens"
         );
         let empty = SharedMem::create().unwrap();
         assert!(empty.read_header().is_err(), "no magic, no store");

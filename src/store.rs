@@ -552,9 +552,11 @@ impl Store {
         let Some(shm) = self.table.shared() else {
             return Ok(());
         };
-        let mem_limit = self.allocator().mem_limit();
-        let writeback_limit = self.wb_limit.load(Relaxed);
         shm.update_header(|h| {
+            // Read under the header lock: two threads recording one after
+            // the other write what was in force last, never an older pair.
+            let mem_limit = self.allocator().mem_limit();
+            let writeback_limit = self.wb_limit.load(Relaxed);
             let note = match (note, h.live.take()) {
                 (Some(n), _) => n.to_string(),
                 (None, Some(old)) => old.note,
