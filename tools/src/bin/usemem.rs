@@ -8,14 +8,23 @@
 //! throughput of both phases and the number of bad pages, and exits 1 when
 //! any page differs, 2 on any other failure.
 //!
+//! With `--corpus FILE` the pages come from a file of real memory pages
+//! (raw, or zstd-compressed if it ends in `.zst`: `shared/corpus/`) instead:
+//! page `i` of stream `s` is the file's page `(i + s * 7919 + seed) % n`, so
+//! that the compression ratio is real memory's and each stream holds the
+//! pages in another order (a page handed back for another stream's differs).
+//!
 //! `usemem --mb 128 --procs 2 --sleep 2 --passes 1`
+//! `usemem --mb 128 --corpus /lib/zblk-vm/data/realmem-dev.bin.zst`
 
 mod workload;
 
 use clap::Parser;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
 use std::process::{Command, ExitCode, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use workload::{fill_page, page_matches, r3, Mapping, PAGE};
 
@@ -41,6 +50,10 @@ struct Args {
     /// Seed of the page pattern.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Fill pages from this file of real memory pages (raw, or zstd if it
+    /// ends in .zst) instead of the synthetic pattern.
+    #[arg(long)]
+    corpus: Option<PathBuf>,
     /// Internal: run as worker process number N and print its JSON line.
     #[arg(long, hide = true)]
     worker: Option<u32>,
@@ -57,8 +70,77 @@ struct ThreadResult {
     first_bad: Option<u64>,
 }
 
+/// What the pages hold.
+#[derive(Clone)]
+enum Pattern {
+    /// The synthetic pattern of this seed (about 2.8:1 with lz4).
+    Synthetic(u64),
+    /// Pages of a corpus file, in an order set by the seed and the stream.
+    Corpus { pages: Arc<Vec<u8>>, seed: u64 },
+}
+
+impl Pattern {
+    /// The pattern `args` asks for (the corpus file read and checked).
+    fn of(args: &Args) -> Result<Pattern, String> {
+        let Some(path) = &args.corpus else {
+            return Ok(Pattern::Synthetic(args.seed));
+        };
+        let shown = path.display();
+        let raw = std::fs::read(path).map_err(|e| format!("cannot read {shown}: {e}"))?;
+        let mut pages = if path.extension().is_some_and(|e| e == "zst") {
+            zstd::stream::decode_all(&raw[..])
+                .map_err(|e| format!("cannot decompress {shown} as zstd: {e}"))?
+        } else {
+            raw
+        };
+        pages.truncate(pages.len() / PAGE * PAGE);
+        if pages.is_empty() {
+            return Err(format!("{shown} holds no whole 4 KB page"));
+        }
+        Ok(Pattern::Corpus {
+            pages: Arc::new(pages),
+            seed: args.seed,
+        })
+    }
+
+    /// The corpus page that page `index` of `stream` holds.
+    fn corpus_page(pages: &[u8], seed: u64, stream: u64, index: u64) -> &[u8] {
+        let n = (pages.len() / PAGE) as u64;
+        let k = (index
+            .wrapping_add(stream.wrapping_mul(7919))
+            .wrapping_add(seed)
+            % n) as usize;
+        &pages[k * PAGE..(k + 1) * PAGE]
+    }
+
+    fn fill(&self, page: &mut [u8], stream: u64, index: u64) {
+        match self {
+            Pattern::Synthetic(seed) => fill_page(page, *seed, stream, index),
+            Pattern::Corpus { pages, seed } => {
+                page.copy_from_slice(Self::corpus_page(pages, *seed, stream, index));
+            }
+        }
+    }
+
+    fn matches(&self, page: &[u8], stream: u64, index: u64) -> bool {
+        match self {
+            Pattern::Synthetic(seed) => page_matches(page, *seed, stream, index),
+            Pattern::Corpus { pages, seed } => {
+                page == Self::corpus_page(pages, *seed, stream, index)
+            }
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Pattern::Synthetic(_) => "synthetic",
+            Pattern::Corpus { .. } => "corpus",
+        }
+    }
+}
+
 /// Writes, holds and verifies the memory of worker stream `stream`.
-fn run_thread(args: &Args, stream: u64) -> std::io::Result<ThreadResult> {
+fn run_thread(args: &Args, pat: &Pattern, stream: u64) -> std::io::Result<ThreadResult> {
     let len = usize::try_from(args.mb * 1024 * 1024)
         .map_err(|_| std::io::Error::other("size does not fit in memory"))?;
     let mut map = Mapping::new(len)?;
@@ -68,13 +150,13 @@ fn run_thread(args: &Args, stream: u64) -> std::io::Result<ThreadResult> {
     };
     let t = Instant::now();
     for (i, page) in map.bytes().chunks_exact_mut(PAGE).enumerate() {
-        fill_page(page, args.seed, stream, i as u64);
+        pat.fill(page, stream, i as u64);
     }
     res.write = t.elapsed();
     std::thread::sleep(Duration::from_secs_f64(args.sleep.max(0.0)));
     let t = Instant::now();
     for _ in 0..args.passes {
-        let (bad, first) = verify(map.bytes(), args.seed, stream);
+        let (bad, first) = verify(map.bytes(), pat, stream);
         res.bad_pages += bad;
         res.first_bad = res.first_bad.or(first);
     }
@@ -84,11 +166,11 @@ fn run_thread(args: &Args, stream: u64) -> std::io::Result<ThreadResult> {
 
 /// Compares every page of `mem` with its pattern; returns the number of bad
 /// pages and the index of the first one.
-fn verify(mem: &[u8], seed: u64, stream: u64) -> (u64, Option<u64>) {
+fn verify(mem: &[u8], pat: &Pattern, stream: u64) -> (u64, Option<u64>) {
     let mut bad = 0;
     let mut first = None;
     for (i, page) in mem.chunks_exact(PAGE).enumerate() {
-        if !page_matches(page, seed, stream, i as u64) {
+        if !pat.matches(page, stream, i as u64) {
             bad += 1;
             first.get_or_insert(i as u64);
         }
@@ -97,12 +179,12 @@ fn verify(mem: &[u8], seed: u64, stream: u64) -> (u64, Option<u64>) {
 }
 
 /// Runs the threads of worker process `proc_idx`; returns its JSON summary.
-fn run_worker(args: &Args, proc_idx: u32) -> Value {
+fn run_worker(args: &Args, pat: &Pattern, proc_idx: u32) -> Value {
     let threads: Vec<_> = (0..args.threads)
         .map(|t| {
-            let a = args.clone();
+            let (a, p) = (args.clone(), pat.clone());
             let stream = u64::from(proc_idx) * u64::from(args.threads) + u64::from(t);
-            std::thread::spawn(move || run_thread(&a, stream))
+            std::thread::spawn(move || run_thread(&a, &p, stream))
         })
         .collect();
     let mut out = Vec::new();
@@ -140,6 +222,11 @@ fn run_procs(args: &Args) -> Result<Vec<Value>, String> {
                 &args.passes.to_string(),
             ])
             .args(["--seed", &args.seed.to_string(), "--worker", &p.to_string()])
+            .args(
+                args.corpus
+                    .iter()
+                    .flat_map(|c| [std::ffi::OsStr::new("--corpus"), c.as_os_str()]),
+            )
             .stdout(Stdio::piped())
             .spawn()
             .map_err(|e| format!("spawn worker {p}: {e}"))?;
@@ -164,7 +251,7 @@ fn run_procs(args: &Args) -> Result<Vec<Value>, String> {
 }
 
 /// Sums the per-thread results into the report.
-fn report(args: &Args, procs: &[Value], wall: Duration) -> (Value, bool) {
+fn report(args: &Args, pat: &Pattern, procs: &[Value], wall: Duration) -> (Value, bool) {
     let (mut pages, mut bad, mut write_s, mut verify_s) = (0u64, 0u64, 0f64, 0f64);
     let mut first_bad = Value::Null;
     let mut errors: Vec<Value> = Vec::new();
@@ -188,7 +275,7 @@ fn report(args: &Args, procs: &[Value], wall: Duration) -> (Value, bool) {
     let ok = bad == 0 && errors.is_empty() && pages == expect_pages;
     let per_s = |s: f64| if s > 0.0 { r3(total_mb / s) } else { 0.0 };
     let v = json!({
-        "program": "usemem", "ok": ok, "procs": args.procs, "threads": args.threads,
+        "program": "usemem", "ok": ok, "pattern": pat.name(), "procs": args.procs, "threads": args.threads,
         "mb_per_worker": args.mb, "total_mb": total_mb, "pages": pages,
         "write_s": r3(write_s), "write_mb_s": per_s(write_s),
         "verify_s": r3(verify_s), "verify_mb_s": per_s(verify_s * f64::from(args.passes.max(1)).recip()),
@@ -200,8 +287,15 @@ fn report(args: &Args, procs: &[Value], wall: Duration) -> (Value, bool) {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    let pat = match Pattern::of(&args) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("usemem: {e}");
+            return ExitCode::from(2);
+        }
+    };
     if let Some(p) = args.worker {
-        let v = run_worker(&args, p);
+        let v = run_worker(&args, &pat, p);
         println!("{v}");
         let _ = std::io::stdout().flush();
         return ExitCode::SUCCESS;
@@ -212,7 +306,7 @@ fn main() -> ExitCode {
     }
     let t = Instant::now();
     let procs = match args.procs {
-        1 => vec![run_worker(&args, 0)],
+        1 => vec![run_worker(&args, &pat, 0)],
         _ => match run_procs(&args) {
             Ok(v) => v,
             Err(e) => {
@@ -221,7 +315,7 @@ fn main() -> ExitCode {
             }
         },
     };
-    let (v, ok) = report(&args, &procs, t.elapsed());
+    let (v, ok) = report(&args, &pat, &procs, t.elapsed());
     println!("{v}");
     if ok {
         ExitCode::SUCCESS
@@ -242,12 +336,34 @@ mod tests {
         for (i, page) in mem.chunks_exact_mut(PAGE).enumerate() {
             fill_page(page, 9, 2, i as u64);
         }
-        assert_eq!(verify(&mem, 9, 2), (0, None));
+        let p9 = Pattern::Synthetic(9);
+        assert_eq!(verify(&mem, &p9, 2), (0, None));
         mem[5 * PAGE + 100] ^= 0x40;
         mem[11 * PAGE] ^= 1;
-        assert_eq!(verify(&mem, 9, 2), (2, Some(5)));
+        assert_eq!(verify(&mem, &p9, 2), (2, Some(5)));
         // Another worker's pages or another run's never verify.
-        assert_eq!(verify(&mem, 9, 3).0, 16);
-        assert_eq!(verify(&mem, 8, 2).0, 16);
+        assert_eq!(verify(&mem, &p9, 3).0, 16);
+        assert_eq!(verify(&mem, &Pattern::Synthetic(8), 2).0, 16);
+    }
+
+    #[test]
+    fn corpus_pages_verify_and_differ_by_stream() {
+        // Eight distinct "real" pages.
+        let corpus: Vec<u8> = (0..8u8)
+            .flat_map(|k| vec![k.wrapping_mul(37) | 1; PAGE])
+            .collect();
+        let pat = Pattern::Corpus {
+            pages: Arc::new(corpus),
+            seed: 1,
+        };
+        let mut mem = vec![0u8; 16 * PAGE];
+        for (i, page) in mem.chunks_exact_mut(PAGE).enumerate() {
+            pat.fill(page, 2, i as u64);
+        }
+        assert_eq!(verify(&mem, &pat, 2), (0, None));
+        // Stream 3 holds the same pages in another order: none matches.
+        assert_eq!(verify(&mem, &pat, 3).0, 16);
+        mem[7 * PAGE] ^= 0x80;
+        assert_eq!(verify(&mem, &pat, 2), (1, Some(7)));
     }
 }
