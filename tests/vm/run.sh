@@ -31,8 +31,11 @@
 #                       tools/scripts/bench-device.sh, BENCH lines, no limits),
 #                       recovery-cost (shared vs private memory A/B, recovery
 #                       time by stored size), transport-ab (BATCH_IO vs
-#                       classic A/B, 7.x) and tiering (writeback to a loop
-#                       device and recompression under a hot/cold swap load))
+#                       classic A/B, 7.x), tiering (writeback to a loop
+#                       device and recompression under a hot/cold swap load)
+#                       and wholemachine (a workload 1.5x the guest's RAM,
+#                       no cgroup, on zram, zblk and zswap over brd: time
+#                       to completion; see the scenario's header))
 #   --mem SIZE          guest memory (qemu -m syntax, default 2G)
 #   --cpus N            guest vCPUs (default 2)
 #   --keep              keep the work folder (initramfs, console log) and print it
@@ -119,7 +122,8 @@ KNOWN_KERNELS="6.12 7.3"
 # ext4 and xfs: they ask the crypto API for it at mount time (a soft
 # dependency, not in depends=), and the guest has no modprobe to load it.
 NEED_MODULES="ublk_drv zram lz4_compress lz4hc_compress lzo_rle zstd_compress"
-OPT_MODULES="crc32c_generic crc32c_intel ext4 xfs loop"
+# brd and the crypto API's lz4 and zstd: zswap over a ramdisk (wholemachine).
+OPT_MODULES="crc32c_generic crc32c_intel ext4 xfs loop brd lz4 zstd"
 DEFAULT_KERNELS="6.12 7.3"
 KERNELS=""
 
