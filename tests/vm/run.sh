@@ -101,7 +101,7 @@ WORK=${ZBLK_VM_WORK:-$REPO/tests/vm/work}
 # swapkill runs last: it leaves a dead swap area the kernel cannot remove.
 DEFAULT_SCENARIOS="swap munmap blockio stat lifecycle zram-compare recompress exhaust soak filesystem crash upgrade security swapkill"
 # bench measures and is slow: run by name only (tools/scripts/bench-device.sh).
-ALL_SCENARIOS="$DEFAULT_SCENARIOS bench recovery-cost transport-ab tiering"
+ALL_SCENARIOS="$DEFAULT_SCENARIOS bench recovery-cost transport-ab tiering wholemachine"
 SCENARIOS=""
 MEM=2G
 CPUS=2

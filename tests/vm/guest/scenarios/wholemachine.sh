@@ -7,7 +7,8 @@
 # said in the result), holds them a second and verifies every one.
 # Each configuration of ZBLK_WM_CONFIGS runs in turn, in the same boot:
 #   zram:ALGO            kernel zram, swap priority 100, discard
-#   zblk:ALGO[:packed]   a zblk swap device
+#   zblk:ALGO[:packed]   a zblk swap device (zblk:ALGO:private: per page,
+#                        with --no-recovery, its store in private memory)
 #   zswap:ALGO           zswap (max_pool_percent 90) over a brd ramdisk swap
 # each of them sized at twice the RAM. Result: time to completion, MB
 # swapped out, and OOM kills per configuration (a configuration whose
@@ -15,6 +16,8 @@
 # verified where it finished, and the ratios the issue's target names:
 # zblk:zstd:packed against zram:lz4 and zram:zstd, zswap:lzo-rle against
 # it. ZBLK_WM_ROUNDS (default 1) repeats the list; the ratios are medians.
+# Knobs: zblk.wm_configs=zram:lz4,zblk:zstd:packed (commas), zblk.wm_factor,
+# zblk.wm_rounds, zblk.wm_procs.
 #
 # Opt-in, by name; it takes about 1-2 minutes of TCG time per
 # configuration with a 2 GB guest, so give it time:
@@ -25,6 +28,11 @@ SCEN=wholemachine
 : "${ZBLK_WM_CONFIGS:=zram:lz4 zram:zstd zblk:lz4 zblk:zstd zblk:zstd:packed zswap:lzo-rle zswap:lz4 zswap:zstd}"
 : "${ZBLK_WM_ROUNDS:=1}"
 : "${ZBLK_WM_PROCS:=2}"
+# A configuration whose workload has not ended after this long is stuck:
+# the scenario fails with what its processes are waiting on.
+: "${ZBLK_WM_LIMIT_S:=600}"
+# zblk.wm_configs on the kernel command line cannot hold spaces: commas.
+ZBLK_WM_CONFIGS=$(echo "$ZBLK_WM_CONFIGS" | tr ',' ' ')
 CORPUS=/lib/zblk-vm/data/realmem-dev.bin.zst
 pattern=synthetic corpus_args=""
 if [ -f "$CORPUS" ]; then pattern=corpus corpus_args="--corpus $CORPUS"; fi
@@ -38,8 +46,11 @@ log "RAM $((mem_kb / 1024)) MB; workload $ZBLK_WM_PROCS x $per_mb MB ($pattern p
 # Brings up the swap of configuration $1 (kind:algo[:mode]).
 wm_up() {
     kind=${1%%:*} rest=${1#*:}
-    algo=${rest%%:*} mode=per-page
+    algo=${rest%%:*} mode=per-page extra=""
     [ "$rest" != "$algo" ] && mode=${rest#*:}
+    # zblk:ALGO:private: per-page, the store in private memory
+    # (--no-recovery) rather than the memfd.
+    [ "$mode" = private ] && mode=per-page extra=--no-recovery
     case $kind in
     zram)
         algo0=$ZBLK_ALGO
@@ -47,7 +58,8 @@ wm_up() {
         zram_swap "$dev_mb"
         ZBLK_ALGO=$algo0 ;;
     zblk)
-        zadd --size "${dev_mb}M" --algo "$algo" --mode "$mode" --swap ;;
+        # shellcheck disable=SC2086 # extra is one word or none
+        zadd --size "${dev_mb}M" --algo "$algo" --mode "$mode" $extra --swap ;;
     zswap)
         [ -d "$ZSW" ] || fail "no zswap in this kernel ($ZSW missing)"
         rmmod brd 2>/dev/null
@@ -78,6 +90,38 @@ wm_down() {
     esac
 }
 
+# One line of how configuration $1 is doing: free memory and swap, pages
+# swapped out and in so far, and for zblk what its device stores.
+wm_sample() {
+    m=$(awk '/^MemFree:/ { f = $2 } /^SwapFree:/ { s = $2 } END { printf "memfree_mb=%d swapfree_mb=%d", f / 1024, s / 1024 }' /proc/meminfo)
+    d=""
+    if [ "${1%%:*}" = zblk ]; then
+        st=$(timeout 5 zblk stat -n "$ZID" --json 2>/dev/null | tr -d '\n')
+        d=" stored_pages=$(echo "$st" | jnum stored_pages) mem_used_total=$(echo "$st" | jnum mem_used_total) failed_writes=$(echo "$st" | jnum failed_writes)"
+    fi
+    echo "$m pswpout=$(vmstat pswpout) pswpin=$(vmstat pswpin)$d"
+}
+
+# Logs a sample of configuration $1 every 20 s while usemem (pid $2,
+# started at $3) runs; after ZBLK_WM_LIMIT_S fails the scenario with the
+# threads of usemem's processes and of zblk's daemon and where they wait.
+wm_watch() {
+    i=0
+    while kill -0 "$2" 2>/dev/null; do
+        sleep 1
+        i=$((i + 1))
+        [ $((i % 20)) = 0 ] && log "$1 at ${i} s: $(wm_sample "$1")"
+        if [ "$i" -ge "$ZBLK_WM_LIMIT_S" ]; then
+            procs=$(grep -l '^usemem$' /proc/[0-9]*/comm 2>/dev/null | cut -d/ -f3)
+            [ "${1%%:*}" = zblk ] && procs="$procs $(zdaemon_pid "$ZID")"
+            for p in $procs; do
+                log "stuck: pid $p: $(proc_stacks "$p" | tr '\n' '|')"
+            done
+            fail "$1: the workload has not ended after $ZBLK_WM_LIMIT_S s: $(wm_sample "$1")"
+        fi
+    done
+}
+
 # Runs the workload on configuration $1; sets WM_WALL ("oom" when the OOM
 # killer ended it) and WM_FIGS.
 wm_run() {
@@ -86,7 +130,11 @@ wm_run() {
     out0=$(vmstat pswpout) oom0=$(vmstat oom_kill)
     t0=$(now)
     # shellcheck disable=SC2086 # corpus_args is two words or none
-    usemem --mb "$per_mb" --procs "$ZBLK_WM_PROCS" --sleep 1 $corpus_args >/tmp/zblk-vm.wm 2>&1
+    usemem --mb "$per_mb" --procs "$ZBLK_WM_PROCS" --sleep 1 $corpus_args >/tmp/zblk-vm.wm 2>&1 &
+    upid=$!
+    track $upid
+    wm_watch "$1" "$upid" "$t0"
+    wait $upid
     urc=$?
     wall=$(elapsed "$t0")
     ooms=$(( $(vmstat oom_kill) - oom0 ))
