@@ -79,6 +79,8 @@
 #                   (applies to the kernel of its series; default: the newest
 #                   of each series in its backports suite)
 #   ZBLK_VM_NOBUILD=1  reuse the binaries already in target/ (no cargo build)
+#   ZBLK_VM_MONITOR=1  a qemu monitor socket and SysRq, to ask a stuck guest
+#                   where it is (see boot())
 #   ZBLK_VM_ACCEL   qemu accelerator: tcg (default; works everywhere) or kvm
 #                   (much faster where /dev/kvm can run a stock kernel)
 #
@@ -463,6 +465,15 @@ boot() {
     set +e
     local accel=(-accel tcg -cpu max)
     [ "${ZBLK_VM_ACCEL:-tcg}" = kvm ] && accel=(-accel kvm -cpu host)
+    # ZBLK_VM_MONITOR=1: a qemu monitor on $WORK/monitor.sock and SysRq on,
+    # so that a stuck guest can be asked where it is, e.g.
+    #   echo 'sendkey alt-sysrq-l' | socat - UNIX-CONNECT:$WORK/monitor.sock
+    # (l: every CPU's backtrace, w: blocked tasks, t: all tasks; printed on
+    # the console, so in console.log).
+    if [ "${ZBLK_VM_MONITOR:-0}" = 1 ]; then
+        accel+=(-monitor "unix:$WORK/monitor.sock,server,nowait")
+        params="$params sysrq_always_enabled=1"
+    fi
     timeout -k 10 "$TIMEOUT" qemu-system-x86_64 "${accel[@]}" -m "$MEM" -smp "$CPUS" \
         -nographic -no-reboot -kernel "$KDIR/vmlinuz" -initrd "$WORK/initrd.img" \
         -append "$params" </dev/null 2>&1 | tee "$WORK/console.log" | sed -u 's/\r$//'
