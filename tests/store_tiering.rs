@@ -415,6 +415,16 @@ fn the_secondary_algorithm_is_known_once_chosen() {
     assert_eq!(store.secondary_algo(), Some(Algo::Zstd(9)));
 }
 
+/// A recompression of every page of `kind` with zstd:9.
+fn zstd9(kind: RecompressType) -> Recompress {
+    Recompress {
+        algo: Algo::Zstd(9),
+        kind,
+        threshold: 0,
+        max_pages: 0,
+    }
+}
+
 /// A packed lz4 store of real pages recompressed with zstd:9 into packed
 /// groups: most pages move, compr_data_size and mem_used_total drop,
 /// every page reads back, a
@@ -434,12 +444,7 @@ fn packed_recompression_of_real_pages_saves_memory_and_survives_recovery() {
     let mut ctx = store.new_ctx();
     ctx.write(0, &real).unwrap();
     let before = store.stats();
-    let all = Recompress {
-        algo: Algo::Zstd(9),
-        kind: RecompressType::All,
-        threshold: 0,
-        max_pages: 0,
-    };
+    let all = zstd9(RecompressType::All);
     let r = store.recompress(&all).unwrap();
     ctx.flush_frees();
     assert!(store.settle_frees(std::time::Duration::from_secs(5)));
@@ -514,12 +519,7 @@ fn packed_recompression_moves_whole_groups_only() {
         ctx.read(g * 8 * P, &mut buf).unwrap();
     }
     let before = store.stats();
-    let idle = Recompress {
-        algo: Algo::Zstd(9),
-        kind: RecompressType::Idle,
-        threshold: 0,
-        max_pages: 0,
-    };
+    let idle = zstd9(RecompressType::Idle);
     let r = store.recompress(&idle).unwrap();
     // Only pages the store kept per page (these pages are noise there: a
     // group of them did not pack) are whole on their own, and tried.
