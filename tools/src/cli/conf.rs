@@ -104,10 +104,13 @@ pub fn eval_size(expr: &str, ram_mb: f64) -> Result<u64, String> {
     let mut ctx = HashMapContext::<DefaultNumericTypes>::new();
     ctx.set_value("ram".into(), Value::Float(ram_mb))
         .map_err(|e| e.to_string())?;
+    // evalexpr's message may quote what it read (a backslash and the
+    // newline after it): escaped like the expression, so one line.
     let mb = evalexpr::eval_number_with_context(expr, &ctx).map_err(|e| {
         format!(
-            "bad size expression '{}': {e}",
-            super::escape_controls(expr)
+            "bad size expression '{}': {}",
+            super::escape_controls(expr),
+            super::escape_controls(&e.to_string())
         )
     })?;
     let bytes = mb * 1024.0 * 1024.0;
@@ -448,6 +451,11 @@ mod tests {
         );
         let e = eval_size("rom / 2", 8.0).unwrap_err();
         assert!(e.starts_with("bad size expression 'rom / 2'"), "{e}");
+        // Found by setup_conf (session 6): evalexpr's own message quoted
+        // a backslash and the newline after it.
+        let e = eval_size("\"a\\\n\"", 8.0).unwrap_err();
+        assert!(e.contains("escape"), "{e}");
+        assert!(!e.contains(['\n', '\r']), "{e:?}");
     }
 
     #[test]
