@@ -170,6 +170,27 @@ wait_mem_back() {
     done
 }
 
+# Waits up to 20 s until the swap device $1 (a zblk id) stores no more than
+# the swap areas hold (/proc/swaps), plus at most 5 % of $2 (its peak stored
+# pages), and what the swap areas hold is the kernel's swap cache
+# (SwapCached, freed lazily once no process maps it) give or take 256
+# pages: the workloads are gone, no process holds swapped pages, and the
+# slack is slots freed in clusters still partly in use, which swap discards
+# only once the whole cluster is free. Fails the scenario otherwise; sets
+# SWAP_LEFT ("ST (swap used HELD, swap cache CACHED)").
+swap_settled() {
+    local i=0 held cached st
+    while :; do
+        held=$(awk 'NR > 1 { s += $4 } END { print int(s / 4) }' /proc/swaps)
+        cached=$(awk '$1 == "SwapCached:" { print int($2 / 4) }' /proc/meminfo)
+        st=$(zstat "$1" | jnum stored_pages)
+        [ $((held - cached)) -le 256 ] && [ "$st" -le $((held + $2 / 20)) ] && break
+        [ $i -lt 200 ] || fail "after the workloads exited: device $1 stores $st pages, the swap areas hold $held, of which $cached swap cache"
+        sleep 0.1; i=$((i + 1))
+    done
+    SWAP_LEFT="$st (swap used $held, swap cache $cached)"
+}
+
 # Writes $2 MB (random, then compressible text) at the start of block device
 # $1 with O_DIRECT, reads it back the same way and compares; fails the
 # scenario on an I/O error or any difference.
@@ -449,12 +470,20 @@ usemem_verified() {
 # checks: usemem verified every page, the kernel saw no swap error since
 # handover_start, stat counts N recoveries, and the memory falls back to
 # BASE once the workload is gone (at most 1 MB + 2% of PEAK pages left).
-# Sets UJ (usemem's result line), REC and MEM.
+# What the swap area still holds then is the kernel's swap cache, which it
+# frees lazily (swap_settled checks that the device stores no more than
+# that); swapoff and a discard of the whole device empty it, and the memory
+# must then fall back: a handle the recoveries lost would keep its zspage.
+# Sets UJ (usemem's result line), REC, SWAP_LEFT and MEM.
 handover_finish() {
     local n=$1 what=$2 i
     usemem_verified "after $n $what"
     REC=$(zstat | jnum recoveries)
     [ "$REC" = "$n" ] || fail "stat shows recoveries=$REC after $n $what"
     rmdir "$CG" 2>/dev/null
+    swap_settled "$ZID" "$PEAK"
+    must swapoff "$ZDEV"
+    must blkdiscard -f "$ZDEV"
+    wait_no_pages "$ZID" 100
     wait_mem_back "$ZID" "$BASE" "$PEAK" 200
 }

@@ -144,23 +144,11 @@ for d in "$SW" "$IO"; do
 done
 QSW=$(echo $(queue_field pages_written "$SW") | tr ' ' '/') QIO=$(echo $(queue_field pages_written "$IO") | tr ' ' '/')
 
-# The workloads are gone: no process holds swapped pages any more (what
-# the swap areas still count is the kernel's swap cache, SwapCached, which
-# it frees lazily), and the swap device stores what the swap areas hold,
-# plus at most 5 % of the peak: slots freed in clusters still partly in use,
-# which swap discards only once the whole cluster is free (the munmap
-# scenario allows the same).
+# The workloads are gone: the swap device stores what the swap areas hold
+# (the kernel's swap cache) plus a little (swap_settled).
 [ "$(zstat "$SW" | jnum stored_pages)" -gt "$PEAK" ] && PEAK=$(zstat "$SW" | jnum stored_pages)
-i=0
-while :; do
-    held=$(awk 'NR > 1 { s += $4 } END { print int(s / 4) }' /proc/swaps)
-    cached=$(awk '$1 == "SwapCached:" { print int($2 / 4) }' /proc/meminfo)
-    st=$(zstat "$SW" | jnum stored_pages)
-    [ $((held - cached)) -le 256 ] && [ "$st" -le $((held + PEAK / 20)) ] && break
-    [ $i -lt 200 ] || fail "after the workloads exited: the swap device stores $st pages, the swap areas hold $held, of which $cached swap cache"
-    sleep 0.1; i=$((i + 1))
-done
-left="$st (swap used $held, swap cache $cached)"
+swap_settled "$SW" "$PEAK"
+left=$SWAP_LEFT
 must swapoff "$SWDEV"
 must blkdiscard -f "$SWDEV"
 must blkdiscard "$IODEV"
