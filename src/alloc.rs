@@ -7,7 +7,7 @@
 //! [`HeapAllocator`] (one heap allocation per object) is the simple
 //! reference used to check it.
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 /// An opaque, non-zero object identifier. 0 means "no object".
 pub type Handle = u64;
@@ -154,6 +154,32 @@ pub trait ObjAllocator: Send + Sync {
     fn spare_pages(&self) -> u64 {
         0
     }
+
+    /// Keeps the allocator's memory reserve filled until `stop` (run on a
+    /// thread of its own, see `SlabConfig::reserve`); returns at once for
+    /// an allocator without one.
+    fn serve_reserve(&self, _stop: &AtomicBool) {}
+
+    /// Wakes [`ObjAllocator::serve_reserve`] (to see `stop`, or to refill).
+    fn wake_reserve(&self) {}
+
+    /// What the memory reserve did so far.
+    fn reserve_stats(&self) -> ReserveStats {
+        ReserveStats::default()
+    }
+}
+
+/// What an allocator's memory reserve did (all zero without one).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReserveStats {
+    /// Objects whose size class had neither a free object nor a spare
+    /// zspage when asked.
+    pub misses: u64,
+    /// Of those, objects placed in a larger class.
+    pub fallbacks: u64,
+    /// Objects refused after waiting for the provisioner (their request
+    /// failed with ENOMEM).
+    pub refusals: u64,
 }
 
 /// Memory accounting every allocator keeps: bytes held, their peak, and

@@ -80,6 +80,12 @@ pub struct StoreConfig {
     pub deferred_free_max_batches: usize,
     /// Lock the slab's memory in RAM (for swap devices).
     pub mlock: bool,
+    /// Keep a memory reserve: new zspages are backed ahead of need by a
+    /// provisioner thread, never by the writing thread, which fails a write
+    /// with ENOMEM rather than fault in fresh memory (the daemon's setting:
+    /// a queue thread in direct reclaim can wedge a machine that swaps to
+    /// it). Needs the slab.
+    pub reserve: bool,
     /// Keep the slot table and the slab in one memfd that outlives the
     /// process (`Store::memory_fd`), so that a new process can take the
     /// store over with every page (`Store::recover`). Needs the slab.
@@ -134,6 +140,7 @@ impl StoreConfig {
             deferred_free: true,
             deferred_free_max_batches: DEFAULT_MAX_PENDING_BATCHES,
             mlock: false,
+            reserve: false,
             shared: false,
             codecs: None,
             backing: None,
@@ -141,6 +148,11 @@ impl StoreConfig {
     }
 
     pub(crate) fn validate(&self) -> Result<()> {
+        if self.reserve && self.allocator != AllocatorKind::Slab {
+            return Err(Error::InvalidConfig(
+                "a memory reserve needs the slab allocator".into(),
+            ));
+        }
         if self.shared && self.allocator != AllocatorKind::Slab {
             return Err(Error::InvalidConfig(
                 "shared memory needs the slab allocator".into(),

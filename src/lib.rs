@@ -38,6 +38,7 @@ mod free;
 mod inject;
 mod packed;
 mod page;
+mod provision;
 mod read;
 mod recompress;
 mod recover;

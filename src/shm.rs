@@ -42,7 +42,9 @@ const MAGIC: [u8; 8] = *b"ZBLKMEM\0";
 /// recovery refuses a file of another layout rather than misread it.
 /// 2: slots carry an access time, an idle mark and an algorithm index;
 /// the header the clock's base and the secondary algorithm.
-pub(crate) const LAYOUT_VERSION: u64 = 2;
+/// 3: an object may live in any size class at least its size (the memory
+/// reserve's fallback, `slab::reserve`), not only in the smallest.
+pub(crate) const LAYOUT_VERSION: u64 = 3;
 /// Bytes of the header kept for the algorithm's name.
 const ALGO_BYTES: usize = 32;
 

@@ -30,6 +30,7 @@ use crate::ctx::CtxState;
 use crate::error::{Error, Result};
 use crate::free::FreeConfig;
 use crate::page::{PAGE_SIZE, PAGE_SIZE_U64};
+use crate::provision::Provisioner;
 use crate::recompress::{Recompress, RecompressReport};
 use crate::shm::{Live, SharedMem, NOTE_BYTES};
 use crate::slab::{SlabAllocator, SlabConfig};
@@ -71,6 +72,14 @@ pub struct StoreStats {
     /// Bytes of `mem_used_total` held as empty zspages kept for reuse
     /// (given back after a second without reuse, or by compaction).
     pub mem_spare: u64,
+    /// Objects whose size class had no room left in the memory reserve
+    /// (`StoreConfig::reserve`) when a write asked.
+    pub reserve_misses: u64,
+    /// Of those, objects placed in a larger size class.
+    pub reserve_fallbacks: u64,
+    /// Of those, objects refused after waiting for the provisioner: their
+    /// writes failed with ENOMEM (counted in `failed_writes` too).
+    pub reserve_refusals: u64,
     /// Handles detached but not yet freed.
     pub deferred_free_pending: u64,
     /// Bytes of slot table (16 per page of device size).
@@ -128,6 +137,8 @@ pub struct Store {
     secondary: Arc<OnceLock<Algo>>,
     /// Pages writeback may still write; `u64::MAX`: no limit.
     wb_limit: AtomicU64,
+    /// The memory reserve's thread, when the configuration asks for one.
+    provisioner: Mutex<Option<Provisioner>>,
 }
 
 /// What a store carries over from the processes it was recovered from.
@@ -164,7 +175,10 @@ impl Store {
     /// shared memory if `cfg.shared`.
     pub fn new(cfg: StoreConfig) -> Result<Arc<Store>> {
         cfg.validate()?;
-        let slab_cfg = SlabConfig { mlock: cfg.mlock };
+        let slab_cfg = SlabConfig {
+            mlock: cfg.mlock,
+            reserve: cfg.reserve,
+        };
         let mut clock_base = crate::clock::boot_seconds();
         let (alloc, shm): (Arc<dyn ObjAllocator>, _) = match cfg.allocator {
             AllocatorKind::Slab if cfg.shared => {
@@ -216,7 +230,10 @@ impl Store {
         let secondary = crate::recover::secondary(&header)?;
         let shm = Arc::new(shm);
         let slab = Arc::new(SlabAllocator::shared(
-            SlabConfig { mlock: cfg.mlock },
+            SlabConfig {
+                mlock: cfg.mlock,
+                reserve: cfg.reserve,
+            },
             shm.clone(),
         ));
         let table = Self::table(&cfg, Some(&shm), slab.clone())?;
@@ -267,7 +284,11 @@ impl Store {
             Some(path) => Some(Arc::new(Backing::open(path, cfg.mlock)?)),
             None => None,
         };
-        SlotTable::new(pages, shm, alloc, free, cfg.object_span(), backing)
+        let table = SlotTable::new(pages, shm, alloc, free, cfg.object_span(), backing)?;
+        if cfg.reserve && !table.prefault() {
+            return Err(Error::NoSpace { limit: 0 });
+        }
+        Ok(table)
     }
 
     /// Puts a store together; a recovered one keeps the limits its last
@@ -289,9 +310,14 @@ impl Store {
             clock: Clock::from_base(past.clock_base),
             secondary,
             wb_limit: AtomicU64::new(wb_limit),
+            provisioner: Mutex::new(None),
             cfg,
             past,
         });
+        if store.cfg.reserve {
+            let p = Provisioner::start(store.table.allocator_arc());
+            *store.provisioner.lock().unwrap_or_else(|e| e.into_inner()) = p;
+        }
         // The drain thread compacts when fragmentation passes the threshold.
         let weak = Arc::downgrade(&store);
         store.table.frees().set_idle_hook(Box::new(move || {
@@ -646,6 +672,7 @@ impl Store {
         let alloc = self.allocator();
         let backing = self.table.backing();
         let wb_limit = self.wb_limit.load(Relaxed);
+        let reserve = alloc.reserve_stats();
         StoreStats {
             disksize: self.cfg.size,
             algorithm: self.cfg.algo.to_string(),
@@ -657,6 +684,9 @@ impl Store {
             mem_limit: alloc.mem_limit(),
             pages_compacted: self.pages_compacted.load(Relaxed),
             mem_spare: alloc.spare_pages() * PAGE_SIZE_U64,
+            reserve_misses: reserve.misses,
+            reserve_fallbacks: reserve.fallbacks,
+            reserve_refusals: reserve.refusals,
             deferred_free_pending,
             slot_table_bytes: self.table.bytes(),
             shared: self.table.shared().is_some(),
@@ -895,5 +925,15 @@ pub unsafe fn debug_corrupt_object(store: &Store, page: u64, at: usize, byte: u8
 #[doc(hidden)]
 pub fn debug_crash(store: Arc<Store>) {
     store.table.frees().abandon();
+    // A dead process's provisioner makes no more spares.
+    if let Some(mut p) = store
+        .provisioner
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .take()
+    {
+        p.stop();
+        std::mem::forget(p);
+    }
     std::mem::forget(store);
 }

@@ -112,6 +112,25 @@ impl SlotTable {
         &*self.alloc
     }
 
+    /// Faults the whole slot table in now (and, under the daemon's
+    /// `mlockall`, locks it), as zram allocates its table when the disk
+    /// size is set: with a memory reserve, a queue thread must not take a
+    /// page fault on the first write to each 256 slots. Returns false if
+    /// the OS refused the memory.
+    pub(crate) fn prefault(&self) -> bool {
+        let start = self.slots.as_ptr() as usize;
+        let end = start + std::mem::size_of_val::<[Slot]>(&self.slots);
+        // madvise wants a page-aligned start; populating the rest of the
+        // first page (heap memory around a heap table) changes no byte.
+        let first = start & !(PAGE_SIZE - 1);
+        crate::slab::populate_range(first, end - first)
+    }
+
+    /// The allocator, shared (for a thread that outlives a borrow).
+    pub(crate) fn allocator_arc(&self) -> Arc<dyn ObjAllocator> {
+        self.alloc.clone()
+    }
+
     /// The freeing machinery (the queue contexts hand their batches to it).
     pub(crate) fn frees(&self) -> &Freer {
         &self.frees

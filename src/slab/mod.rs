@@ -49,13 +49,16 @@
 mod class;
 mod compact;
 mod recover;
+mod reserve;
 mod vm;
 
 pub(crate) use recover::Claim;
+pub(crate) use vm::populate_range;
 
-use crate::alloc::{AllocError, Handle, MemAccount, ObjAllocator, Relocate};
+use crate::alloc::{AllocError, Handle, MemAccount, ObjAllocator, Relocate, ReserveStats};
 use crate::shm::SharedMem;
 use class::{ClassSpec, ClassTable};
+use reserve::{Missed, Reserve};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use vm::ChunkDir;
@@ -66,6 +69,12 @@ pub struct SlabConfig {
     /// Lock zspages in RAM (`mlock`): for swap devices, whose memory must
     /// never itself be swapped out.
     pub mlock: bool,
+    /// Keep a memory reserve (see [`reserve`]): new zspages come only from
+    /// spares a provisioner thread backed ahead of need
+    /// ([`ObjAllocator::serve_reserve`]), so the allocating thread never
+    /// faults in fresh memory. For the daemon, whose queue threads are what
+    /// turns the kernel's dirty pages into free memory.
+    pub reserve: bool,
 }
 
 /// Marks a free object in a zspage's owner table; the low bits then hold
@@ -158,6 +167,12 @@ struct ClassState {
     fresh: Vec<u64>,
     /// Fullness groups: ids of live zspages by how full they are.
     groups: [Vec<u64>; NGROUPS],
+    /// Owner tables of dead zspages kept for the next ones, so that making
+    /// a zspage from a spare allocates nothing (reserve mode only).
+    boxes: Vec<Box<[u64]>>,
+    /// An allocation found no free object and no spare in the class (reserve
+    /// mode): the provisioner gives it spares even while it holds nothing.
+    missed: bool,
     live_zspages: u64,
     objs_used: u64,
 }
@@ -271,6 +286,8 @@ pub struct SlabAllocator {
     mlock_warned: AtomicBool,
     /// Zspages live in a memfd: a page it cannot get is refused up front.
     shared: bool,
+    /// The memory reserve, in reserve mode.
+    reserve: Option<Reserve>,
 }
 
 impl std::fmt::Debug for SlabAllocator {
@@ -357,6 +374,7 @@ impl SlabAllocator {
             mlock: cfg.mlock,
             mlock_warned: AtomicBool::new(false),
             shared,
+            reserve: cfg.reserve.then(Reserve::default),
         }
     }
 
@@ -405,40 +423,54 @@ impl SlabAllocator {
         self.mem.uncharge(bytes);
     }
 
-    /// Creates an empty zspage in `class` and links it into group 0.
-    fn new_zspage(&self, class: &SizeClass, st: &mut ClassState) -> Result<u64, AllocError> {
+    /// Creates an empty zspage in `class` and links it into group 0. With a
+    /// reserve, only from a spare: fresh pages are the provisioner's job.
+    fn new_zspage(&self, class: &SizeClass, st: &mut ClassState) -> Result<u64, Refused> {
         if let Some(id) = st.spare.pop() {
             // Still charged, backed and (if configured) locked.
             st.spare_used = true;
             self.init_zspage(class, st, id);
+            if let Some(r) = &self.reserve {
+                r.wake();
+            }
             return Ok(id);
+        }
+        if self.reserve.is_some() {
+            return Err(Refused::ReserveEmpty);
         }
         self.charge(class.cost)?;
         if crate::fault::fail("slab:zspage") {
             self.uncharge(class.cost);
-            return Err(AllocError { limit: 0 });
+            return Err(AllocError { limit: 0 }.into());
         }
-        let id = match st.free_ids.pop() {
-            // A recovered slab's free ids may lie in chunks nobody mapped.
-            Some(id) if class.dir.ensure(id) => id,
-            Some(id) => {
-                st.free_ids.push(id);
-                self.uncharge(class.cost);
-                return Err(AllocError { limit: 0 });
-            }
-            None => {
-                let id = st.zs.len() as u64;
-                if id >= class.id_limit() || !class.dir.ensure(id) {
-                    self.uncharge(class.cost);
-                    return Err(AllocError { limit: 0 });
-                }
-                st.zs.push(ZsMeta::dead());
-                id
-            }
+        let Some(id) = Self::take_id(class, st) else {
+            self.uncharge(class.cost);
+            return Err(AllocError { limit: 0 }.into());
         };
         st.fresh.push(id);
         self.init_zspage(class, st, id);
         Ok(id)
+    }
+
+    /// An unused zspage id of `class` whose chunk is mapped: a free one, or
+    /// the next new one; `None` when the class's address space is full.
+    fn take_id(class: &SizeClass, st: &mut ClassState) -> Option<u64> {
+        match st.free_ids.pop() {
+            // A recovered slab's free ids may lie in chunks nobody mapped.
+            Some(id) if class.dir.ensure(id) => Some(id),
+            Some(id) => {
+                st.free_ids.push(id);
+                None
+            }
+            None => {
+                let id = st.zs.len() as u64;
+                if id >= class.id_limit() || !class.dir.ensure(id) {
+                    return None;
+                }
+                st.zs.push(ZsMeta::dead());
+                Some(id)
+            }
+        }
     }
 
     /// Backs the pages of new zspage `id` (after the class lock was let go:
@@ -473,15 +505,18 @@ impl SlabAllocator {
     /// Makes zspage `id` an empty live zspage in fullness group 0.
     fn init_zspage(&self, class: &SizeClass, st: &mut ClassState, id: u64) {
         let objs = class.spec.objs;
-        let owners: Box<[u64]> = (0..objs)
-            .map(|i| {
-                FREE | if i + 1 < objs {
-                    (i + 1) as u64
+        let mut owners = match st.boxes.pop() {
+            Some(b) if b.len() == objs as usize => b,
+            _ => vec![0; objs as usize].into_boxed_slice(),
+        };
+        for (i, o) in owners.iter_mut().enumerate() {
+            *o = FREE
+                | if i as u32 + 1 < objs {
+                    i as u64 + 1
                 } else {
                     NIL as u64
-                }
-            })
-            .collect();
+                };
+        }
         st.zs[id as usize] = ZsMeta {
             owners,
             free_head: 0,
@@ -513,9 +548,9 @@ impl SlabAllocator {
         class: &SizeClass,
         st: &mut ClassState,
         owner: u64,
-    ) -> Result<Handle, AllocError> {
+    ) -> Result<Handle, Refused> {
         if crate::fault::fail("slab:obj") {
-            return Err(AllocError { limit: 0 });
+            return Err(AllocError { limit: 0 }.into());
         }
         let id = match st.fullest_partial(None) {
             Some(id) => id,
@@ -559,7 +594,11 @@ impl SlabAllocator {
     /// the lock hold ([`Self::release_dead`]).
     fn destroy_zspage(&self, st: &mut ClassState, id: u64) {
         st.unlink(id);
-        st.zs[id as usize] = ZsMeta::dead();
+        let owners = std::mem::replace(&mut st.zs[id as usize], ZsMeta::dead()).owners;
+        // Kept within the capacity the provisioner gave (no allocation).
+        if self.reserve.is_some() && st.boxes.len() < reserve::BOXES_KEPT.min(st.boxes.capacity()) {
+            st.boxes.push(owners);
+        }
         st.live_zspages -= 1;
         st.dead.push(id);
     }
@@ -570,15 +609,23 @@ impl SlabAllocator {
     /// once), and makes their ids reusable. Called before the class lock is
     /// released, so no id is reused before its pages are gone.
     fn release_dead(&self, class: &SizeClass, st: &mut ClassState) {
-        self.release_dead_keeping(class, st, st.spare_cap());
+        let keep = self.spares_kept(st);
+        self.release_dead_keeping(class, st, keep);
     }
 
-    /// Gives every spare zspage of the class back to the OS; returns the
-    /// 4 KB pages given back.
-    fn release_spares(&self, class: &SizeClass, st: &mut ClassState) -> u64 {
-        let pages = spare_pages(class, st);
-        self.release_dead_keeping(class, st, 0);
-        pages
+    /// Spares a class keeps when zspages die: what reuse calls for, and at
+    /// least the reserve's share.
+    fn spares_kept(&self, st: &ClassState) -> usize {
+        st.spare_cap().max(self.reserve_want(st))
+    }
+
+    /// Gives the spares of the class the reserve does not need back to the
+    /// OS; returns the 4 KB pages given back.
+    fn trim_spares(&self, class: &SizeClass, st: &mut ClassState) -> u64 {
+        let before = spare_pages(class, st);
+        let keep = self.reserve_want(st);
+        self.release_dead_keeping(class, st, keep);
+        before - spare_pages(class, st)
     }
 
     /// [`Self::release_dead`], keeping up to `cap` empty zspages as spares
@@ -628,10 +675,26 @@ impl SlabAllocator {
         }
     }
 
-    /// Frees handles that `alloc_bulk` made before it failed.
-    fn rollback(&self, out: &[Handle], order: &[(u8, u32)]) {
-        let hs: Vec<Handle> = order.iter().map(|&(_, i)| out[i as usize]).collect();
+    /// Frees handles that `alloc_bulk` made before it failed (the entries
+    /// of `out` it filled; the others are 0).
+    fn rollback(&self, out: &[Handle]) {
+        let hs: Vec<Handle> = out.iter().copied().filter(|&h| h != 0).collect();
         self.free_bulk(&hs);
+    }
+}
+
+/// Why an object could not be allocated in its class.
+#[derive(Debug, Clone, Copy)]
+enum Refused {
+    /// The allocation failed (memory limit, the OS, the id space).
+    Failed(AllocError),
+    /// Reserve mode: the class has no free object and no spare zspage.
+    ReserveEmpty,
+}
+
+impl From<AllocError> for Refused {
+    fn from(e: AllocError) -> Self {
+        Refused::Failed(e)
     }
 }
 
@@ -694,7 +757,7 @@ impl ObjAllocator for SlabAllocator {
         let base = out.len();
         out.resize(base + n, 0);
         let dst = &mut out[base..];
-        let mut done = 0;
+        let mut missed = Missed::default();
         let mut failed = None;
         for_runs(
             order,
@@ -708,12 +771,15 @@ impl ObjAllocator for SlabAllocator {
                 for &(_, i) in run {
                     match self.alloc_obj(class, &mut st, owners[i as usize]) {
                         Ok(h) => dst[i as usize] = h,
-                        Err(e) => {
+                        Err(Refused::ReserveEmpty) => {
+                            st.missed = true;
+                            missed.push(i);
+                        }
+                        Err(Refused::Failed(e)) => {
                             failed = Some(e);
                             break;
                         }
                     }
-                    done += 1;
                 }
                 let fresh = std::mem::take(&mut st.fresh);
                 drop(st);
@@ -725,8 +791,11 @@ impl ObjAllocator for SlabAllocator {
                 }
             },
         );
+        if failed.is_none() && !missed.is_empty() {
+            failed = self.place_missed(&missed, sizes, owners, dst).err();
+        }
         if let Some(e) = failed {
-            self.rollback(&out[base..], &order[..done]);
+            self.rollback(&out[base..]);
             out.truncate(base);
             return Err(e);
         }
@@ -804,10 +873,27 @@ impl ObjAllocator for SlabAllocator {
         for class in self.classes.iter() {
             let mut st = lock(class);
             if !std::mem::take(&mut st.spare_used) {
-                pages += self.release_spares(class, &mut st);
+                pages += self.trim_spares(class, &mut st);
             }
         }
         pages
+    }
+
+    fn serve_reserve(&self, stop: &AtomicBool) {
+        self.provision_until(stop);
+    }
+
+    fn wake_reserve(&self) {
+        if let Some(r) = &self.reserve {
+            r.wake();
+        }
+    }
+
+    fn reserve_stats(&self) -> ReserveStats {
+        self.reserve
+            .as_ref()
+            .map(Reserve::stats)
+            .unwrap_or_default()
     }
 }
 

@@ -33,7 +33,9 @@ impl SlabAllocator {
         let Some(class) = self.classes.get(c) else {
             return Claim::Invalid;
         };
-        let fits = self.table.class_of(len) == Some(c) && idx < class.spec.objs;
+        // The smallest class for `len`, or a larger one (the reserve's
+        // fallback places objects there when their own class is empty).
+        let fits = self.table.class_of(len).is_some_and(|own| own <= c) && idx < class.spec.objs;
         if !fits || id >= class.id_limit() {
             return Claim::Invalid;
         }

@@ -264,7 +264,10 @@ fn compaction_skips_objects_their_slot_no_longer_holds() {
 fn mlock_config_works_or_degrades() {
     // Whether mlock succeeds depends on RLIMIT_MEMLOCK; either way objects
     // must be stored and freed correctly.
-    let a = SlabAllocator::new(SlabConfig { mlock: true });
+    let a = SlabAllocator::new(SlabConfig {
+        mlock: true,
+        ..SlabConfig::default()
+    });
     let mut hs = Vec::new();
     a.alloc_bulk(&[3000; 10], &[0; 10], &mut hs).unwrap();
     for (i, &h) in hs.iter().enumerate() {
@@ -371,4 +374,104 @@ fn emptied_zspages_are_kept_as_spares_then_trimmed() {
     a.free_bulk(&fourth);
     a.free_bulk(&keep);
     assert_eq!(a.mem_used_total(), 0);
+}
+
+fn reserve_slab() -> SlabAllocator {
+    SlabAllocator::new(SlabConfig {
+        reserve: true,
+        ..SlabConfig::default()
+    })
+}
+
+/// One provisioning pass over every class, as the provisioner runs it.
+fn provision_all(a: &SlabAllocator) {
+    for class in a.classes.iter() {
+        a.provision(class);
+    }
+}
+
+/// Without the provisioner, a reserve-mode slab makes no zspage itself:
+/// the allocation fails after its bounded waits, is counted, and holds no
+/// memory; once a pass ran for the class that missed, it succeeds.
+#[test]
+fn reserve_refuses_without_provisioner_then_serves_from_spares() {
+    let a = reserve_slab();
+    let mut hs = Vec::new();
+    let t = std::time::Instant::now();
+    assert_eq!(
+        a.alloc_bulk(&[1000; 3], &[1, 2, 3], &mut hs),
+        Err(AllocError { limit: 0 })
+    );
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(2),
+        "bounded wait"
+    );
+    assert!(hs.is_empty());
+    assert_eq!(a.mem_used_total(), 0);
+    let s = a.reserve_stats();
+    assert_eq!((s.misses, s.fallbacks, s.refusals), (3, 0, 3));
+    // The miss marked the class: a pass gives it a spare (and only it).
+    provision_all(&a);
+    let c = a.class_of(1000).unwrap();
+    let cost = a.classes[c].cost;
+    assert!(a.mem_used_total() >= cost && a.mem_used_total() < 2 * cost);
+    a.alloc_bulk(&[1000; 3], &[1, 2, 3], &mut hs).unwrap();
+    for (i, &h) in hs.iter().enumerate() {
+        assert_eq!(unpack(h).0, c);
+        fill(&a, h, 1000, i as u64);
+        check(&a, h, 1000, i as u64);
+    }
+    assert_eq!(a.reserve_stats().misses, 3, "served without a miss");
+    a.free_bulk(&hs);
+}
+
+/// An object whose class is empty goes to a larger class that has room,
+/// within the slack, and a recovery claims it there.
+#[test]
+fn reserve_falls_back_to_a_larger_class() {
+    let a = reserve_slab();
+    let mut big = Vec::new();
+    // Give the 1,200-byte class a zspage (through a miss and a pass).
+    assert!(a.alloc_bulk(&[1200], &[9], &mut big).is_err());
+    provision_all(&a);
+    a.alloc_bulk(&[1200], &[9], &mut big).unwrap();
+    let big_class = unpack(big[0]).0;
+    // 1,000 bytes: its own class is empty, the 1,200-byte one has room.
+    let mut small = Vec::new();
+    a.alloc_bulk(&[1000], &[10], &mut small).unwrap();
+    let s = a.reserve_stats();
+    // (The refusal is the first 1,200-byte allocation's.)
+    assert_eq!((s.fallbacks, s.refusals), (1, 1));
+    assert_eq!(unpack(small[0]).0, big_class, "placed in the larger class");
+    fill(&a, small[0], 1000, 5);
+    check(&a, small[0], 1000, 5);
+    // Too small for the slack: 100 bytes may not take a 1,200-byte slot.
+    let mut tiny = Vec::new();
+    assert!(a.alloc_bulk(&[100], &[11], &mut tiny).is_err());
+    // A recovery accepts an object in a class above its own.
+    let b = SlabAllocator::new(SlabConfig::default());
+    assert_eq!(b.claim(small[0], 1000, 10), recover::Claim::First);
+    assert_eq!(b.claim(big[0], 1200, 9), recover::Claim::First);
+    a.free_bulk(&small);
+    a.free_bulk(&big);
+}
+
+/// The provisioner gives each class in use room in its vectors and owner
+/// tables, so that taking spares allocates nothing on the heap.
+#[test]
+fn provisioned_class_has_room_and_boxes() {
+    let a = reserve_slab();
+    let mut hs = Vec::new();
+    assert!(a.alloc_bulk(&[500], &[1], &mut hs).is_err());
+    provision_all(&a);
+    a.alloc_bulk(&[500], &[1], &mut hs).unwrap();
+    provision_all(&a);
+    let c = a.class_of(500).unwrap();
+    let st = lock(&a.classes[c]);
+    assert!(!st.spare.is_empty());
+    assert!(st.boxes.len() >= 2, "owner tables kept: {}", st.boxes.len());
+    assert!(st.zs.capacity() - st.zs.len() >= 32);
+    assert!(st.groups.iter().all(|g| g.capacity() - g.len() >= 32));
+    drop(st);
+    a.free_bulk(&hs);
 }

@@ -145,6 +145,9 @@ impl DeviceConfig {
             // The device may become swap at any time: zspages the slab
             // reuses after giving them back are locked again.
             mlock: true,
+            // Queue threads never fault in zspages: they may be what the
+            // kernel's reclaim waits on (see zblk's `slab::reserve`).
+            reserve: true,
             // In one memfd that outlives the daemon, so that the next one
             // takes the store over (see `crate::keeper`).
             shared: !self.no_recovery,

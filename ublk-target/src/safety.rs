@@ -42,9 +42,36 @@ pub fn protect_from_oom() -> Result<()> {
         .map_err(Error::os(Step::OomScore))
 }
 
+/// Keeps the heap's memory once faulted in: glibc's malloc otherwise gives
+/// the top of a heap back to the OS once more than 128 KB of it is free,
+/// and serves blocks over a (moving) threshold with an mmap of their own,
+/// unmapped on free; either way the next allocation faults in fresh pages.
+/// The codecs allocate and free scratch memory on every call (lz4_flex an
+/// 8 KB hash table per page), so under memory pressure a queue thread would
+/// fault, enter direct reclaim and wait on the swap writes it is there to
+/// complete. With trimming off and the mmap threshold at its maximum, the
+/// heap keeps (locked, by `lock_memory`) what it once used, and those
+/// allocations reuse it. Logged and ignored where malloc is not glibc's.
+pub fn keep_heap() {
+    #[cfg(target_env = "gnu")]
+    {
+        /// glibc's largest mmap threshold on 64-bit (HEAP_MAX_SIZE / 2).
+        const MMAP_THRESHOLD_MAX: libc::c_int = 32 << 20;
+        // SAFETY: mallopt only changes malloc's tunables.
+        let ok = unsafe {
+            libc::mallopt(libc::M_TRIM_THRESHOLD, libc::c_int::MAX) == 1
+                && libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX) == 1
+        };
+        if !ok {
+            log::warn!("mallopt refused; the heap may give memory back and fault it in again");
+        }
+    }
+}
+
 /// All of the above, in the order that makes each effective.
 pub fn harden() -> Result<()> {
     set_io_flusher()?;
     protect_from_oom()?;
+    keep_heap();
     lock_memory()
 }

@@ -177,6 +177,24 @@ const FIELDS: &[Field] = &[
     ),
     f(
         S,
+        "reserve_misses",
+        C,
+        "Objects whose size class had no room left in the memory reserve.",
+    ),
+    f(
+        S,
+        "reserve_fallbacks",
+        C,
+        "Objects the memory reserve placed in a larger size class.",
+    ),
+    f(
+        S,
+        "reserve_refusals",
+        C,
+        "Objects refused after waiting for the memory reserve (ENOMEM).",
+    ),
+    f(
+        S,
         "deferred_free_pending",
         G,
         "Handles detached but not yet freed.",

@@ -1,0 +1,381 @@
+//! The slab's memory reserve: empty zspages backed ahead of need by a
+//! provisioner thread, so that a queue thread never faults in fresh memory.
+//!
+//! # Why
+//!
+//! A swap device's queue threads are what turns the kernel's dirty
+//! anonymous pages into free memory: reclaim frees a page once its swap
+//! write completed. A queue thread that faults in a fresh page (a new
+//! zspage, or a heap block for its owner table) while the machine is out of
+//! memory enters direct reclaim itself, and reclaim waits on swap writes,
+//! the very writes that thread would complete: with every queue thread
+//! there, nothing completes and the machine wedges (seen in the
+//! `wholemachine` VM scenario: queue threads spinning in direct reclaim,
+//! kswapd waiting on their writes). Kernel zram does not meet this because
+//! zsmalloc allocates in the reclaiming context, which may dip into the
+//! page allocator's reserves; a process cannot.
+//!
+//! # How
+//!
+//! In reserve mode ([`super::SlabConfig::reserve`]):
+//! - a new zspage comes only from the class's spares (empty zspages still
+//!   charged, backed and locked, with an owner table kept for them); a
+//!   class with no free object and no spare refuses with
+//!   `Refused::ReserveEmpty`;
+//! - a refused object goes to the next larger classes that have room (an
+//!   object may live in any class at least its size, within
+//!   [`FALLBACK_SLACK`]), else waits for the provisioner up to
+//!   [`MISS_WAITS`] times [`MISS_WAIT`], else the allocation fails: the
+//!   request gets ENOMEM and the kernel keeps the page, as when zram's
+//!   `zs_malloc` fails;
+//! - the provisioner ([`SlabAllocator::provision_until`], on its own thread)
+//!   keeps [`SlabAllocator::reserve_want`] spares in every class in use, and
+//!   room in the class's bookkeeping vectors, faulting all of it in itself:
+//!   it may block in reclaim, the queue threads meanwhile run on the
+//!   reserve, and their completed writes are what lets reclaim free memory.
+//!
+//! The reserve is charged like any zspage (`mem_used_total`, `mem_spare`),
+//! so a `mem_limit` counts it.
+
+use super::{lock, ClassState, SizeClass, SlabAllocator, STACK_ENTRIES};
+use crate::alloc::{AllocError, Handle, ReserveStats};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
+
+/// How long an allocation the reserve could not serve waits for the
+/// provisioner each time.
+const MISS_WAIT: Duration = Duration::from_millis(10);
+/// Waits before the allocation fails.
+const MISS_WAITS: u32 = 5;
+/// How often the provisioner looks at every class when nobody wakes it.
+const PERIOD: Duration = Duration::from_millis(100);
+/// A refused object may go to a class at most twice its size plus this.
+const FALLBACK_SLACK: u32 = 256;
+/// Room kept in each bookkeeping vector: this, plus an eighth of its length.
+const HEADROOM: usize = 32;
+/// Owner tables a class keeps for its next zspages (at least what it
+/// wants spares, see [`SlabAllocator::reserve_want`], plus one).
+pub(super) const BOXES_KEPT: usize = 6;
+
+/// The reserve's signals and counters.
+#[derive(Debug, Default)]
+pub(super) struct Reserve {
+    /// Provisioning passes finished, and whether someone asked for one.
+    state: Mutex<(u64, bool)>,
+    /// The provisioner sleeps here.
+    wake: Condvar,
+    /// Allocations waiting for a pass sleep here.
+    filled: Condvar,
+    /// The provisioner could not charge a zspage: the memory limit is what
+    /// empties the reserve.
+    limited: AtomicBool,
+    misses: AtomicU64,
+    fallbacks: AtomicU64,
+    refusals: AtomicU64,
+}
+
+impl Reserve {
+    /// Asks the provisioner for a pass now.
+    pub(super) fn wake(&self) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.1 = true;
+        self.wake.notify_one();
+    }
+
+    /// Wakes the provisioner and waits (at most `timeout`) until it finished
+    /// a pass that started after this call.
+    fn wait_pass(&self, timeout: Duration) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        // The pass running now may have looked at our class already.
+        let want = s.0 + 2;
+        s.1 = true;
+        self.wake.notify_one();
+        let _ = self
+            .filled
+            .wait_timeout_while(s, timeout, |s| s.0 < want)
+            .unwrap_or_else(|e| e.into_inner());
+    }
+
+    /// Sleeps until woken or `PERIOD` passed.
+    fn sleep(&self) {
+        let s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let (mut s, _) = self
+            .wake
+            .wait_timeout_while(s, PERIOD, |s| !s.1)
+            .unwrap_or_else(|e| e.into_inner());
+        s.1 = false;
+    }
+
+    /// Counts a finished pass and wakes who waits for one.
+    fn passed(&self) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.0 += 1;
+        self.filled.notify_all();
+    }
+
+    /// The counters, for `stat`.
+    pub(super) fn stats(&self) -> ReserveStats {
+        ReserveStats {
+            misses: self.misses.load(Relaxed),
+            fallbacks: self.fallbacks.load(Relaxed),
+            refusals: self.refusals.load(Relaxed),
+        }
+    }
+}
+
+/// Indices of the objects of one bulk allocation its classes' reserves
+/// could not serve: on the stack for a whole group, else on the heap.
+#[derive(Debug)]
+pub(super) struct Missed {
+    stack: [u32; STACK_ENTRIES],
+    len: usize,
+    heap: Vec<u32>,
+}
+
+impl Default for Missed {
+    fn default() -> Self {
+        Missed {
+            stack: [0; STACK_ENTRIES],
+            len: 0,
+            heap: Vec::new(),
+        }
+    }
+}
+
+impl Missed {
+    pub(super) fn push(&mut self, i: u32) {
+        if self.len < STACK_ENTRIES {
+            self.stack[self.len] = i;
+        } else {
+            self.heap.push(i);
+        }
+        self.len += 1;
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn extend(&mut self, from: &Missed) {
+        from.iter().for_each(|i| self.push(i));
+    }
+
+    fn clear(&mut self) {
+        self.len = 0;
+        self.heap.clear();
+    }
+
+    fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        self.stack[..self.len.min(STACK_ENTRIES)]
+            .iter()
+            .chain(self.heap.iter())
+            .copied()
+    }
+}
+
+/// A vector with room for `cap` items whose memory is already faulted in.
+fn prefaulted<T>(cap: usize) -> Vec<T> {
+    let mut v: Vec<T> = Vec::with_capacity(cap);
+    // SAFETY: `v` owns `capacity()` items' worth of allocated memory; zero
+    // bytes are written to it only to fault its pages in. No `T` is formed
+    // (the length stays 0), so any bit pattern is fine.
+    unsafe { std::ptr::write_bytes(v.as_mut_ptr(), 0, v.capacity()) };
+    v
+}
+
+/// Whether `v` lacks the room the provisioner keeps in it.
+fn short<T>(v: &Vec<T>) -> Option<usize> {
+    let head = HEADROOM + v.len() / 8;
+    (v.capacity() - v.len() < head).then_some(v.len() + 2 * head)
+}
+
+impl SlabAllocator {
+    /// Spares the reserve keeps in a class: none for a class that holds
+    /// nothing and was not asked for, else one, plus one per 64 live
+    /// zspages, up to four.
+    pub(super) fn reserve_want(&self, st: &ClassState) -> usize {
+        if self.reserve.is_none() || (st.live_zspages == 0 && !st.missed) {
+            return 0;
+        }
+        1 + (st.live_zspages / 64).min(3) as usize
+    }
+
+    /// Places the objects `missed` of a bulk allocation whose classes had
+    /// no room: in larger classes, else after waiting for the provisioner.
+    /// Fills their entries of `dst`; on error some may be filled (the
+    /// caller rolls back every non-zero entry).
+    pub(super) fn place_missed(
+        &self,
+        missed: &Missed,
+        sizes: &[u32],
+        owners: &[u64],
+        dst: &mut [Handle],
+    ) -> Result<(), AllocError> {
+        let Some(r) = &self.reserve else {
+            return Err(AllocError { limit: 0 });
+        };
+        r.misses.fetch_add(missed.len as u64, Relaxed);
+        let mut left = Missed::default();
+        left.extend(missed);
+        for wait in 0..=MISS_WAITS {
+            if wait > 0 {
+                r.wait_pass(MISS_WAIT);
+            }
+            let mut still = Missed::default();
+            for i in left.iter() {
+                match self.alloc_from_classes(sizes[i as usize], owners[i as usize], wait > 0) {
+                    Some(h) => dst[i as usize] = h,
+                    None => still.push(i),
+                }
+            }
+            if still.is_empty() {
+                return Ok(());
+            }
+            left.clear();
+            left.extend(&still);
+        }
+        r.refusals.fetch_add(left.len as u64, Relaxed);
+        let limit = self.mem.limit();
+        let limited = limit != 0 && r.limited.load(Relaxed);
+        Err(AllocError {
+            limit: if limited { limit } else { 0 },
+        })
+    }
+
+    /// Allocates an object of `size` bytes in the first class from its own
+    /// (`own`) or the next one up that has a free object or a spare, within
+    /// the fallback slack.
+    fn alloc_from_classes(&self, size: u32, owner: u64, own: bool) -> Option<Handle> {
+        let first = self.table.class_of(size as usize)?;
+        let max = size.saturating_mul(2).saturating_add(FALLBACK_SLACK);
+        let start = if own { first } else { first + 1 };
+        for class in self.classes.get(start..)? {
+            if class.spec.size > max {
+                break;
+            }
+            let mut st = lock(class);
+            if let Ok(h) = self.alloc_obj(class, &mut st, owner) {
+                if class.index != first {
+                    if let Some(r) = &self.reserve {
+                        r.fallbacks.fetch_add(1, Relaxed);
+                    }
+                }
+                return Some(h);
+            }
+        }
+        None
+    }
+
+    /// The provisioner: passes over every class until `stop`, sleeping
+    /// between passes unless woken. Returns at once without a reserve.
+    pub(super) fn provision_until(&self, stop: &AtomicBool) {
+        let Some(r) = &self.reserve else {
+            return;
+        };
+        while !stop.load(Relaxed) {
+            let mut busy = false;
+            for class in self.classes.iter() {
+                busy |= self.provision(class);
+            }
+            r.passed();
+            if !busy {
+                r.sleep();
+            }
+        }
+        // Nobody waits for a pass that will not come.
+        r.passed();
+    }
+
+    /// Tops class `class` up to the spares it wants, with an owner table
+    /// for each and room in its vectors. Returns whether it did anything.
+    pub(super) fn provision(&self, class: &SizeClass) -> bool {
+        let mut did = self.make_room(class);
+        loop {
+            let st = lock(class);
+            let want = self.reserve_want(&st);
+            if st.boxes.len() < want + 1 && st.boxes.len() < st.boxes.capacity() {
+                drop(st);
+                let b = vec![0u64; class.spec.objs as usize].into_boxed_slice();
+                let st = &mut lock(class);
+                if st.boxes.len() >= st.boxes.capacity() {
+                    return true;
+                }
+                st.boxes.push(b);
+                did = true;
+                continue;
+            }
+            if st.spare.len() >= want {
+                return did;
+            }
+            if !self.add_spare(class, st) {
+                return did;
+            }
+            did = true;
+        }
+    }
+
+    /// Makes one spare zspage in `class`: an id and a charge under the lock
+    /// `st`, its pages backed after letting go of it. Returns false when it
+    /// could not (limit, address space, memory).
+    fn add_spare(&self, class: &SizeClass, mut st: std::sync::MutexGuard<'_, ClassState>) -> bool {
+        let r = self.reserve.as_ref();
+        if self.charge(class.cost).is_err() {
+            r.inspect(|r| r.limited.store(true, Relaxed));
+            return false;
+        }
+        r.inspect(|r| r.limited.store(false, Relaxed));
+        let Some(id) = Self::take_id(class, &mut st) else {
+            self.uncharge(class.cost);
+            return false;
+        };
+        drop(st);
+        // Nobody else knows `id` meanwhile: it is in no list.
+        let backed = self.back(class, id);
+        let mut st = lock(class);
+        if backed {
+            st.spare.push(id);
+            st.missed = false;
+        } else {
+            self.release_runs(class, &[id]);
+            self.uncharge(class.cost);
+            st.free_ids.push(id);
+        }
+        backed
+    }
+
+    /// Gives every bookkeeping vector of `class` the room the provisioner
+    /// keeps, allocated and faulted in off the lock. Returns whether any
+    /// grew.
+    fn make_room(&self, class: &SizeClass) -> bool {
+        let mut grew = grow(class, |st| &mut st.zs);
+        grew |= grow(class, |st| &mut st.free_ids);
+        grew |= grow(class, |st| &mut st.dead);
+        grew |= grow(class, |st| &mut st.spare);
+        grew |= grow(class, |st| &mut st.boxes);
+        for g in 0..super::NGROUPS {
+            grew |= grow(class, |st| &mut st.groups[g]);
+        }
+        grew
+    }
+}
+
+/// Gives the vector `pick` chooses in `class`'s state room to grow without
+/// allocating: a larger one is allocated and faulted in off the lock, and
+/// the items moved into it under the lock. Returns whether it grew.
+fn grow<T>(class: &SizeClass, pick: impl Fn(&mut ClassState) -> &mut Vec<T>) -> bool {
+    let Some(cap) = short(pick(&mut lock(class))) else {
+        return false;
+    };
+    let mut bigger = prefaulted::<T>(cap);
+    let mut st = lock(class);
+    let v = pick(&mut st);
+    if short(v).is_none() || bigger.capacity() < v.len() + HEADROOM {
+        return false;
+    }
+    bigger.append(v);
+    std::mem::swap(v, &mut bigger);
+    drop(st);
+    // `bigger` now holds the old, empty buffer: freed off the lock.
+    true
+}
