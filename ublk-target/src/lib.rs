@@ -45,6 +45,7 @@ pub mod fdpass;
 pub mod features;
 pub mod io;
 pub mod keeper;
+pub mod logsink;
 pub mod notify;
 pub mod params;
 pub mod paths;

@@ -14,7 +14,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
         threads: usize::from(a.threads),
         request_pages: usize::from(a.request_pages),
         mode: a.engine.mode,
-        shared: false,
+        ..BenchOptions::default()
     };
     let report = bench::run(&opts, &data).map_err(|e| CliError(format!("bench failed: {e}")))?;
     let mut v = serde_json::to_value(&report).map_err(|e| CliError(e.to_string()))?;

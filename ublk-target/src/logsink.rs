@@ -1,0 +1,191 @@
+//! Logging that never blocks the thread that logs.
+//!
+//! A daemon's stderr is a file on `/run` (tmpfs) or a pipe to the journal.
+//! Tmpfs pages are swappable, and swap may be the very device the daemon
+//! serves: a queue thread that logs a failed request can find the log
+//! file's page swapped out, wait for it to be read back, and that read (or
+//! the write still in flight for it) waits on the queue thread. Seen in the
+//! `wholemachine` VM scenario: a queue thread in `write(2)` to its log,
+//! under `shmem_swapin_folio`, every swap write stuck behind it. A journal
+//! that stops reading under memory pressure blocks a pipe the same way.
+//!
+//! So the daemon's log records go to a bounded in-memory queue and one
+//! thread of its own (`zblk-log`) writes them out; when the queue is full
+//! a record is dropped and counted, and the next one written says how many
+//! were lost. Only that thread ever waits on stderr.
+
+use crossbeam_queue::ArrayQueue;
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::thread::Thread;
+use std::time::{Duration, Instant};
+
+/// Records held while the writer is behind.
+const QUEUE: usize = 1024;
+/// How often the writer looks without being woken.
+const PERIOD: Duration = Duration::from_millis(500);
+
+struct Shared {
+    records: ArrayQueue<Vec<u8>>,
+    dropped: AtomicU64,
+    /// Set while the writer has written everything queued.
+    idle: AtomicBool,
+    writer: Thread,
+}
+
+/// A `Write` for `env_logger::Target::Pipe`: each write queues its bytes
+/// for the writer thread and returns at once. One write is one record
+/// (env_logger writes each formatted record with one call); a record that
+/// does not fit is dropped whole.
+pub struct LogSink {
+    shared: Arc<Shared>,
+}
+
+impl LogSink {
+    /// Starts the writer thread, which writes to `out` (the process's
+    /// stderr in the daemon).
+    pub fn start(out: Box<dyn Write + Send>) -> std::io::Result<LogSink> {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Arc<Shared>>(1);
+        let writer = std::thread::Builder::new()
+            .name("zblk-log".into())
+            .spawn(move || {
+                if let Ok(shared) = rx.recv() {
+                    write_loop(&shared, out);
+                }
+            })?;
+        let shared = Arc::new(Shared {
+            records: ArrayQueue::new(QUEUE),
+            dropped: AtomicU64::new(0),
+            idle: AtomicBool::new(true),
+            writer: writer.thread().clone(),
+        });
+        // The writer holds the only other reference; it lives as long as the
+        // process (it is never joined).
+        tx.send(shared.clone())
+            .map_err(|_| std::io::Error::other("the log writer thread ended at start"))?;
+        Ok(LogSink { shared })
+    }
+
+    /// A handle to wait for the queue to empty (at the daemon's exit).
+    pub fn flusher(&self) -> LogFlusher {
+        LogFlusher {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl Write for LogSink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.shared.idle.store(false, Relaxed);
+        if self.shared.records.push(buf.to_vec()).is_err() {
+            self.shared.dropped.fetch_add(1, Relaxed);
+        }
+        self.shared.writer.unpark();
+        Ok(buf.len())
+    }
+
+    /// Returns at once: flushing waits on stderr, which only the writer
+    /// thread may do.
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Waits for queued records to be written (see [`LogSink::flusher`]).
+#[derive(Clone)]
+pub struct LogFlusher {
+    shared: Arc<Shared>,
+}
+
+impl LogFlusher {
+    /// Waits up to `timeout` until every record queued so far is written.
+    pub fn flush(&self, timeout: Duration) {
+        let end = Instant::now() + timeout;
+        self.shared.writer.unpark();
+        while !(self.shared.records.is_empty() && self.shared.idle.load(Relaxed)) {
+            if Instant::now() >= end {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+fn write_loop(shared: &Shared, mut out: Box<dyn Write + Send>) {
+    loop {
+        while let Some(r) = shared.records.pop() {
+            let lost = shared.dropped.swap(0, Relaxed);
+            if lost > 0 {
+                let _ = writeln!(
+                    out,
+                    "zblk: {lost} log records dropped (the log was not written fast enough)"
+                );
+            }
+            let _ = out.write_all(&r);
+        }
+        let _ = out.flush();
+        shared.idle.store(true, Relaxed);
+        // A record queued between the last pop and `idle` is seen here.
+        if shared.records.is_empty() {
+            std::thread::park_timeout(PERIOD);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    #[derive(Clone, Default)]
+    struct Shared(Arc<Mutex<Vec<u8>>>, Arc<AtomicBool>);
+
+    impl Write for Shared {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            while self.1.load(Relaxed) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Records come out in order; a writer stuck on its output blocks no
+    /// one who logs, and what did not fit is counted and said.
+    #[test]
+    fn records_in_order_and_a_stuck_output_blocks_nobody() {
+        let out = Shared::default();
+        let mut sink = LogSink::start(Box::new(out.clone())).unwrap();
+        for i in 0..10 {
+            sink.write_all(format!("record {i}\n").as_bytes()).unwrap();
+        }
+        sink.flusher().flush(Duration::from_secs(5));
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let want: String = (0..10).map(|i| format!("record {i}\n")).collect();
+        assert_eq!(text, want);
+        // Stuck output: logging many more records than the queue holds
+        // returns at once.
+        out.1.store(true, Relaxed);
+        let t = Instant::now();
+        for i in 0..(3 * QUEUE) {
+            sink.write_all(format!("more {i}\n").as_bytes()).unwrap();
+        }
+        assert!(t.elapsed() < Duration::from_secs(2), "logging blocked");
+        out.1.store(false, Relaxed);
+        sink.flusher().flush(Duration::from_secs(5));
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        // Every record is either written or counted as dropped.
+        let kept = text.lines().filter(|l| l.starts_with("more ")).count();
+        let dropped: usize = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("zblk: "))
+            .filter_map(|l| l.split(' ').next()?.parse::<usize>().ok())
+            .sum();
+        assert!(dropped > 0, "nothing dropped: {kept} kept");
+        assert_eq!(kept + dropped, 3 * QUEUE);
+    }
+}
