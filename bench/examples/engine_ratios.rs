@@ -2,7 +2,7 @@
 //! process with its baseline interleaved round by round, so machine noise
 //! hits both alike. Usage:
 //!
-//!     engine_ratios FILE [--rounds N] [--scaling-only | --shared-cost] [ALGO...]
+//!     engine_ratios FILE [--rounds N] [--scaling-only | --shared-cost | --reserve-cost] [ALGO...]
 //!
 //! Prints markdown tables: the store path against the bare codec (per
 //! algorithm, group size and mode), random single-page read latency (the
@@ -40,19 +40,14 @@ fn bench(opts: &BenchOptions, data: &[u8]) -> Result<BenchReport, String> {
     Ok(rep)
 }
 
-/// A context on a new store of `data`'s size, in shared memory if `shared`.
-fn new_store(
-    algo: Algo,
-    g: usize,
-    mode: Mode,
-    shared: bool,
-    data: &[u8],
-) -> Result<QueueCtx, String> {
+/// A context on a new store of `data`'s size, as `opts` says.
+fn new_store(opts: &BenchOptions, data: &[u8]) -> Result<QueueCtx, String> {
     let mut cfg = StoreConfig::new(data.len() as u64);
-    cfg.algo = algo;
-    cfg.group_pages = g;
-    cfg.mode = mode;
-    cfg.shared = shared;
+    cfg.algo = opts.algo;
+    cfg.group_pages = opts.group_pages;
+    cfg.mode = opts.mode;
+    cfg.shared = opts.shared;
+    cfg.reserve = opts.reserve;
     let store = Store::new(cfg).map_err(|e| e.to_string())?;
     Ok(store.new_ctx())
 }
@@ -69,7 +64,13 @@ fn write_all(ctx: &mut QueueCtx, data: &[u8]) -> Result<(), String> {
 /// Random single-page reads of a full store: per-read latency in µs
 /// (p50, p99), as a swap-in of one page sees it.
 fn random_reads(algo: Algo, g: usize, mode: Mode, data: &[u8]) -> Result<(f64, f64), String> {
-    let mut ctx = new_store(algo, g, mode, false, data)?;
+    let opts = BenchOptions {
+        algo,
+        group_pages: g,
+        mode,
+        ..BenchOptions::default()
+    };
+    let mut ctx = new_store(&opts, data)?;
     write_all(&mut ctx, data)?;
     let pages = (data.len() / PAGE_SIZE) as u64;
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
@@ -161,15 +162,9 @@ fn memcpy_mb_s(data: &[u8], rounds: usize) -> f64 {
 /// with other content (the corpus rotated by 7 requests), twice, as a device
 /// that has been running sees writes: old objects die while new ones are
 /// born, so the slab reuses memory instead of asking the OS for fresh pages.
-/// In shared memory if `shared`.
-fn overwrite_mb_s(
-    algo: Algo,
-    g: usize,
-    mode: Mode,
-    shared: bool,
-    data: &[u8],
-) -> Result<f64, String> {
-    let mut ctx = new_store(algo, g, mode, shared, data)?;
+/// The store as `opts` says.
+fn overwrite_mb_s(opts: &BenchOptions, data: &[u8]) -> Result<f64, String> {
+    let mut ctx = new_store(opts, data)?;
     let split = (7 * 16 * PAGE_SIZE).min(data.len());
     let rotated = [&data[split..], &data[..split]].concat();
     let mut secs = 0.0;
@@ -211,7 +206,7 @@ fn store_vs_codec(algos: &[Algo], rounds: usize, data: &[u8]) -> Result<(), Stri
                     data.len(),
                 ));
                 wr.push(rep.write_mb_s / ceil.compress_mb_s);
-                ow.push(overwrite_mb_s(algo, g, mode, false, data)? / ceil.compress_mb_s);
+                ow.push(overwrite_mb_s(&opts, data)? / ceil.compress_mb_s);
                 rr.push(rep.read_mb_s / ceil.decompress_mb_s);
                 c.push(ceil.compress_mb_s);
                 d.push(ceil.decompress_mb_s);
@@ -320,37 +315,46 @@ fn scaling(algos: &[Algo], rounds: usize, data: &[u8]) -> Result<(), String> {
 
 /// The price of a recoverable store: shared memory (memfd, 16-byte slot
 /// stores) against private memory, interleaved round by round.
-fn shared_cost(algos: &[Algo], rounds: usize, data: &[u8]) -> Result<(), String> {
-    println!("| algo | mode | write MB/s private | shared | write shared/private | overwrite shared/private | read MB/s private | shared | read shared/private |");
+/// One store setting against another, `a` (the baseline) and `b` as
+/// `variant` sets them on the options, interleaved round by round: write
+/// (a store growing), overwrite (steady state) and read MB/s, and b/a.
+fn ab_cost(
+    algos: &[Algo],
+    rounds: usize,
+    data: &[u8],
+    names: [&str; 2],
+    variant: fn(&mut BenchOptions, bool),
+) -> Result<(), String> {
+    let [a, b] = names;
+    println!("| algo | mode | write MB/s {a} | {b} | write {b}/{a} | overwrite {b}/{a} | read MB/s {a} | {b} | read {b}/{a} |");
     println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
-    let g = zblk::DEFAULT_GROUP_PAGES;
     for &algo in algos {
         for mode in [Mode::PerPage, Mode::Packed] {
             let mut w = [Vec::new(), Vec::new()];
             let mut o = [Vec::new(), Vec::new()];
             let mut r = [Vec::new(), Vec::new()];
             for _ in 0..rounds {
-                for (i, shared) in [false, true].into_iter().enumerate() {
-                    let opts = BenchOptions {
+                for (i, on) in [false, true].into_iter().enumerate() {
+                    let mut opts = BenchOptions {
                         algo,
                         mode,
-                        shared,
                         ..BenchOptions::default()
                     };
+                    variant(&mut opts, on);
                     let rep = bench(&opts, data)?;
                     w[i].push(rep.write_mb_s);
                     r[i].push(rep.read_mb_s);
-                    o[i].push(overwrite_mb_s(algo, g, mode, shared, data)?);
+                    o[i].push(overwrite_mb_s(&opts, data)?);
                 }
             }
-            let [wp, ws] = w.map(median);
-            let [op, os] = o.map(median);
-            let [rp, rs] = r.map(median);
+            let [wa, wb] = w.map(median);
+            let [oa, ob] = o.map(median);
+            let [ra, rb] = r.map(median);
             println!(
-                "| {algo} | {mode} | {wp:.0} | {ws:.0} | {:.3} | {:.3} | {rp:.0} | {rs:.0} | {:.3} |",
-                ws / wp,
-                os / op,
-                rs / rp
+                "| {algo} | {mode} | {wa:.0} | {wb:.0} | {:.3} | {:.3} | {ra:.0} | {rb:.0} | {:.3} |",
+                wb / wa,
+                ob / oa,
+                rb / ra
             );
         }
     }
@@ -358,7 +362,7 @@ fn shared_cost(algos: &[Algo], rounds: usize, data: &[u8]) -> Result<(), String>
 }
 
 const USAGE: &str =
-    "usage: engine_ratios FILE [--rounds N] [--scaling-only | --shared-cost] [ALGO...]
+    "usage: engine_ratios FILE [--rounds N] [--scaling-only | --shared-cost | --reserve-cost] [ALGO...]
   FILE: pages, zstd-compressed if it ends in .zst (e.g. the shared corpus)
   ALGO: lz4, zstd, zstd:LEVEL, deflate, deflate:LEVEL (default: lz4 zstd:1 zstd:3 deflate:1)";
 
@@ -369,12 +373,13 @@ fn main() -> Result<(), String> {
     }
     let scaling_only = std::env::args().any(|a| a == "--scaling-only");
     let shared_only = std::env::args().any(|a| a == "--shared-cost");
+    let reserve_only = std::env::args().any(|a| a == "--reserve-cost");
     let mut args = std::env::args().skip(1);
     let path = PathBuf::from(args.next().ok_or("no FILE given (--help: usage)")?);
     let mut algos = Vec::new();
     let mut rounds = 5;
     while let Some(a) = args.next() {
-        if a == "--scaling-only" || a == "--shared-cost" {
+        if a == "--scaling-only" || a == "--shared-cost" || a == "--reserve-cost" {
             continue;
         }
         if a == "--rounds" {
@@ -391,7 +396,16 @@ fn main() -> Result<(), String> {
     }
     let data = load_input(&path).map_err(|e| e.to_string())?;
     if shared_only {
-        return shared_cost(&algos, rounds, &data);
+        let shared = |o: &mut BenchOptions, on| o.shared = on;
+        return ab_cost(&algos, rounds, &data, ["private", "shared"], shared);
+    }
+    if reserve_only {
+        // Both in shared memory, as the daemon runs.
+        let reserve = |o: &mut BenchOptions, on| {
+            o.shared = true;
+            o.reserve = on;
+        };
+        return ab_cost(&algos, rounds, &data, ["shared", "reserve"], reserve);
     }
     if !scaling_only {
         store_vs_codec(&algos, rounds, &data)?;

@@ -27,6 +27,8 @@ pub struct BenchOptions {
     pub mode: Mode,
     /// Keep the store in shared memory (recoverable after a crash).
     pub shared: bool,
+    /// Keep a memory reserve (the daemon's setting, `StoreConfig::reserve`).
+    pub reserve: bool,
 }
 
 /// What `zblk bench --json` prints: exactly these keys.
@@ -71,6 +73,7 @@ impl Default for BenchOptions {
             request_pages: DEFAULT_REQUEST_PAGES,
             mode: Mode::PerPage,
             shared: false,
+            reserve: false,
         }
     }
 }
@@ -117,6 +120,7 @@ pub fn run(opts: &BenchOptions, data: &[u8]) -> Result<BenchReport> {
     cfg.group_pages = opts.group_pages;
     cfg.mode = opts.mode;
     cfg.shared = opts.shared;
+    cfg.reserve = opts.reserve;
     let store = Store::new(cfg)?;
     let write_s = run_phase(&store, data, opts, Phase::Write)?.0;
     let (read_s, verify_errors) = run_phase(&store, data, opts, Phase::Read)?;

@@ -49,13 +49,14 @@ pub fn device_params(size: u64, io_buf_bytes: u32) -> sys::ublk_params {
 
 /// Picks the per-tag I/O buffer size when the user gave none.
 ///
-/// Every tag of every queue owns a buffer and all of them are mlocked (a
-/// swap device must never fault on its own buffers), so the cost is
+/// Every tag of every queue owns a buffer and all of them are locked and
+/// faulted in when the queue starts (a swap device must never fault on its
+/// own buffers: see `queue::locked_io_bufs`), so the cost is
 /// `queues * depth * size` of RAM for the device's life. Take 2 MB (no
-/// split of a PMD-sized swap write) when that stays within 1/16 of RAM,
+/// split of a PMD-sized swap write) when that stays within 1/32 of RAM,
 /// else halve down to 128 KB; larger requests are split by the block layer.
 pub fn auto_io_buf_bytes(queues: u32, depth: u32, mem_total: u64) -> u32 {
-    let budget = mem_total / 16;
+    let budget = mem_total / 32;
     let tags = u64::from(queues.max(1)) * u64::from(depth.max(1));
     let mut size = FULL_IO_BUF_BYTES;
     while size > MIN_AUTO_IO_BUF_BYTES && tags * u64::from(size) > budget {
@@ -105,8 +106,8 @@ mod tests {
     fn auto_io_buf_fits_the_budget() {
         // 64 GB, 8 queues x 128: 2 MB each is 2 GB = 1/32 of RAM.
         assert_eq!(auto_io_buf_bytes(8, 128, 64 << 30), 2 << 20);
-        // 2 GB, 2 queues x 128: budget 128 MB -> 512 KB each.
-        assert_eq!(auto_io_buf_bytes(2, 128, 2 << 30), 512 << 10);
+        // 2 GB, 2 queues x 128: budget 64 MB -> 256 KB each.
+        assert_eq!(auto_io_buf_bytes(2, 128, 2 << 30), 256 << 10);
         // Tiny machine: never below the floor.
         assert_eq!(auto_io_buf_bytes(64, 4096, 1 << 30), MIN_AUTO_IO_BUF_BYTES);
         assert_eq!(auto_io_buf_bytes(0, 0, 0), MIN_AUTO_IO_BUF_BYTES);

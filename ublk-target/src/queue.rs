@@ -305,7 +305,7 @@ impl Queues {
 
     /// One command per request: each completion is the next fetch.
     fn serve_classic(&self, qs: &QueueShared, mut ctx: QueueCtx, qid: u16, dev: &UblkDev) {
-        let mut bufs = dev.alloc_queue_io_bufs();
+        let mut bufs = locked_io_bufs(dev, qid);
         let q = match UblkQueue::new(qid, dev)
             .and_then(|q| q.submit_fetch_commands_unified(BufDescList::Slices(Some(&bufs))))
         {
@@ -341,7 +341,7 @@ impl Queues {
                 return;
             }
         };
-        let bufs = UblkBatchBuffers::IoBufs(dev.alloc_queue_io_bufs());
+        let bufs = UblkBatchBuffers::IoBufs(locked_io_bufs(dev, qid));
         // On failure it tells the device's start itself.
         let mut batch = match UblkBatchQueue::new(&q, bufs, UblkBatchConfig::default()) {
             Ok(b) => b,
@@ -451,6 +451,25 @@ fn commit_round(batch: &mut UblkBatchQueue, done: &mut Vec<UblkBatchCompletion>,
 
 /// What a queue thread does last, whichever transport it served: frees its
 /// batch and clears its pending gauge.
+/// The queue's per-tag I/O buffers, locked and so faulted in now: the
+/// driver copies a write's data into its buffer in this process's context,
+/// and a first touch there under memory pressure would send the queue into
+/// direct reclaim, waiting on the swap writes it is to complete (the
+/// daemon's `mlockall` is `MCL_ONFAULT`, which locks pages only once
+/// touched). A buffer that cannot be locked is logged once and used as is.
+fn locked_io_bufs(dev: &UblkDev, qid: u16) -> Vec<libublk::helpers::IoBuf<u8>> {
+    let bufs = dev.alloc_queue_io_bufs();
+    let failed = bufs.iter().filter(|b| !b.mlock()).count();
+    if failed > 0 {
+        log::warn!(
+            "queue {qid}: {failed} of {} I/O buffers could not be locked ({})",
+            bufs.len(),
+            std::io::Error::last_os_error()
+        );
+    }
+    bufs
+}
+
 fn finish(qs: &QueueShared, ctx: &mut QueueCtx, qid: u16) {
     ctx.flush_frees();
     qs.pending.store(0, Ordering::SeqCst);
