@@ -86,6 +86,12 @@ pub struct StoreConfig {
     /// a queue thread in direct reclaim can wedge a machine that swaps to
     /// it). Needs the slab.
     pub reserve: bool,
+    /// With a reserve: free memory (bytes) below which writing threads stop
+    /// backing zspages themselves and take them only from the reserve; 0
+    /// picks 1/16 of RAM, at least 64 MB. Above it a fault is served from
+    /// free pages, without reclaim, and costs less than waiting for the
+    /// provisioner. `u64::MAX`: always from the reserve.
+    pub reserve_free_below: u64,
     /// Keep the slot table and the slab in one memfd that outlives the
     /// process (`Store::memory_fd`), so that a new process can take the
     /// store over with every page (`Store::recover`). Needs the slab.
@@ -141,6 +147,7 @@ impl StoreConfig {
             deferred_free_max_batches: DEFAULT_MAX_PENDING_BATCHES,
             mlock: false,
             reserve: false,
+            reserve_free_below: 0,
             shared: false,
             codecs: None,
             backing: None,

@@ -178,6 +178,7 @@ impl Store {
         let slab_cfg = SlabConfig {
             mlock: cfg.mlock,
             reserve: cfg.reserve,
+            reserve_free_below: cfg.reserve_free_below,
         };
         let mut clock_base = crate::clock::boot_seconds();
         let (alloc, shm): (Arc<dyn ObjAllocator>, _) = match cfg.allocator {
@@ -233,6 +234,7 @@ impl Store {
             SlabConfig {
                 mlock: cfg.mlock,
                 reserve: cfg.reserve,
+                reserve_free_below: cfg.reserve_free_below,
             },
             shm.clone(),
         ));

@@ -48,6 +48,7 @@ fn new_store(opts: &BenchOptions, data: &[u8]) -> Result<QueueCtx, String> {
     cfg.mode = opts.mode;
     cfg.shared = opts.shared;
     cfg.reserve = opts.reserve;
+    cfg.reserve_free_below = opts.reserve_free_below;
     let store = Store::new(cfg).map_err(|e| e.to_string())?;
     Ok(store.new_ctx())
 }
@@ -400,12 +401,20 @@ fn main() -> Result<(), String> {
         return ab_cost(&algos, rounds, &data, ["private", "shared"], shared);
     }
     if reserve_only {
-        // Both in shared memory, as the daemon runs.
+        // Both in shared memory, as the daemon runs: the reserve as the
+        // daemon has it (here free memory is plenty), then as when free
+        // memory is short (every zspage from the provisioner).
         let reserve = |o: &mut BenchOptions, on| {
             o.shared = true;
             o.reserve = on;
         };
-        return ab_cost(&algos, rounds, &data, ["shared", "reserve"], reserve);
+        ab_cost(&algos, rounds, &data, ["shared", "reserve"], reserve)?;
+        let forced = |o: &mut BenchOptions, on| {
+            o.shared = true;
+            o.reserve = on;
+            o.reserve_free_below = u64::MAX;
+        };
+        return ab_cost(&algos, rounds, &data, ["shared", "reserve-only"], forced);
     }
     if !scaling_only {
         store_vs_codec(&algos, rounds, &data)?;

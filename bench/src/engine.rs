@@ -29,6 +29,8 @@ pub struct BenchOptions {
     pub shared: bool,
     /// Keep a memory reserve (the daemon's setting, `StoreConfig::reserve`).
     pub reserve: bool,
+    /// `StoreConfig::reserve_free_below` (0: the daemon's automatic one).
+    pub reserve_free_below: u64,
 }
 
 /// What `zblk bench --json` prints: exactly these keys.
@@ -74,6 +76,7 @@ impl Default for BenchOptions {
             mode: Mode::PerPage,
             shared: false,
             reserve: false,
+            reserve_free_below: 0,
         }
     }
 }
@@ -121,6 +124,7 @@ pub fn run(opts: &BenchOptions, data: &[u8]) -> Result<BenchReport> {
     cfg.mode = opts.mode;
     cfg.shared = opts.shared;
     cfg.reserve = opts.reserve;
+    cfg.reserve_free_below = opts.reserve_free_below;
     let store = Store::new(cfg)?;
     let write_s = run_phase(&store, data, opts, Phase::Write)?.0;
     let (read_s, verify_errors) = run_phase(&store, data, opts, Phase::Read)?;

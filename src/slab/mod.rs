@@ -75,6 +75,10 @@ pub struct SlabConfig {
     /// faults in fresh memory. For the daemon, whose queue threads are what
     /// turns the kernel's dirty pages into free memory.
     pub reserve: bool,
+    /// Free memory below which the reserve applies (0: 1/16 of RAM, at
+    /// least 64 MB; `u64::MAX`: always); above it an allocating thread
+    /// backs new zspages itself, as without a reserve.
+    pub reserve_free_below: u64,
 }
 
 /// Marks a free object in a zspage's owner table; the low bits then hold
@@ -170,9 +174,10 @@ struct ClassState {
     /// Owner tables of dead zspages kept for the next ones, so that making
     /// a zspage from a spare allocates nothing (reserve mode only).
     boxes: Vec<Box<[u64]>>,
-    /// An allocation found no free object and no spare in the class (reserve
-    /// mode): the provisioner gives it spares even while it holds nothing.
-    missed: bool,
+    /// Objects allocations asked for and found no free object and no spare
+    /// for, since the provisioner last filled the class (reserve mode): it
+    /// gives the class room for them, even while it holds nothing.
+    missed: u32,
     live_zspages: u64,
     objs_used: u64,
 }
@@ -374,7 +379,7 @@ impl SlabAllocator {
             mlock: cfg.mlock,
             mlock_warned: AtomicBool::new(false),
             shared,
-            reserve: cfg.reserve.then(Reserve::default),
+            reserve: cfg.reserve.then(|| Reserve::new(cfg.reserve_free_below)),
         }
     }
 
@@ -435,7 +440,7 @@ impl SlabAllocator {
             }
             return Ok(id);
         }
-        if self.reserve.is_some() {
+        if self.reserve.as_ref().is_some_and(Reserve::tight) {
             return Err(Refused::ReserveEmpty);
         }
         self.charge(class.cost)?;
@@ -609,21 +614,21 @@ impl SlabAllocator {
     /// once), and makes their ids reusable. Called before the class lock is
     /// released, so no id is reused before its pages are gone.
     fn release_dead(&self, class: &SizeClass, st: &mut ClassState) {
-        let keep = self.spares_kept(st);
+        let keep = self.spares_kept(class, st);
         self.release_dead_keeping(class, st, keep);
     }
 
     /// Spares a class keeps when zspages die: what reuse calls for, and at
     /// least the reserve's share.
-    fn spares_kept(&self, st: &ClassState) -> usize {
-        st.spare_cap().max(self.reserve_want(st))
+    fn spares_kept(&self, class: &SizeClass, st: &ClassState) -> usize {
+        st.spare_cap().max(self.reserve_want(class, st))
     }
 
     /// Gives the spares of the class the reserve does not need back to the
     /// OS; returns the 4 KB pages given back.
     fn trim_spares(&self, class: &SizeClass, st: &mut ClassState) -> u64 {
         let before = spare_pages(class, st);
-        let keep = self.reserve_want(st);
+        let keep = self.reserve_want(class, st);
         self.release_dead_keeping(class, st, keep);
         before - spare_pages(class, st)
     }
@@ -772,7 +777,7 @@ impl ObjAllocator for SlabAllocator {
                     match self.alloc_obj(class, &mut st, owners[i as usize]) {
                         Ok(h) => dst[i as usize] = h,
                         Err(Refused::ReserveEmpty) => {
-                            st.missed = true;
+                            st.missed = st.missed.saturating_add(1);
                             missed.push(i);
                         }
                         Err(Refused::Failed(e)) => {

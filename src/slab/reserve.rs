@@ -41,26 +41,39 @@ use super::{lock, ClassState, SizeClass, SlabAllocator, STACK_ENTRIES};
 use crate::alloc::{AllocError, Handle, ReserveStats};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long an allocation the reserve could not serve waits for the
 /// provisioner each time.
 const MISS_WAIT: Duration = Duration::from_millis(10);
 /// Waits before the allocation fails.
 const MISS_WAITS: u32 = 5;
+/// How long an allocation trusts its last look at free memory.
+const FREE_CHECK: Duration = Duration::from_millis(5);
 /// How often the provisioner looks at every class when nobody wakes it.
 const PERIOD: Duration = Duration::from_millis(100);
 /// A refused object may go to a class at most twice its size plus this.
 const FALLBACK_SLACK: u32 = 256;
 /// Room kept in each bookkeeping vector: this, plus an eighth of its length.
 const HEADROOM: usize = 32;
-/// Owner tables a class keeps for its next zspages (at least what it
-/// wants spares, see [`SlabAllocator::reserve_want`], plus one).
+/// Owner tables a class keeps for its next zspages when zspages die (the
+/// provisioner tops them up to what [`SlabAllocator::reserve_want`] asks).
 pub(super) const BOXES_KEPT: usize = 6;
+/// Objects every class in use keeps room for in spares: two compression
+/// groups of pages (a huge page's class holds one object per zspage).
+const RESERVE_OBJECTS: u32 = 16;
 
 /// The reserve's signals and counters.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Reserve {
+    /// Free memory (bytes) below which allocations take zspages only from
+    /// the reserve.
+    low: u64,
+    /// When free memory was last looked at (ns since `epoch`), and whether
+    /// it was below `low` then.
+    checked_ns: AtomicU64,
+    tight: AtomicBool,
+    epoch: Instant,
     /// Provisioning passes finished, and whether someone asked for one.
     state: Mutex<(u64, bool)>,
     /// The provisioner sleeps here.
@@ -76,6 +89,47 @@ pub(super) struct Reserve {
 }
 
 impl Reserve {
+    /// A reserve that applies below `free_below` bytes of free memory (0:
+    /// 1/16 of RAM, at least 64 MB).
+    pub(super) fn new(free_below: u64) -> Reserve {
+        let low = match free_below {
+            0 => (ram().0 / 16).max(64 << 20),
+            b => b,
+        };
+        Reserve {
+            low,
+            checked_ns: AtomicU64::new(u64::MAX),
+            tight: AtomicBool::new(true),
+            epoch: Instant::now(),
+            state: Mutex::default(),
+            wake: Condvar::new(),
+            filled: Condvar::new(),
+            limited: AtomicBool::new(false),
+            misses: AtomicU64::new(0),
+            fallbacks: AtomicU64::new(0),
+            refusals: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether free memory is below the reserve's threshold, so that an
+    /// allocating thread must not fault in a new zspage: looked up at most
+    /// every [`FREE_CHECK`] (one `sysinfo` call), and always true at
+    /// `u64::MAX`.
+    pub(super) fn tight(&self) -> bool {
+        if self.low == u64::MAX {
+            return true;
+        }
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        let last = self.checked_ns.load(Relaxed);
+        if last != u64::MAX && now.saturating_sub(last) < FREE_CHECK.as_nanos() as u64 {
+            return self.tight.load(Relaxed);
+        }
+        let tight = ram().1 < self.low;
+        self.tight.store(tight, Relaxed);
+        self.checked_ns.store(now, Relaxed);
+        tight
+    }
+
     /// Asks the provisioner for a pass now.
     pub(super) fn wake(&self) {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -174,6 +228,19 @@ impl Missed {
     }
 }
 
+/// Total and free RAM in bytes (`sysinfo`); (0, 0) if it fails, which
+/// counts as tight.
+fn ram() -> (u64, u64) {
+    // SAFETY: zeroed is a valid sysinfo struct, which the call fills.
+    let mut si: libc::sysinfo = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::sysinfo(&mut si) } != 0 {
+        return (0, 0);
+    }
+    let unit = u64::from(si.mem_unit.max(1));
+    (si.totalram as u64 * unit, si.freeram as u64 * unit)
+}
+
 /// A vector with room for `cap` items whose memory is already faulted in.
 fn prefaulted<T>(cap: usize) -> Vec<T> {
     let mut v: Vec<T> = Vec::with_capacity(cap);
@@ -192,13 +259,16 @@ fn short<T>(v: &Vec<T>) -> Option<usize> {
 
 impl SlabAllocator {
     /// Spares the reserve keeps in a class: none for a class that holds
-    /// nothing and was not asked for, else one, plus one per 64 live
-    /// zspages, up to four.
-    pub(super) fn reserve_want(&self, st: &ClassState) -> usize {
-        if self.reserve.is_none() || (st.live_zspages == 0 && !st.missed) {
+    /// nothing and was not asked for; else room for [`RESERVE_OBJECTS`]
+    /// objects, or for the objects asked for and not served since the
+    /// last fill if more, plus one zspage per 64 live ones, up to three.
+    pub(super) fn reserve_want(&self, class: &SizeClass, st: &ClassState) -> usize {
+        if self.reserve.is_none() || (st.live_zspages == 0 && st.missed == 0) {
             return 0;
         }
-        1 + (st.live_zspages / 64).min(3) as usize
+        let objs = class.spec.objs.max(1);
+        let base = RESERVE_OBJECTS.max(st.missed).div_ceil(objs) as usize;
+        base + (st.live_zspages / 64).min(3) as usize
     }
 
     /// Places the objects `missed` of a bulk allocation whose classes had
@@ -292,8 +362,8 @@ impl SlabAllocator {
     pub(super) fn provision(&self, class: &SizeClass) -> bool {
         let mut did = self.make_room(class);
         loop {
-            let st = lock(class);
-            let want = self.reserve_want(&st);
+            let mut st = lock(class);
+            let want = self.reserve_want(class, &st);
             if st.boxes.len() < want + 1 && st.boxes.len() < st.boxes.capacity() {
                 drop(st);
                 let b = vec![0u64; class.spec.objs as usize].into_boxed_slice();
@@ -306,6 +376,8 @@ impl SlabAllocator {
                 continue;
             }
             if st.spare.len() >= want {
+                // Served: what was asked for is in spares now.
+                st.missed = 0;
                 return did;
             }
             if !self.add_spare(class, st) {
@@ -335,7 +407,6 @@ impl SlabAllocator {
         let mut st = lock(class);
         if backed {
             st.spare.push(id);
-            st.missed = false;
         } else {
             self.release_runs(class, &[id]);
             self.uncharge(class.cost);

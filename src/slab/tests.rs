@@ -379,6 +379,7 @@ fn emptied_zspages_are_kept_as_spares_then_trimmed() {
 fn reserve_slab() -> SlabAllocator {
     SlabAllocator::new(SlabConfig {
         reserve: true,
+        reserve_free_below: u64::MAX,
         ..SlabConfig::default()
     })
 }
@@ -410,11 +411,13 @@ fn reserve_refuses_without_provisioner_then_serves_from_spares() {
     assert_eq!(a.mem_used_total(), 0);
     let s = a.reserve_stats();
     assert_eq!((s.misses, s.fallbacks, s.refusals), (3, 0, 3));
-    // The miss marked the class: a pass gives it a spare (and only it).
+    // The miss marked the class: a pass gives it spares (and only it).
     provision_all(&a);
     let c = a.class_of(1000).unwrap();
-    let cost = a.classes[c].cost;
-    assert!(a.mem_used_total() >= cost && a.mem_used_total() < 2 * cost);
+    let (cost, pages) = (a.classes[c].cost, a.classes[c].spec.pages as u64);
+    let spares = a.mem_used_total() / cost;
+    assert!(spares >= 1 && a.mem_used_total() % cost == 0);
+    assert_eq!(a.spare_pages(), spares * pages);
     a.alloc_bulk(&[1000; 3], &[1, 2, 3], &mut hs).unwrap();
     for (i, &h) in hs.iter().enumerate() {
         assert_eq!(unpack(h).0, c);
