@@ -23,10 +23,8 @@ impl Provisioner {
         let (a, s) = (alloc.clone(), stop.clone());
         match std::thread::Builder::new()
             .name("zblk-reserve".into())
-            .spawn(move || {
-                realtime();
-                a.serve_reserve(&s)
-            }) {
+            .spawn(move || a.serve_reserve(&s))
+        {
             Ok(t) => Some(Provisioner {
                 alloc,
                 stop,
@@ -48,27 +46,6 @@ impl Provisioner {
                 log::error!("the memory reserve's provisioner panicked");
             }
         }
-    }
-}
-
-/// Makes the calling thread `SCHED_FIFO` at priority 1, if allowed (root,
-/// `CAP_SYS_NICE`, or `RLIMIT_RTPRIO` >= 1, which the daemon sets): the
-/// page allocator lets a real-time task's allocations dip halfway into the
-/// `min` watermark's reserve (`ALLOC_MIN_RESERVE`), below where the
-/// workloads that fill memory must wait, much as it lets the kernel's own
-/// reclaimers (and so zram's zsmalloc) dip into it. The provisioner mostly
-/// sleeps, so it takes little CPU from anyone.
-fn realtime() {
-    let p = libc::sched_param { sched_priority: 1 };
-    // SAFETY: sched_setscheduler reads `p`, a valid sched_param; pid 0 is
-    // the calling thread.
-    if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) } == 0 {
-        log::info!("memory reserve: provisioner runs SCHED_FIFO 1");
-    } else {
-        log::info!(
-            "memory reserve: provisioner at normal priority ({})",
-            std::io::Error::last_os_error()
-        );
     }
 }
 

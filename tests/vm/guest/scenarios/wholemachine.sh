@@ -20,10 +20,10 @@
 # zblk.wm_rounds, zblk.wm_procs.
 #
 # Status (2026-12-01, 7.3): passes since the daemon keeps a memory reserve
-# (README "Swapping when the machine is out of memory"): zblk lz4 111.9 s,
-# zram lz4 49.9 s, zblk zstd packed 120.1 s in one boot. Before it zblk
-# wedged; a configuration stuck past ZBLK_WM_LIMIT_S fails the scenario
-# with where its processes wait.
+# (README "Swapping when the machine is out of memory"): zblk lz4 95-112 s,
+# zblk zstd packed 108-120 s, zram lz4 50-53 s (BENCHMARKS.md). Before it
+# zblk wedged; a configuration stuck past ZBLK_WM_LIMIT_S fails the
+# scenario with where its processes wait.
 #
 # Opt-in, by name; it takes about 1-2 minutes of TCG time per
 # configuration with a 2 GB guest, so give it time:
