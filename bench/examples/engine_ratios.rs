@@ -10,7 +10,7 @@
 
 use std::path::PathBuf;
 use std::time::Instant;
-use zblk::{Algo, Mode, QueueCtx, Store, StoreConfig, PAGE_SIZE};
+use zblk::{Algo, Mode, QueueCtx, Store, PAGE_SIZE};
 use zblk_bench::engine::{codec_ceiling, load_input, run, BenchOptions, BenchReport};
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -42,14 +42,7 @@ fn bench(opts: &BenchOptions, data: &[u8]) -> Result<BenchReport, String> {
 
 /// A context on a new store of `data`'s size, as `opts` says.
 fn new_store(opts: &BenchOptions, data: &[u8]) -> Result<QueueCtx, String> {
-    let mut cfg = StoreConfig::new(data.len() as u64);
-    cfg.algo = opts.algo;
-    cfg.group_pages = opts.group_pages;
-    cfg.mode = opts.mode;
-    cfg.shared = opts.shared;
-    cfg.reserve = opts.reserve;
-    cfg.reserve_free_below = opts.reserve_free_below;
-    let store = Store::new(cfg).map_err(|e| e.to_string())?;
+    let store = Store::new(opts.store_config(data.len() as u64)).map_err(|e| e.to_string())?;
     Ok(store.new_ctx())
 }
 

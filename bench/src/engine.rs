@@ -81,6 +81,20 @@ impl Default for BenchOptions {
     }
 }
 
+impl BenchOptions {
+    /// The configuration of a store of `size` bytes as these options say.
+    pub fn store_config(&self, size: u64) -> StoreConfig {
+        let mut cfg = StoreConfig::new(size);
+        cfg.algo = self.algo;
+        cfg.group_pages = self.group_pages;
+        cfg.mode = self.mode;
+        cfg.shared = self.shared;
+        cfg.reserve = self.reserve;
+        cfg.reserve_free_below = self.reserve_free_below;
+        cfg
+    }
+}
+
 /// Pages per write/read request in the bench: 64 KB, a typical swap-out of
 /// a 16-page large folio.
 pub const DEFAULT_REQUEST_PAGES: usize = 16;
@@ -118,14 +132,7 @@ pub fn run(opts: &BenchOptions, data: &[u8]) -> Result<BenchReport> {
             "threads and request pages must be at least 1".into(),
         ));
     }
-    let mut cfg = StoreConfig::new(data.len() as u64);
-    cfg.algo = opts.algo;
-    cfg.group_pages = opts.group_pages;
-    cfg.mode = opts.mode;
-    cfg.shared = opts.shared;
-    cfg.reserve = opts.reserve;
-    cfg.reserve_free_below = opts.reserve_free_below;
-    let store = Store::new(cfg)?;
+    let store = Store::new(opts.store_config(data.len() as u64))?;
     let write_s = run_phase(&store, data, opts, Phase::Write)?.0;
     let (read_s, verify_errors) = run_phase(&store, data, opts, Phase::Read)?;
     Ok(report(
