@@ -63,6 +63,7 @@ fn now() -> u64 {
 /// The header a store of `cfg` gets.
 fn header_for(cfg: &StoreConfig) -> Header {
     Header {
+        layout: crate::shm::LAYOUT_VERSION,
         fingerprint: SlabAllocator::fingerprint(),
         size: cfg.size,
         group_pages: cfg.group_pages as u64,
@@ -110,18 +111,21 @@ pub(crate) fn secondary(h: &Header) -> Result<Option<Algo>> {
 /// describe that very store, laid out as this build lays stores out.
 pub(crate) fn open(cfg: &StoreConfig, fd: OwnedFd) -> Result<(SharedMem, Header)> {
     let shm = SharedMem::open(fd)?;
-    let found = shm.read_header()?;
+    let mut found = shm.read_header()?;
     let want = header_for(cfg);
     let differs = |what: &str, a: &dyn std::fmt::Display, b: &dyn std::fmt::Display| {
         Error::InvalidConfig(format!(
             "shared memory holds a store with {what} {a}, not {b}: recover it with its own settings"
         ))
     };
-    if found.fingerprint != want.fingerprint {
+    if found.fingerprint != SlabAllocator::fingerprint_for(found.layout) {
         return Err(Error::InvalidConfig(
             "shared memory was laid out by a zblk with other size classes: it cannot be recovered by this one".into(),
         ));
     }
+    // An older layout is written back as this one, with its fingerprint.
+    found.layout = want.layout;
+    found.fingerprint = want.fingerprint;
     if found.size != want.size {
         return Err(differs("size", &found.size, &want.size));
     }

@@ -45,6 +45,10 @@ const MAGIC: [u8; 8] = *b"ZBLKMEM\0";
 /// 3: an object may live in any size class at least its size (the memory
 /// reserve's fallback, `slab::reserve`), not only in the smallest.
 pub(crate) const LAYOUT_VERSION: u64 = 3;
+/// The oldest layout this build reads: a layout-2 store is a layout-3 store
+/// whose objects all sit in their smallest class, and is rewritten as
+/// layout 3 when taken over.
+pub(crate) const OLDEST_LAYOUT: u64 = 2;
 /// Bytes of the header kept for the algorithm's name.
 const ALGO_BYTES: usize = 32;
 
@@ -56,6 +60,9 @@ pub(crate) fn class_region(k: usize) -> (u64, u64) {
 /// The header: what a recovery checks before it trusts the rest.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Header {
+    /// The layout the file was written with (written back as
+    /// [`LAYOUT_VERSION`]).
+    pub(crate) layout: u64,
     /// The allocator's class table and slot encoding, hashed: a binary
     /// with other classes cannot decode these handles.
     pub(crate) fingerprint: u64,
@@ -192,9 +199,9 @@ impl Header {
             x.copy_from_slice(&b[8 + 8 * i..16 + 8 * i]);
             u64::from_le_bytes(x)
         };
-        if w(0) != LAYOUT_VERSION {
+        if !(OLDEST_LAYOUT..=LAYOUT_VERSION).contains(&w(0)) {
             return Err(bad(&format!(
-                "layout {} but this zblk reads layout {LAYOUT_VERSION}",
+                "layout {} but this zblk reads layouts {OLDEST_LAYOUT} to {LAYOUT_VERSION}",
                 w(0)
             )));
         }
@@ -209,6 +216,7 @@ impl Header {
         let algo = name(0)?;
         let secondary = name(1)?;
         Ok(Header {
+            layout: w(0),
             fingerprint: w(1),
             size: w(2),
             group_pages: w(3),
@@ -372,6 +380,7 @@ mod tests {
     #[test]
     fn header_round_trips_and_bad_files_are_refused() {
         let h = Header {
+            layout: LAYOUT_VERSION,
             fingerprint: 0xfeed,
             size: 1 << 30,
             group_pages: 8,
@@ -412,6 +421,16 @@ mod tests {
         let mut b = h.to_bytes();
         b[8] = 99;
         assert!(Header::parse(&b).is_err(), "another layout is refused");
+        b[8] = OLDEST_LAYOUT as u8 - 1;
+        assert!(Header::parse(&b).is_err(), "an older layout is refused");
+        b[8] = OLDEST_LAYOUT as u8;
+        let old = Header::parse(&b).expect("the oldest layout read is read");
+        assert_eq!(old.layout, OLDEST_LAYOUT);
+        assert_eq!(
+            Header::parse(&old.to_bytes()).unwrap().layout,
+            LAYOUT_VERSION,
+            "written back as this one"
+        );
     }
 
     #[test]

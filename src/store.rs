@@ -287,8 +287,15 @@ impl Store {
             None => None,
         };
         let table = SlotTable::new(pages, shm, alloc, free, cfg.object_span(), backing)?;
-        if cfg.reserve && !table.prefault() {
-            return Err(Error::NoSpace { limit: 0 });
+        // A table of more than 1/32 of RAM (a very large, sparse device)
+        // faults in as it is used, as without a reserve: faulting it all in
+        // could take the machine's memory.
+        let small = table.bytes() <= crate::slab::total_ram() / 32;
+        if cfg.reserve && !(small && table.prefault()) {
+            log::warn!(
+                "memory reserve: the slot table ({} MB) is not faulted in up front",
+                table.bytes() >> 20
+            );
         }
         Ok(table)
     }

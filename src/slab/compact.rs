@@ -34,8 +34,10 @@ impl SlabAllocator {
                 break;
             };
             let (pages, _moved) = self.empty_zspage(class, &mut st, src, relocate);
-            // Compaction is there to give memory back: keep no spares.
-            self.release_dead_keeping(class, &mut st, 0);
+            // Compaction is there to give memory back: keep no spares
+            // beyond the reserve's.
+            let keep = self.reserve_want(class, &st);
+            self.release_dead_keeping(class, &mut st, keep);
             drop(st);
             freed += pages;
             if pages == 0 {

@@ -53,6 +53,7 @@ mod reserve;
 mod vm;
 
 pub(crate) use recover::Claim;
+pub(crate) use reserve::total_ram;
 pub(crate) use vm::populate_range;
 
 use crate::alloc::{AllocError, Handle, MemAccount, ObjAllocator, Relocate, ReserveStats};
@@ -328,6 +329,13 @@ impl SlabAllocator {
     /// process can use zspages another left in shared memory only if its
     /// fingerprint is the same.
     pub(crate) fn fingerprint() -> u64 {
+        Self::fingerprint_for(crate::shm::LAYOUT_VERSION)
+    }
+
+    /// [`Self::fingerprint`] as a build of shared-memory layout `layout`
+    /// computed it (the class table and encodings are the same since
+    /// layout 2).
+    pub(crate) fn fingerprint_for(layout: u64) -> u64 {
         // FNV-1a over every class's shape and the encoding constants.
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
         let mut mix = |x: u64| {
@@ -335,7 +343,7 @@ impl SlabAllocator {
                 h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
             }
         };
-        mix(crate::shm::LAYOUT_VERSION);
+        mix(layout);
         mix(u64::from(IDX_BITS));
         mix(u64::from(CLASS_SHIFT));
         mix(vm::CHUNK0);
@@ -777,7 +785,7 @@ impl ObjAllocator for SlabAllocator {
                     match self.alloc_obj(class, &mut st, owners[i as usize]) {
                         Ok(h) => dst[i as usize] = h,
                         Err(Refused::ReserveEmpty) => {
-                            st.missed = st.missed.saturating_add(1);
+                            st.missed = (st.missed + 1).min(reserve::MISSED_MAX);
                             missed.push(i);
                         }
                         Err(Refused::Failed(e)) => {
@@ -790,7 +798,7 @@ impl ObjAllocator for SlabAllocator {
                 drop(st);
                 for &id in &fresh {
                     if !self.back(class, id) && failed.is_none() {
-                        // This run's objects are in `done`: rolled back below.
+                        // This run's objects are in `dst`: rolled back below.
                         failed = Some(AllocError { limit: 0 });
                     }
                 }

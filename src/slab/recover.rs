@@ -35,7 +35,10 @@ impl SlabAllocator {
         };
         // The smallest class for `len`, or a larger one (the reserve's
         // fallback places objects there when their own class is empty).
-        let fits = self.table.class_of(len).is_some_and(|own| own <= c) && idx < class.spec.objs;
+        let fits = len > 0
+            && len <= u32::MAX as usize
+            && super::reserve::fallback_fits(class.spec.size, len as u32)
+            && idx < class.spec.objs;
         if !fits || id >= class.id_limit() {
             return Claim::Invalid;
         }

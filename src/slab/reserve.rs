@@ -38,7 +38,7 @@
 //! so a `mem_limit` counts it.
 
 use super::{lock, ClassState, SizeClass, SlabAllocator, STACK_ENTRIES};
-use crate::alloc::{AllocError, Handle, ReserveStats};
+use crate::alloc::{AllocError, Handle, ObjAllocator, ReserveStats};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -59,9 +59,13 @@ const HEADROOM: usize = 32;
 /// Owner tables a class keeps for its next zspages when zspages die (the
 /// provisioner tops them up to what [`SlabAllocator::reserve_want`] asks).
 pub(super) const BOXES_KEPT: usize = 6;
-/// Objects every class in use keeps room for in spares: two compression
-/// groups of pages (a huge page's class holds one object per zspage).
+/// Bytes of objects every class in use keeps room for in spares: sixteen
+/// raw pages (a huge page's class holds one object per zspage)...
+const RESERVE_BYTES: u32 = 64 << 10;
+/// ...but room for at least one object and at most sixteen.
 const RESERVE_OBJECTS: u32 = 16;
+/// Missed objects a class remembers (what the provisioner adds room for).
+pub(super) const MISSED_MAX: u32 = 256;
 
 /// The reserve's signals and counters.
 #[derive(Debug)]
@@ -198,6 +202,7 @@ impl Default for Missed {
 }
 
 impl Missed {
+    /// Adds object index `i`.
     pub(super) fn push(&mut self, i: u32) {
         if self.len < STACK_ENTRIES {
             self.stack[self.len] = i;
@@ -207,6 +212,7 @@ impl Missed {
         self.len += 1;
     }
 
+    /// Whether no index was added.
     pub(super) fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -228,12 +234,25 @@ impl Missed {
     }
 }
 
+/// Whether an object of `size` bytes may live in a class of objects of
+/// `class_size` bytes: the reserve's fallback places it up to twice its
+/// size plus [`FALLBACK_SLACK`] (and a recovery accepts it there).
+pub(super) fn fallback_fits(class_size: u32, size: u32) -> bool {
+    class_size >= size && class_size <= size.saturating_mul(2).saturating_add(FALLBACK_SLACK)
+}
+
+/// Total RAM in bytes (0 if `sysinfo` fails).
+pub(crate) fn total_ram() -> u64 {
+    ram().0
+}
+
 /// Total and free RAM in bytes (`sysinfo`); (0, 0) if it fails, which
 /// counts as tight.
 fn ram() -> (u64, u64) {
-    // SAFETY: zeroed is a valid sysinfo struct, which the call fills.
+    // SAFETY: sysinfo is a plain C struct, for which all-zero bytes are a
+    // valid value.
     let mut si: libc::sysinfo = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
+    // SAFETY: the call only writes the struct behind the valid `&mut si`.
     if unsafe { libc::sysinfo(&mut si) } != 0 {
         return (0, 0);
     }
@@ -259,15 +278,17 @@ fn short<T>(v: &Vec<T>) -> Option<usize> {
 
 impl SlabAllocator {
     /// Spares the reserve keeps in a class: none for a class that holds
-    /// nothing and was not asked for; else room for [`RESERVE_OBJECTS`]
-    /// objects, or for the objects asked for and not served since the
-    /// last fill if more, plus one zspage per 64 live ones, up to three.
+    /// nothing and was not asked for; else room for [`RESERVE_BYTES`] of
+    /// objects (1 to [`RESERVE_OBJECTS`] of them), or for the objects asked
+    /// for and not served since the last fill if more, plus one zspage per
+    /// 64 live ones, up to three.
     pub(super) fn reserve_want(&self, class: &SizeClass, st: &ClassState) -> usize {
         if self.reserve.is_none() || (st.live_zspages == 0 && st.missed == 0) {
             return 0;
         }
-        let objs = class.spec.objs.max(1);
-        let base = RESERVE_OBJECTS.max(st.missed).div_ceil(objs) as usize;
+        let per = class.spec.objs.max(1);
+        let objs = (RESERVE_BYTES / class.spec.size.max(1)).clamp(1, RESERVE_OBJECTS);
+        let base = objs.max(st.missed).div_ceil(per) as usize;
         base + (st.live_zspages / 64).min(3) as usize
     }
 
@@ -286,6 +307,7 @@ impl SlabAllocator {
             return Err(AllocError { limit: 0 });
         };
         r.misses.fetch_add(missed.len as u64, Relaxed);
+        r.wake();
         let mut left = Missed::default();
         left.extend(missed);
         for wait in 0..=MISS_WAITS {
@@ -318,21 +340,30 @@ impl SlabAllocator {
     /// the fallback slack.
     fn alloc_from_classes(&self, size: u32, owner: u64, own: bool) -> Option<Handle> {
         let first = self.table.class_of(size as usize)?;
-        let max = size.saturating_mul(2).saturating_add(FALLBACK_SLACK);
         let start = if own { first } else { first + 1 };
         for class in self.classes.get(start..)? {
-            if class.spec.size > max {
+            if !fallback_fits(class.spec.size, size) {
                 break;
             }
             let mut st = lock(class);
-            if let Ok(h) = self.alloc_obj(class, &mut st, owner) {
-                if class.index != first {
-                    if let Some(r) = &self.reserve {
-                        r.fallbacks.fetch_add(1, Relaxed);
-                    }
-                }
-                return Some(h);
+            let Ok(h) = self.alloc_obj(class, &mut st, owner) else {
+                continue;
+            };
+            // Free memory may have come back meanwhile, and with it a zspage
+            // made here rather than taken from spares: back it as alloc_bulk
+            // does, off the lock.
+            let fresh = std::mem::take(&mut st.fresh);
+            drop(st);
+            if !fresh.iter().all(|&id| self.back(class, id)) {
+                self.free_bulk(&[h]);
+                return None;
             }
+            if class.index != first {
+                if let Some(r) = &self.reserve {
+                    r.fallbacks.fetch_add(1, Relaxed);
+                }
+            }
+            return Some(h);
         }
         None
     }
@@ -361,6 +392,12 @@ impl SlabAllocator {
     /// for each and room in its vectors. Returns whether it did anything.
     pub(super) fn provision(&self, class: &SizeClass) -> bool {
         let mut did = self.make_room(class);
+        // At most what the class lacked on entry: a class whose spares are
+        // taken as fast as they are made must not keep the others waiting.
+        let mut budget = {
+            let st = lock(class);
+            self.reserve_want(class, &st).saturating_sub(st.spare.len())
+        };
         loop {
             let mut st = lock(class);
             let want = self.reserve_want(class, &st);
@@ -380,9 +417,10 @@ impl SlabAllocator {
                 st.missed = 0;
                 return did;
             }
-            if !self.add_spare(class, st) {
+            if budget == 0 || !self.add_spare(class, st) {
                 return did;
             }
+            budget -= 1;
             did = true;
         }
     }

@@ -228,8 +228,9 @@ pub fn lock_range(addr: usize, len: usize) -> bool {
 /// older than 5.14 (no `MADV_POPULATE_WRITE`) counts as success, its pages
 /// fault in on first use as private pages that cannot be backed now do.
 pub fn populate_range(addr: usize, len: usize) -> bool {
-    // SAFETY: the range lies inside a chunk this allocator mapped; populating
-    // writes nothing visible (fresh pages read as zeros).
+    // SAFETY: the range lies inside memory this process mapped (a chunk of
+    // the slab, or the pages of the slot table); populating writes nothing
+    // visible (fresh pages read as zeros, present ones are left as they are).
     let r = unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_POPULATE_WRITE) };
     r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL)
 }

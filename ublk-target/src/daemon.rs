@@ -109,7 +109,8 @@ fn serve(
     ready: &ReadyOnce,
 ) -> Result<()> {
     let t0 = Instant::now();
-    // Before any thread exists, so that all of them inherit it.
+    // Before any thread but the log writer (zblk_ublk::logsink) exists,
+    // so that all of them inherit it.
     safety::harden()?;
     // A recovering daemon's parent is its keeper, or systemd for a
     // zblk@N.service daemon recovered from the fd store (no keeper then).

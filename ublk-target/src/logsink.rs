@@ -16,7 +16,10 @@
 
 use crossbeam_queue::ArrayQueue;
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicU64,
+    Ordering::{Relaxed, SeqCst},
+};
 use std::sync::Arc;
 use std::thread::Thread;
 use std::time::{Duration, Instant};
@@ -29,8 +32,9 @@ const PERIOD: Duration = Duration::from_millis(500);
 struct Shared {
     records: ArrayQueue<Vec<u8>>,
     dropped: AtomicU64,
-    /// Set while the writer has written everything queued.
-    idle: AtomicBool,
+    /// Records queued and records written so far.
+    queued: AtomicU64,
+    written: AtomicU64,
     writer: Thread,
 }
 
@@ -57,7 +61,8 @@ impl LogSink {
         let shared = Arc::new(Shared {
             records: ArrayQueue::new(QUEUE),
             dropped: AtomicU64::new(0),
-            idle: AtomicBool::new(true),
+            queued: AtomicU64::new(0),
+            written: AtomicU64::new(0),
             writer: writer.thread().clone(),
         });
         // The writer holds the only other reference; it lives as long as the
@@ -77,8 +82,9 @@ impl LogSink {
 
 impl Write for LogSink {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.shared.idle.store(false, Relaxed);
-        if self.shared.records.push(buf.to_vec()).is_err() {
+        if self.shared.records.push(buf.to_vec()).is_ok() {
+            self.shared.queued.fetch_add(1, SeqCst);
+        } else {
             self.shared.dropped.fetch_add(1, Relaxed);
         }
         self.shared.writer.unpark();
@@ -102,8 +108,9 @@ impl LogFlusher {
     /// Waits up to `timeout` until every record queued so far is written.
     pub fn flush(&self, timeout: Duration) {
         let end = Instant::now() + timeout;
+        let target = self.shared.queued.load(SeqCst);
         self.shared.writer.unpark();
-        while !(self.shared.records.is_empty() && self.shared.idle.load(Relaxed)) {
+        while self.shared.written.load(SeqCst) < target || self.shared.dropped.load(Relaxed) > 0 {
             if Instant::now() >= end {
                 return;
             }
@@ -115,27 +122,34 @@ impl LogFlusher {
 fn write_loop(shared: &Shared, mut out: Box<dyn Write + Send>) {
     loop {
         while let Some(r) = shared.records.pop() {
-            let lost = shared.dropped.swap(0, Relaxed);
-            if lost > 0 {
-                let _ = writeln!(
-                    out,
-                    "zblk: {lost} log records dropped (the log was not written fast enough)"
-                );
-            }
+            say_dropped(shared, &mut out);
             let _ = out.write_all(&r);
+            shared.written.fetch_add(1, SeqCst);
         }
+        // Records lost after the last one written are said too.
+        say_dropped(shared, &mut out);
         let _ = out.flush();
-        shared.idle.store(true, Relaxed);
-        // A record queued between the last pop and `idle` is seen here.
         if shared.records.is_empty() {
             std::thread::park_timeout(PERIOD);
         }
     }
 }
 
+/// Writes how many records were dropped since it last said, if any.
+fn say_dropped(shared: &Shared, out: &mut Box<dyn Write + Send>) {
+    let lost = shared.dropped.swap(0, Relaxed);
+    if lost > 0 {
+        let _ = writeln!(
+            out,
+            "zblk: {lost} log records dropped (the log was not written fast enough)"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::AtomicBool;
     use std::sync::Mutex;
 
     #[derive(Clone, Default)]

@@ -449,8 +449,6 @@ fn commit_round(batch: &mut UblkBatchQueue, done: &mut Vec<UblkBatchCompletion>,
     }
 }
 
-/// What a queue thread does last, whichever transport it served: frees its
-/// batch and clears its pending gauge.
 /// The queue's per-tag I/O buffers, locked and so faulted in now: the
 /// driver copies a write's data into its buffer in this process's context,
 /// and a first touch there under memory pressure would send the queue into
@@ -470,6 +468,8 @@ fn locked_io_bufs(dev: &UblkDev, qid: u16) -> Vec<libublk::helpers::IoBuf<u8>> {
     bufs
 }
 
+/// What a queue thread does last, whichever transport it served: frees its
+/// batch and clears its pending gauge.
 fn finish(qs: &QueueShared, ctx: &mut QueueCtx, qid: u16) {
     ctx.flush_frees();
     qs.pending.store(0, Ordering::SeqCst);
