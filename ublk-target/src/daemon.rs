@@ -109,8 +109,8 @@ fn serve(
     ready: &ReadyOnce,
 ) -> Result<()> {
     let t0 = Instant::now();
-    // Before any thread but the log writer (zblk_ublk::logsink) exists,
-    // so that all of them inherit it.
+    // Before any thread exists, so that all of them inherit it (the log
+    // writer starts after the privileges are dropped).
     safety::harden()?;
     // A recovering daemon's parent is its keeper, or systemd for a
     // zblk@N.service daemon recovered from the fd store (no keeper then).
@@ -191,6 +191,9 @@ fn drop_privileges(cfg: &DeviceConfig, has_keeper: bool) -> Result<()> {
         iaa: cfg.engine.algo == zblk::Algo::DeflateIaa,
     };
     let kept = privileges::drop_to(needs)?;
+    // Only now: the writer thread takes the capabilities left (see
+    // `crate::logsink`).
+    crate::logsink::start_writer();
     log::info!("capabilities kept: {}", privileges::names(&kept));
     Ok(())
 }

@@ -20,11 +20,11 @@ use std::sync::atomic::{
     AtomicU64,
     Ordering::{Relaxed, SeqCst},
 };
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::Thread;
 use std::time::{Duration, Instant};
 
-/// Records held while the writer is behind.
+/// Records held while the writer is behind (or not started yet).
 const QUEUE: usize = 1024;
 /// How often the writer looks without being woken.
 const PERIOD: Duration = Duration::from_millis(500);
@@ -35,48 +35,43 @@ struct Shared {
     /// Records queued and records written so far.
     queued: AtomicU64,
     written: AtomicU64,
-    writer: Thread,
+    /// Where records go: taken by the writer thread when it starts.
+    out: Mutex<Option<Box<dyn Write + Send>>>,
+    writer: OnceLock<Thread>,
 }
+
+/// The process's sink, for [`start_writer`] and [`flush`].
+static SINK: OnceLock<Arc<Shared>> = OnceLock::new();
 
 /// A `Write` for `env_logger::Target::Pipe`: each write queues its bytes
 /// for the writer thread and returns at once. One write is one record
 /// (env_logger writes each formatted record with one call); a record that
 /// does not fit is dropped whole.
+///
+/// The writer thread starts only when the process calls [`start_writer`],
+/// after it hardened itself, dropped its capabilities and blocked its stop
+/// signals: capabilities are per thread, and a thread started before would
+/// keep them all (and take a SIGTERM meant for the main thread's handler).
+/// Records logged before wait in the queue.
 pub struct LogSink {
     shared: Arc<Shared>,
 }
 
 impl LogSink {
-    /// Starts the writer thread, which writes to `out` (the process's
-    /// stderr in the daemon).
-    pub fn start(out: Box<dyn Write + Send>) -> std::io::Result<LogSink> {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Arc<Shared>>(1);
-        let writer = std::thread::Builder::new()
-            .name("zblk-log".into())
-            .spawn(move || {
-                if let Ok(shared) = rx.recv() {
-                    write_loop(&shared, out);
-                }
-            })?;
+    /// A sink whose records go to `out` (the process's stderr), made the
+    /// process's sink for [`start_writer`] and [`flush`] (the first one
+    /// made is).
+    pub fn new(out: Box<dyn Write + Send>) -> LogSink {
         let shared = Arc::new(Shared {
             records: ArrayQueue::new(QUEUE),
             dropped: AtomicU64::new(0),
             queued: AtomicU64::new(0),
             written: AtomicU64::new(0),
-            writer: writer.thread().clone(),
+            out: Mutex::new(Some(out)),
+            writer: OnceLock::new(),
         });
-        // The writer holds the only other reference; it lives as long as the
-        // process (it is never joined).
-        tx.send(shared.clone())
-            .map_err(|_| std::io::Error::other("the log writer thread ended at start"))?;
-        Ok(LogSink { shared })
-    }
-
-    /// A handle to wait for the queue to empty (at the daemon's exit).
-    pub fn flusher(&self) -> LogFlusher {
-        LogFlusher {
-            shared: self.shared.clone(),
-        }
+        let _ = SINK.set(shared.clone());
+        LogSink { shared }
     }
 }
 
@@ -87,7 +82,9 @@ impl Write for LogSink {
         } else {
             self.shared.dropped.fetch_add(1, Relaxed);
         }
-        self.shared.writer.unpark();
+        if let Some(w) = self.shared.writer.get() {
+            w.unpark();
+        }
         Ok(buf.len())
     }
 
@@ -98,24 +95,75 @@ impl Write for LogSink {
     }
 }
 
-/// Waits for queued records to be written (see [`LogSink::flusher`]).
-#[derive(Clone)]
-pub struct LogFlusher {
-    shared: Arc<Shared>,
+/// Starts the process's log writer thread (`zblk-log`) if there is a sink
+/// and it has none yet; its stop signals are blocked. Call it once the
+/// process dropped what it does not keep (see [`LogSink`]). Logged and
+/// ignored if the thread cannot start (records then wait for [`flush`]).
+pub fn start_writer() {
+    let Some(shared) = SINK.get() else {
+        return;
+    };
+    let Some(out) = shared.out.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+        return;
+    };
+    let sh = shared.clone();
+    match std::thread::Builder::new()
+        .name("zblk-log".into())
+        .spawn(move || {
+            block_signals();
+            write_loop(&sh, out)
+        }) {
+        Ok(t) => {
+            let _ = shared.writer.set(t.thread().clone());
+            t.thread().unpark();
+        }
+        Err(e) => eprintln!("zblk: cannot start the log writer thread: {e}"),
+    }
 }
 
-impl LogFlusher {
-    /// Waits up to `timeout` until every record queued so far is written.
-    pub fn flush(&self, timeout: Duration) {
-        let end = Instant::now() + timeout;
-        let target = self.shared.queued.load(SeqCst);
-        self.shared.writer.unpark();
-        while self.shared.written.load(SeqCst) < target || self.shared.dropped.load(Relaxed) > 0 {
-            if Instant::now() >= end {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(5));
+/// Waits up to `timeout` until every record queued so far is written; with
+/// no writer thread, writes them on the calling thread.
+pub fn flush(timeout: Duration) {
+    let Some(shared) = SINK.get() else {
+        return;
+    };
+    if let Some(out) = shared
+        .out
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .as_mut()
+    {
+        while let Some(r) = shared.records.pop() {
+            say_dropped(shared, out);
+            let _ = out.write_all(&r);
+            shared.written.fetch_add(1, SeqCst);
         }
+        say_dropped(shared, out);
+        let _ = out.flush();
+        return;
+    }
+    let end = Instant::now() + timeout;
+    let target = shared.queued.load(SeqCst);
+    if let Some(w) = shared.writer.get() {
+        w.unpark();
+    }
+    while shared.written.load(SeqCst) < target || shared.dropped.load(Relaxed) > 0 {
+        if Instant::now() >= end {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Blocks every signal on the calling thread: the writer never takes a
+/// signal meant for the process's handlers.
+fn block_signals() {
+    // SAFETY: sigfillset initialises the set it is given; pthread_sigmask
+    // reads it and changes only the calling thread's mask.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut set);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
     }
 }
 
@@ -150,7 +198,6 @@ fn say_dropped(shared: &Shared, out: &mut Box<dyn Write + Send>) {
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicBool;
-    use std::sync::Mutex;
 
     #[derive(Clone, Default)]
     struct Shared(Arc<Mutex<Vec<u8>>>, Arc<AtomicBool>);
@@ -168,16 +215,23 @@ mod tests {
         }
     }
 
-    /// Records come out in order; a writer stuck on its output blocks no
-    /// one who logs, and what did not fit is counted and said.
+    /// Records logged before the writer starts wait for it; records come
+    /// out in order; a writer stuck on its output blocks no one who logs,
+    /// and what did not fit is counted and said.
     #[test]
     fn records_in_order_and_a_stuck_output_blocks_nobody() {
         let out = Shared::default();
-        let mut sink = LogSink::start(Box::new(out.clone())).unwrap();
+        let mut sink = LogSink::new(Box::new(out.clone()));
         for i in 0..10 {
             sink.write_all(format!("record {i}\n").as_bytes()).unwrap();
         }
-        sink.flusher().flush(Duration::from_secs(5));
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(
+            out.0.lock().unwrap().is_empty(),
+            "written before the writer started"
+        );
+        start_writer();
+        flush(Duration::from_secs(5));
         let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
         let want: String = (0..10).map(|i| format!("record {i}\n")).collect();
         assert_eq!(text, want);
@@ -190,7 +244,7 @@ mod tests {
         }
         assert!(t.elapsed() < Duration::from_secs(2), "logging blocked");
         out.1.store(false, Relaxed);
-        sink.flusher().flush(Duration::from_secs(5));
+        flush(Duration::from_secs(5));
         let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
         // Every record is either written or counted as dropped.
         let kept = text.lines().filter(|l| l.starts_with("more ")).count();

@@ -20,7 +20,7 @@ mod unit;
 
 pub use args::Cli;
 use args::Cmd;
-use zblk_ublk::logsink::{LogFlusher, LogSink};
+use zblk_ublk::logsink::{self, LogSink};
 
 /// A failure, said in one line.
 #[derive(Debug)]
@@ -103,28 +103,28 @@ pub(crate) fn escape_controls(text: &str) -> String {
 pub fn run(cli: Cli) -> CliResult {
     match cli.cmd {
         Cmd::Daemon(a) => {
-            let log = init_server_log("info");
-            flushed(log, add::daemon(a))
+            init_server_log("info");
+            flushed(add::daemon(a))
         }
         Cmd::Keeper(a) => {
-            let log = init_server_log("info");
-            flushed(log, add::keeper(a))
+            init_server_log("info");
+            flushed(add::keeper(a))
         }
         Cmd::Recover(a) if a.memfd.is_some() => {
-            let log = init_server_log("info");
-            flushed(log, add::recover_daemon(a))
+            init_server_log("info");
+            flushed(add::recover_daemon(a))
         }
         Cmd::Add(a) if a.foreground => {
-            let log = init_server_log("info");
-            flushed(log, add::add(a))
+            init_server_log("info");
+            flushed(add::add(a))
         }
         Cmd::Add(a) => {
             init_log("warn");
             add::add(a)
         }
         Cmd::Setup(a) if a.foreground => {
-            let log = init_server_log("info");
-            flushed(log, setup::setup(a))
+            init_server_log("info");
+            flushed(setup::setup(a))
         }
         Cmd::Setup(a) => {
             init_log("warn");
@@ -182,31 +182,19 @@ const LOG_FLUSH: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// [`init_log`] for the processes that serve a device (daemon, keeper):
 /// through the non-blocking sink (`zblk_ublk::logsink`: their stderr may be
-/// a swappable file, swapped to the device they serve). Returns what waits
-/// for the sink at exit; `None` (plain stderr) if its thread cannot start.
-fn init_server_log(default: &str) -> Option<LogFlusher> {
+/// a swappable file, swapped to the device they serve), whose writer thread
+/// they start once they dropped their privileges.
+fn init_server_log(default: &str) {
     let env = env_logger::Env::default().default_filter_or(default);
-    let mut b = env_logger::Builder::from_env(env);
-    let flusher = match LogSink::start(Box::new(std::io::stderr())) {
-        Ok(sink) => {
-            let f = sink.flusher();
-            b.target(env_logger::Target::Pipe(Box::new(sink)));
-            Some(f)
-        }
-        Err(e) => {
-            eprintln!("zblk: logging straight to stderr: cannot start the log thread: {e}");
-            None
-        }
-    };
-    let _ = b.try_init();
-    flusher
+    let sink = LogSink::new(Box::new(std::io::stderr()));
+    let _ = env_logger::Builder::from_env(env)
+        .target(env_logger::Target::Pipe(Box::new(sink)))
+        .try_init();
 }
 
 /// `result`, once the server's log records are written.
-fn flushed(log: Option<LogFlusher>, result: CliResult) -> CliResult {
-    if let Some(f) = log {
-        f.flush(LOG_FLUSH);
-    }
+fn flushed(result: CliResult) -> CliResult {
+    logsink::flush(LOG_FLUSH);
     result
 }
 

@@ -140,6 +140,8 @@ fn harden(cfg: &DeviceConfig) -> Result<()> {
         starts_zblk: true,
         iaa: cfg.engine.algo == zblk::Algo::DeflateIaa,
     })?;
+    // Only now: the log writer thread takes the capabilities left.
+    crate::logsink::start_writer();
     log::info!("keeper: capabilities kept: {}", privileges::names(&kept));
     Ok(())
 }
