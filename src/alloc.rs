@@ -178,7 +178,7 @@ pub struct ReserveStats {
     /// Of those, objects placed in a larger class.
     pub fallbacks: u64,
     /// Objects refused after waiting for the provisioner (their request
-    /// failed with ENOMEM).
+    /// failed with ENOSPC).
     pub refusals: u64,
 }
 

@@ -78,7 +78,7 @@ pub struct StoreStats {
     /// Of those, objects placed in a larger size class.
     pub reserve_fallbacks: u64,
     /// Of those, objects refused after waiting for the provisioner: their
-    /// writes failed with ENOMEM (counted in `failed_writes` too).
+    /// writes failed with ENOSPC (counted in `failed_writes` too).
     pub reserve_refusals: u64,
     /// Handles detached but not yet freed.
     pub deferred_free_pending: u64,
@@ -175,11 +175,7 @@ impl Store {
     /// shared memory if `cfg.shared`.
     pub fn new(cfg: StoreConfig) -> Result<Arc<Store>> {
         cfg.validate()?;
-        let slab_cfg = SlabConfig {
-            mlock: cfg.mlock,
-            reserve: cfg.reserve,
-            reserve_free_below: cfg.reserve_free_below,
-        };
+        let slab_cfg = slab_config(&cfg);
         let mut clock_base = crate::clock::boot_seconds();
         let (alloc, shm): (Arc<dyn ObjAllocator>, _) = match cfg.allocator {
             AllocatorKind::Slab if cfg.shared => {
@@ -230,14 +226,7 @@ impl Store {
         let (shm, header) = crate::recover::open(&cfg, fd)?;
         let secondary = crate::recover::secondary(&header)?;
         let shm = Arc::new(shm);
-        let slab = Arc::new(SlabAllocator::shared(
-            SlabConfig {
-                mlock: cfg.mlock,
-                reserve: cfg.reserve,
-                reserve_free_below: cfg.reserve_free_below,
-            },
-            shm.clone(),
-        ));
+        let slab = Arc::new(SlabAllocator::shared(slab_config(&cfg), shm.clone()));
         let table = Self::table(&cfg, Some(&shm), slab.clone())?;
         let gauges = Arc::new(StatsShard::default());
         let scan = crate::recover::scan(&table, &slab, &gauges, secondary.is_some());
@@ -924,6 +913,15 @@ pub unsafe fn debug_corrupt_object(store: &Store, page: u64, at: usize, byte: u8
         std::ptr::write_bytes(p, byte, len - at);
     }
     true
+}
+
+/// The slab's part of a store's configuration.
+fn slab_config(cfg: &StoreConfig) -> SlabConfig {
+    SlabConfig {
+        mlock: cfg.mlock,
+        reserve: cfg.reserve,
+        reserve_free_below: cfg.reserve_free_below,
+    }
 }
 
 /// Simulates the death of the process serving `store`: the drain thread

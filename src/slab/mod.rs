@@ -515,6 +515,20 @@ impl SlabAllocator {
         !self.shared || (backed && !crate::fault::fail("shm:grow"))
     }
 
+    /// Backs every zspage made fresh during the lock hold `st`, after
+    /// letting go of the lock ([`Self::back`]); returns whether all were.
+    fn back_fresh(&self, class: &SizeClass, mut st: MutexGuard<'_, ClassState>) -> bool {
+        let fresh = std::mem::take(&mut st.fresh);
+        drop(st);
+        // Every one is backed, even after a failure, as alloc_bulk always
+        // did.
+        let mut ok = true;
+        for &id in &fresh {
+            ok &= self.back(class, id);
+        }
+        ok
+    }
+
     /// Makes zspage `id` an empty live zspage in fullness group 0.
     fn init_zspage(&self, class: &SizeClass, st: &mut ClassState, id: u64) {
         let objs = class.spec.objs;
@@ -794,13 +808,9 @@ impl ObjAllocator for SlabAllocator {
                         }
                     }
                 }
-                let fresh = std::mem::take(&mut st.fresh);
-                drop(st);
-                for &id in &fresh {
-                    if !self.back(class, id) && failed.is_none() {
-                        // This run's objects are in `dst`: rolled back below.
-                        failed = Some(AllocError { limit: 0 });
-                    }
+                if !self.back_fresh(class, st) && failed.is_none() {
+                    // This run's objects are in `dst`: rolled back below.
+                    failed = Some(AllocError { limit: 0 });
                 }
             },
         );

@@ -26,7 +26,7 @@
 //!   object may live in any class at least its size, within
 //!   [`FALLBACK_SLACK`]), else waits for the provisioner up to
 //!   [`MISS_WAITS`] times [`MISS_WAIT`], else the allocation fails: the
-//!   request gets ENOMEM and the kernel keeps the page, as when zram's
+//!   request gets ENOSPC and the kernel keeps the page, as when zram's
 //!   `zs_malloc` fails;
 //! - the provisioner ([`SlabAllocator::provision_until`], on its own thread)
 //!   keeps [`SlabAllocator::reserve_want`] spares in every class in use, and
@@ -221,11 +221,6 @@ impl Missed {
         from.iter().for_each(|i| self.push(i));
     }
 
-    fn clear(&mut self) {
-        self.len = 0;
-        self.heap.clear();
-    }
-
     fn iter(&self) -> impl Iterator<Item = u32> + '_ {
         self.stack[..self.len.min(STACK_ENTRIES)]
             .iter()
@@ -324,8 +319,7 @@ impl SlabAllocator {
             if still.is_empty() {
                 return Ok(());
             }
-            left.clear();
-            left.extend(&still);
+            left = still;
         }
         r.refusals.fetch_add(left.len as u64, Relaxed);
         let limit = self.mem.limit();
@@ -350,11 +344,9 @@ impl SlabAllocator {
                 continue;
             };
             // Free memory may have come back meanwhile, and with it a zspage
-            // made here rather than taken from spares: back it as alloc_bulk
-            // does, off the lock.
-            let fresh = std::mem::take(&mut st.fresh);
-            drop(st);
-            if !fresh.iter().all(|&id| self.back(class, id)) {
+            // made here rather than taken from spares: backed as alloc_bulk
+            // backs its own.
+            if !self.back_fresh(class, st) {
                 self.free_bulk(&[h]);
                 return None;
             }

@@ -103,15 +103,20 @@ pub fn start_writer() {
     let Some(shared) = SINK.get() else {
         return;
     };
-    let Some(out) = shared.out.lock().unwrap_or_else(|e| e.into_inner()).take() else {
+    if shared.writer.get().is_some() {
         return;
-    };
+    }
     let sh = shared.clone();
+    // The thread takes the output itself: if it cannot start, the output
+    // stays for `flush`.
     match std::thread::Builder::new()
         .name("zblk-log".into())
         .spawn(move || {
             block_signals();
-            write_loop(&sh, out)
+            let out = sh.out.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(out) = out {
+                write_loop(&sh, out);
+            }
         }) {
         Ok(t) => {
             let _ = shared.writer.set(t.thread().clone());
@@ -133,13 +138,7 @@ pub fn flush(timeout: Duration) {
         .unwrap_or_else(|e| e.into_inner())
         .as_mut()
     {
-        while let Some(r) = shared.records.pop() {
-            say_dropped(shared, out);
-            let _ = out.write_all(&r);
-            shared.written.fetch_add(1, SeqCst);
-        }
-        say_dropped(shared, out);
-        let _ = out.flush();
+        drain(shared, out);
         return;
     }
     let end = Instant::now() + timeout;
@@ -169,18 +168,23 @@ fn block_signals() {
 
 fn write_loop(shared: &Shared, mut out: Box<dyn Write + Send>) {
     loop {
-        while let Some(r) = shared.records.pop() {
-            say_dropped(shared, &mut out);
-            let _ = out.write_all(&r);
-            shared.written.fetch_add(1, SeqCst);
-        }
-        // Records lost after the last one written are said too.
-        say_dropped(shared, &mut out);
-        let _ = out.flush();
+        drain(shared, &mut out);
         if shared.records.is_empty() {
             std::thread::park_timeout(PERIOD);
         }
     }
+}
+
+/// Writes every queued record to `out`, saying where records were dropped
+/// (records lost after the last one written are said too), and flushes.
+fn drain(shared: &Shared, out: &mut Box<dyn Write + Send>) {
+    while let Some(r) = shared.records.pop() {
+        say_dropped(shared, out);
+        let _ = out.write_all(&r);
+        shared.written.fetch_add(1, SeqCst);
+    }
+    say_dropped(shared, out);
+    let _ = out.flush();
 }
 
 /// Writes how many records were dropped since it last said, if any.
