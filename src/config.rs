@@ -104,6 +104,11 @@ pub struct StoreConfig {
     /// A block device or regular file that `Store::writeback` moves pages'
     /// compressed objects to (zram's `backing_dev`); none: no writeback.
     pub backing: Option<std::path::PathBuf>,
+    /// Time the phases of every request (codec, allocation, copies,
+    /// installs: `crate::stats::Phase`) and report them in
+    /// `StoreStats::phases`: the per-page breakdown. Off by default: a few
+    /// clock reads per group.
+    pub phase_timers: bool,
 }
 
 /// Makes one codec per queue context (see [`StoreConfig::codecs`]).
@@ -151,6 +156,7 @@ impl StoreConfig {
             shared: false,
             codecs: None,
             backing: None,
+            phase_timers: false,
         }
     }
 

@@ -14,8 +14,9 @@ use crate::config::{Mode, StoreConfig};
 use crate::free::FreeBatch;
 use crate::page::PAGE_SIZE;
 use crate::slot::Entry;
-use crate::stats::StatsShard;
+use crate::stats::{Phase, StatsShard};
 use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 /// The mutable state of one queue thread, passed to the store's operations.
 pub(crate) struct CtxState {
@@ -44,6 +45,8 @@ pub(crate) struct CtxState {
     /// reads into, made with the context so that a swap-in never
     /// allocates (`O_DIRECT` wants it aligned).
     pub(crate) bd_buf: Option<AlignedBuf>,
+    /// Whether phases are timed (`StoreConfig::phase_timers`).
+    timers: bool,
 }
 
 impl CtxState {
@@ -68,6 +71,7 @@ impl CtxState {
             gather: vec![0u8; if packed { g * PAGE_SIZE } else { 0 }],
             pack_cache: PackCache::with_capacity(if packed { g } else { 0 }),
             next_pack_id: first_pack_id(id, epoch),
+            timers: cfg.phase_timers,
             now: 0,
             secondary_algo: secondary,
             secondary: None,
@@ -84,6 +88,30 @@ impl CtxState {
                     }
                 }),
         }
+    }
+
+    /// Whether the store times phases.
+    #[inline]
+    pub(crate) fn timing(&self) -> bool {
+        self.timers
+    }
+
+    /// The start of a timed phase: now, when the store times phases.
+    #[inline]
+    pub(crate) fn clock(&self) -> Option<Instant> {
+        self.timers.then(Instant::now)
+    }
+
+    /// Ends phase `p` begun at `since` (from [`CtxState::clock`] or an
+    /// earlier lap) and returns its end, the start of the next phase: one
+    /// clock read per boundary.
+    #[inline]
+    pub(crate) fn lap(&self, p: Phase, since: Option<Instant>) -> Option<Instant> {
+        let t0 = since?;
+        let now = Instant::now();
+        self.shard
+            .charge(p, now.saturating_duration_since(t0).as_nanos() as u64);
+        Some(now)
     }
 
     /// The id for the next packed object this thread makes.

@@ -29,7 +29,7 @@ use crate::ctx::CtxState;
 use crate::error::{Error, Result};
 use crate::page::{same_filled, PAGE_SIZE};
 use crate::slot::{Entry, Kind};
-use crate::stats::Counter;
+use crate::stats::{Counter, Phase};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Bytes of header in front of a packed blob.
@@ -131,10 +131,12 @@ pub(crate) fn pack_group(
         return Ok(false);
     }
     let budget = (k * huge_threshold - 1).min(st.scratch.len());
-    let Some(clen) = st
+    let t = st.clock();
+    let compressed = st
         .codec
-        .compress(&st.gather[..k * PAGE_SIZE], &mut st.scratch[..budget])?
-    else {
+        .compress(&st.gather[..k * PAGE_SIZE], &mut st.scratch[..budget])?;
+    let t = st.lap(Phase::Compress, t);
+    let Some(clen) = compressed else {
         return Ok(false);
     };
     if clen > budget {
@@ -144,11 +146,13 @@ pub(crate) fn pack_group(
     let Some(h) = allocate(st, alloc, first, clen)? else {
         return Ok(false);
     };
+    let t = st.lap(Phase::Alloc, t);
     crate::inject::point("pack:allocated");
     let id = st.take_pack_id();
     // SAFETY: the object is fresh, of PACK_HEADER + clen bytes, and its
     // handle is in no slot yet.
     unsafe { write_object(alloc, h, orig, first, id, &st.scratch[..clen]) };
+    st.lap(Phase::Copy, t);
     for (i, e) in st.plan.entries.iter_mut().enumerate() {
         if orig & (1 << i) != 0 {
             *e = Entry {
@@ -256,7 +260,9 @@ pub(crate) fn read_page(
     // The cache is taken out while the codec (a borrow of `st` of its own)
     // decodes into it; taking and putting back moves a Vec, no copy.
     let mut cache = std::mem::take(&mut st.pack_cache);
+    let t = st.clock();
     let r = decode_group(st, e, blob, cache.buffer(e.n as usize));
+    st.lap(Phase::Decode, t);
     if r.is_ok() {
         out.copy_from_slice(&cache.buffer_ref()[pos * PAGE_SIZE..(pos + 1) * PAGE_SIZE]);
         cache.set(hdr.id);

@@ -24,7 +24,7 @@ use crate::ctx::CtxState;
 use crate::error::{Error, Result};
 use crate::page::{fill_word, PAGE_SIZE};
 use crate::slot::{Entry, Kind};
-use crate::stats::Counter;
+use crate::stats::{Counter, Phase};
 use crate::table::SlotTable;
 
 /// Reads page `page` into `out` under its slot's lock.
@@ -70,7 +70,10 @@ pub(crate) fn read_entry(
         Kind::Compressed => {
             // SAFETY: as above, for the object's `len` bytes.
             let obj = unsafe { alloc.bytes(e.val, 0, e.len as usize) };
-            decompress(st, e.algo, obj, out)
+            let t = st.clock();
+            let r = decompress(st, e.algo, obj, out);
+            st.lap(Phase::Decode, t);
+            r
         }
         Kind::Packed => crate::packed::read_page(st, alloc, e, out),
         Kind::Backed => read_backed(table, st, page, e, out),

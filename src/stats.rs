@@ -101,6 +101,35 @@ pub enum Op {
 
 const NUM_OPS: usize = 4;
 
+/// The parts of a request's time that the phase timers
+/// (`StoreConfig::phase_timers`) add up, in nanoseconds summed over every
+/// request: the per-page breakdown of BENCHMARKS.md. A request's total is
+/// timed too, so what no phase covers (range checks, the same-filled scan,
+/// the plan, statistics) is the total less its phases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
+pub enum Phase {
+    /// A whole write request.
+    Write,
+    /// Codec calls of writes (one per group, or per page without groups).
+    Compress,
+    /// Bulk allocations of writes (slab: class locks, fresh zspages).
+    Alloc,
+    /// Copies of compressed or raw bytes into their new objects.
+    Copy,
+    /// Installing a group's pages in their slots (slot locks, the old
+    /// objects to the free batch).
+    Install,
+    /// A whole read request.
+    Read,
+    /// Codec calls of reads (packed: the whole group, once per cache miss).
+    Decode,
+    /// A whole discard or write-zeroes request.
+    Discard,
+}
+
+const NUM_PHASES: usize = Phase::Discard as usize + 1;
+
 /// Sub-buckets per power of two: 8 gives at most 12.5 % bucket width.
 const SUB_BITS: u32 = 3;
 const SUB: usize = 1 << SUB_BITS;
@@ -157,6 +186,7 @@ impl Histogram {
 pub struct StatsShard {
     counters: [AtomicU64; NUM_COUNTERS],
     hist: [Histogram; NUM_OPS],
+    phase_ns: [AtomicU64; NUM_PHASES],
 }
 
 impl Default for StatsShard {
@@ -164,6 +194,7 @@ impl Default for StatsShard {
         StatsShard {
             counters: std::array::from_fn(|_| AtomicU64::new(0)),
             hist: std::array::from_fn(|_| Histogram::default()),
+            phase_ns: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 }
@@ -181,6 +212,57 @@ impl StatsShard {
     #[inline]
     pub fn record(&self, op: Op, ns_per_page: u64, pages: u64) {
         self.hist[op as usize].record(ns_per_page, pages);
+    }
+
+    /// Adds `ns` to phase `p` (single writer, as [`StatsShard::add`]).
+    #[inline]
+    pub fn charge(&self, p: Phase, ns: u64) {
+        let a = &self.phase_ns[p as usize];
+        a.store(a.load(Relaxed).wrapping_add(ns), Relaxed);
+    }
+}
+
+/// The phase timers of a set of shards, summed: nanoseconds spent in each
+/// [`Phase`] since the store (or its last recovery) started. Divided by
+/// `pages_written` / `pages_read`, each is a per-page time.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct PhaseTimes {
+    /// Whole write requests.
+    pub write_ns: u64,
+    /// Of which: codec calls.
+    pub compress_ns: u64,
+    /// Of which: bulk allocations.
+    pub alloc_ns: u64,
+    /// Of which: copies into new objects.
+    pub copy_ns: u64,
+    /// Of which: installs into slots.
+    pub install_ns: u64,
+    /// Whole read requests.
+    pub read_ns: u64,
+    /// Of which: codec calls.
+    pub decode_ns: u64,
+    /// Whole discard and write-zeroes requests.
+    pub discard_ns: u64,
+}
+
+/// Sums the phase timers of `shards`.
+pub fn merge_phases<'a>(shards: impl IntoIterator<Item = &'a StatsShard>) -> PhaseTimes {
+    let mut sum = [0u64; NUM_PHASES];
+    for s in shards {
+        for (acc, c) in sum.iter_mut().zip(s.phase_ns.iter()) {
+            *acc = acc.wrapping_add(c.load(Relaxed));
+        }
+    }
+    let p = |x: Phase| sum[x as usize];
+    PhaseTimes {
+        write_ns: p(Phase::Write),
+        compress_ns: p(Phase::Compress),
+        alloc_ns: p(Phase::Alloc),
+        copy_ns: p(Phase::Copy),
+        install_ns: p(Phase::Install),
+        read_ns: p(Phase::Read),
+        decode_ns: p(Phase::Decode),
+        discard_ns: p(Phase::Discard),
     }
 }
 

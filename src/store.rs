@@ -35,7 +35,7 @@ use crate::recompress::{Recompress, RecompressReport};
 use crate::shm::{Live, SharedMem, NOTE_BYTES};
 use crate::slab::{SlabAllocator, SlabConfig};
 use crate::slot::{Entry, Kind, ATIME_MASK};
-use crate::stats::{self, Counter, Counters, Latencies, Op, StatsShard};
+use crate::stats::{self, Counter, Counters, Latencies, Op, Phase, PhaseTimes, StatsShard};
 use crate::table::SlotTable;
 use crate::writeback::{Writeback, WritebackReport};
 use serde::Serialize;
@@ -117,6 +117,11 @@ pub struct StoreStats {
     pub writeback_limit: u64,
     /// Per-page latency percentiles.
     pub latency: Latencies,
+    /// With phase timers (`StoreConfig::phase_timers`): the time spent in
+    /// each phase of the requests since the process started; left out of
+    /// the JSON otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub phases: Option<PhaseTimes>,
     /// The counters of each queue context, in queue order.
     pub queues: Vec<Counters>,
 }
@@ -705,6 +710,10 @@ impl Store {
             writeback_limit_enable: wb_limit != u64::MAX,
             writeback_limit: if wb_limit == u64::MAX { 0 } else { wb_limit },
             latency,
+            phases: self
+                .cfg
+                .phase_timers
+                .then(|| stats::merge_phases(shards.iter().map(|s| &**s))),
             queues,
         }
     }
@@ -791,10 +800,21 @@ impl Store {
     }
 }
 
+/// Records a request's per-page latency, and with phase timers its whole
+/// time in the phase of its operation.
 fn record_latency(st: &CtxState, op: Op, t0: Instant, pages: usize) {
     if pages > 0 {
         let ns = t0.elapsed().as_nanos() as u64;
         st.shard.record(op, ns / pages as u64, pages as u64);
+        if st.timing() {
+            let phase = match op {
+                Op::Write => Phase::Write,
+                Op::Read => Phase::Read,
+                Op::Discard => Phase::Discard,
+                Op::Writeback => return,
+            };
+            st.shard.charge(phase, ns);
+        }
     }
 }
 

@@ -18,7 +18,7 @@ use crate::error::{Error, Result};
 use crate::packed;
 use crate::page::{same_filled, PAGE_SIZE};
 use crate::slot::{Entry, Kind};
-use crate::stats::Counter;
+use crate::stats::{Counter, Phase};
 use crate::table::SlotTable;
 
 /// Stores `data` (1..=G pages) at page `first`.
@@ -38,7 +38,9 @@ pub(crate) fn write_group(
         plan_per_page(cfg, st, alloc, first, data)?;
     }
     crate::inject::point("write:planned");
+    let t = st.clock();
     table.install_group(st, first);
+    st.lap(Phase::Install, t);
     st.shard.add(Counter::Groups, 1);
     Ok(())
 }
@@ -54,8 +56,11 @@ pub(crate) fn plan_per_page(
     data: &[u8],
 ) -> Result<()> {
     compress_group(cfg, st, first, data)?;
+    let t = st.clock();
     allocate_group(st, alloc)?;
+    let t = st.lap(Phase::Alloc, t);
     copy_objects(st, alloc, data);
+    st.lap(Phase::Copy, t);
     Ok(())
 }
 
@@ -76,9 +81,11 @@ fn compress_group(cfg: &StoreConfig, st: &mut CtxState, first: u64, data: &[u8])
             st.plan.owners.push(first + i as u64);
         }
     }
+    let t = st.clock();
     let accel =
         st.codec
             .compress_batch(&pages[..k], &mut st.scratch, budget, &mut st.plan.results)?;
+    st.lap(Phase::Compress, t);
     let mut results = st.plan.results.iter();
     for e in st.plan.entries.iter_mut().filter(|e| e.kind == Kind::Empty) {
         *e = match results.next() {

@@ -35,7 +35,9 @@
 #                       device and recompression under a hot/cold swap load)
 #                       and wholemachine (a workload 1.5x the guest's RAM,
 #                       no cgroup, on zram, zblk and zswap over brd: time
-#                       to completion; see the scenario's header))
+#                       to completion; see the scenario's header) and
+#                       breakdown (where a swapped page's time goes: CPU
+#                       by consumer and zblk's phase timers, BREAKDOWN lines))
 #   --mem SIZE          guest memory (qemu -m syntax, default 2G)
 #   --cpus N            guest vCPUs (default 2)
 #   --keep              keep the work folder (initramfs, console log) and print it
@@ -103,7 +105,7 @@ WORK=${ZBLK_VM_WORK:-$REPO/tests/vm/work}
 # swapkill runs last: it leaves a dead swap area the kernel cannot remove.
 DEFAULT_SCENARIOS="swap munmap blockio stat lifecycle zram-compare recompress exhaust soak filesystem crash upgrade security swapkill"
 # bench measures and is slow: run by name only (tools/scripts/bench-device.sh).
-ALL_SCENARIOS="$DEFAULT_SCENARIOS bench recovery-cost transport-ab tiering wholemachine"
+ALL_SCENARIOS="$DEFAULT_SCENARIOS bench recovery-cost transport-ab tiering wholemachine breakdown"
 SCENARIOS=""
 MEM=2G
 CPUS=2

@@ -113,6 +113,17 @@ pub struct DeviceConfig {
     #[arg(long, value_name = "ALGO", value_parser = parse_algo)]
     #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_text")]
     pub recompress_algo: Option<Algo>,
+    /// Time the phases of every request (codec, allocation, copies, slot
+    /// installs) and show them in `zblk stat --json` under "phases": the
+    /// per-page breakdown, for measuring. Costs a few clock reads a request.
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub phase_timers: bool,
+}
+
+/// Whether a flag is off (left out of the JSON).
+fn is_false(v: &bool) -> bool {
+    !*v
 }
 
 /// Whether a setting is at its "off" value (left out of the JSON).
@@ -152,6 +163,7 @@ impl DeviceConfig {
             // takes the store over (see `crate::keeper`).
             shared: !self.no_recovery,
             backing: self.backing_dev.clone(),
+            phase_timers: self.phase_timers,
             ..StoreConfig::new(self.size)
         }
     }

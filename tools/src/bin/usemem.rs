@@ -54,6 +54,11 @@ struct Args {
     /// ends in .zst) instead of the synthetic pattern.
     #[arg(long)]
     corpus: Option<PathBuf>,
+    /// Append a line to this file as each thread ends a phase ("written",
+    /// then "verified"): what a measuring script splits swap-out from
+    /// swap-in by.
+    #[arg(long)]
+    mark: Option<PathBuf>,
     /// Internal: run as worker process number N and print its JSON line.
     #[arg(long, hide = true)]
     worker: Option<u32>,
@@ -153,6 +158,7 @@ fn run_thread(args: &Args, pat: &Pattern, stream: u64) -> std::io::Result<Thread
         pat.fill(page, stream, i as u64);
     }
     res.write = t.elapsed();
+    mark(args, "written")?;
     std::thread::sleep(Duration::from_secs_f64(args.sleep.max(0.0)));
     let t = Instant::now();
     for _ in 0..args.passes {
@@ -161,7 +167,20 @@ fn run_thread(args: &Args, pat: &Pattern, stream: u64) -> std::io::Result<Thread
         res.first_bad = res.first_bad.or(first);
     }
     res.verify = t.elapsed();
+    mark(args, "verified")?;
     Ok(res)
+}
+
+/// Appends `what` as a line to the `--mark` file, if there is one.
+fn mark(args: &Args, what: &str) -> std::io::Result<()> {
+    let Some(path) = &args.mark else {
+        return Ok(());
+    };
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?;
+    writeln!(f, "{what}")
 }
 
 /// Compares every page of `mem` with its pattern; returns the number of bad
@@ -226,6 +245,11 @@ fn run_procs(args: &Args) -> Result<Vec<Value>, String> {
                 args.corpus
                     .iter()
                     .flat_map(|c| [std::ffi::OsStr::new("--corpus"), c.as_os_str()]),
+            )
+            .args(
+                args.mark
+                    .iter()
+                    .flat_map(|m| [std::ffi::OsStr::new("--mark"), m.as_os_str()]),
             )
             .stdout(Stdio::piped())
             .spawn()

@@ -304,7 +304,7 @@ const INFO_LABELS: [(Part, &str); 8] = [
 /// objects, exported in their own families. (Only the test that checks
 /// every field is accounted for reads it.)
 #[cfg(test)]
-const NOT_SERIES: [(Part, &str); 11] = [
+const NOT_SERIES: [(Part, &str); 13] = [
     (D, "transport"),
     (S, "backing_dev"),
     (D, "name"),
@@ -315,7 +315,9 @@ const NOT_SERIES: [(Part, &str); 11] = [
     (D, "mode"),
     (D, "group_pages"),
     (S, "latency"),
+    (S, "phases"),
     (S, "queues"),
+    (D, "phase_timers"),
 ];
 
 /// The operations whose latency the engine records.
@@ -437,7 +439,24 @@ fn device(x: &mut Exposition, reply: &Value) {
         }
     }
     latency(x, &base, &part(S)["latency"]);
+    phases(x, &base, &part(S)["phases"]);
     queues(x, &base, &part(S)["queues"]);
+}
+
+/// `zblk_phase_seconds_total{phase}`: the phase timers of a device made
+/// with `--phase-timers` (none otherwise), each `<phase>_ns` of the reply.
+fn phases(x: &mut Exposition, base: &[(&str, &str)], phases: &Value) {
+    let Some(p) = phases.as_object() else { return };
+    for (key, v) in p {
+        let (Some(phase), Some(ns)) = (key.strip_suffix("_ns"), v.as_u64()) else {
+            continue;
+        };
+        let mut labels = base.to_vec();
+        labels.push(("phase", phase));
+        let help = "Time spent in a phase of the requests (--phase-timers), in seconds.";
+        let secs = (ns as f64 / 1e9).to_string();
+        x.add("zblk_phase_seconds_total", C, help, &labels, &secs);
+    }
 }
 
 /// `zblk_device_info`: the device's text fields as labels, value 1.
@@ -645,6 +664,20 @@ mod tests {
                 "queue {key}"
             );
         }
+    }
+
+    #[test]
+    fn phase_timers_become_one_counter_family() {
+        let mut r = sample();
+        r["stats"]["phases"] =
+            serde_json::json!({ "write_ns": 1_500_000_000u64, "compress_ns": 250_000_000u64 });
+        let p = parse(&render(&[Scrape::Up(r)]));
+        let labels = |phase| [("phase", phase)];
+        assert_eq!(value(&p, "zblk_phase_seconds_total", &labels("write")), 1.5);
+        assert_eq!(
+            value(&p, "zblk_phase_seconds_total", &labels("compress")),
+            0.25
+        );
     }
 
     #[test]

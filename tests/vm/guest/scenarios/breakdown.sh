@@ -1,0 +1,187 @@
+# breakdown: where a swapped page's time goes (issue 13), zblk against
+# kernel zram in the same boot. One usemem process writes ZBLK_BD_MB of
+# pages in a cgroup whose memory.high is ZBLK_LIMIT_MB (so most of them go
+# out to swap), then verifies every one (so they come back in). The
+# counters below are read at the start, when usemem marks its write phase
+# done (--mark) and at the end; each phase's deltas are divided by its
+# pages: swap-out by pswpout, swap-in by pswpin.
+#   wall      elapsed time per page
+#   busy/idle CPU time of the whole guest (both vCPUs, /proc/stat), idle
+#             including iowait; irq is hard and soft interrupts
+#   wl        the workload's cgroup (cpu.stat): user, and system, where
+#             zram compresses (reclaim runs in the faulting task) and
+#             zblk's pages are handed to the block layer
+#   dmn       zblk's daemon (every thread, /proc/PID/task/*/stat), and
+#             by thread: queue user (the engine plus libublk's loop) and
+#             queue system (the ublk driver's work in the daemon: copies
+#             between request pages and the daemon's buffers, io_uring;
+#             page faults of fresh memory), free (the deferred-free drain
+#             giving dead zspages back), reserve (the provisioner), rest
+#   kswapd    background reclaim
+#   other     busy less all of the above (kworkers, the stat calls)
+#   eng       zblk's phase timers (`zblk add --phase-timers`): whole write
+#             or read requests per page and their codec / allocation /
+#             copy / slot-install (writes) or decode (reads) parts, and
+#             the pages per request the device saw
+# Phase timers are wall time of the queue thread (time it was preempted
+# included); the CPU figures are ticks (10 ms) and cgroup usec.
+# Each configuration of ZBLK_BD_CONFIGS runs in turn:
+#   zram:ALGO                 kernel zram
+#   zblk:ALGO[:MODE[:off]]    zblk with phase timers (":off" without: the
+#                             timers' own cost, by comparing walls)
+# Every figure is one line `BREAKDOWN {json}`; the result line has the
+# per-page walls. Knobs: zblk.bd_configs (commas), zblk.bd_rounds (1),
+# zblk.bd_mb (384), zblk.limit_mb (128).
+# Opt-in, by name (about 20-40 s of TCG time per configuration):
+#   bash tests/vm/run.sh --kernel 7.3 --scenario breakdown
+SCEN=breakdown
+: "${ZBLK_BD_CONFIGS:=zram:lz4 zblk:none zblk:lz4 zblk:lz4:per-page:off zram:zstd zblk:zstd zblk:zstd:packed}"
+: "${ZBLK_BD_ROUNDS:=1}" "${ZBLK_BD_MB:=384}"
+ZBLK_BD_CONFIGS=$(echo "$ZBLK_BD_CONFIGS" | tr ',' ' ')
+MARK=/tmp/zblk-bd.mark
+CORPUS=/lib/zblk-vm/data/realmem-dev.bin.zst
+pattern=synthetic corpus_args=""
+if [ -f "$CORPUS" ]; then pattern=corpus corpus_args="--corpus $CORPUS"; fi
+KSWAPD=$(grep -l '^kswapd0$' /proc/[0-9]*/comm 2>/dev/null | head -1 | cut -d/ -f3)
+log "usemem 1 x $ZBLK_BD_MB MB ($pattern pages), memory.high $ZBLK_LIMIT_MB MB, kswapd0 pid ${KSWAPD:-none}"
+
+# utime and stime (clock ticks) of process or thread /proc/$1 ("0 0" if gone).
+ticks() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | awk '{ print $12, $13 }' | grep . || echo "0 0"; }
+
+# utime and stime of the daemon's threads by job: the queue threads (and
+# the main thread, named zblk too, idle while serving), zblk-free (the
+# deferred-free drain: it gives dead zspages back), zblk-reserve (the
+# memory reserve's provisioner) and the rest (log, policy, io_uring
+# workers): 8 numbers.
+dmn_ticks() {
+    for t in /proc/"$DPID"/task/*; do
+        echo "$(cat "$t/comm" 2>/dev/null) $(sed 's/.*) //' "$t/stat" 2>/dev/null | awk '{ print $12, $13 }')"
+    done | awk '
+        NF == 3 { j = ($1 == "zblk") ? 1 : ($1 == "zblk-free") ? 2 : ($1 == "zblk-reserve") ? 3 : 4; u[j] += $2; s[j] += $3 }
+        END { for (j = 1; j <= 4; j++) printf "%d %d ", u[j], s[j]; print "" }'
+}
+
+# One line of counters, in the order bd_phase reads them: uptime (1);
+# guest user, system, idle+iowait, irq+softirq ticks (2-5); pswpout,
+# pswpin (6-7); the cgroup's user and system usec (8-9); the daemon's
+# utime, stime of queue, free, reserve and other threads (10-17);
+# kswapd's stime (18); the engine's phase nanoseconds (19-25), pages
+# written and read (26-27), write and read requests (28-29).
+sample() {
+    c=$(awk '/^cpu / { print $2 + $3, $4, $5 + $6, $7 + $8 }' /proc/stat)
+    g=$(awk '$1 == "user_usec" { u = $2 } $1 == "system_usec" { s = $2 } END { print u + 0, s + 0 }' "$CG/cpu.stat")
+    d="0 0 0 0 0 0 0 0" e="0 0 0 0 0 0 0 0 0 0 0"
+    if [ "$KIND" = zblk ]; then
+        d=$(dmn_ticks)
+        st=$(zstat | tr -d '\n')
+        e=""
+        for k in write_ns compress_ns alloc_ns copy_ns install_ns read_ns decode_ns pages_written pages_read num_writes num_reads; do
+            e="$e $(echo "$st" | jnum $k)"
+        done
+    fi
+    k=0
+    [ -n "$KSWAPD" ] && k=$(ticks "$KSWAPD" | cut -d' ' -f2)
+    echo "$(now) $c $(vmstat pswpout) $(vmstat pswpin) $g $d $k $e"
+}
+
+# Prints the BREAKDOWN json of phase $1 (out or in) from samples $2 to $3.
+bd_phase() {
+    echo "$2
+$3" | awk -v phase="$1" -v cfg="$CFG" -v r="$R" -v hz=100 '
+        NR == 1 { for (i = 1; i <= NF; i++) a[i] = $i; next }
+        { for (i = 1; i <= NF; i++) d[i] = $i - a[i] }
+        END {
+            pages = (phase == "out") ? d[6] : d[7]
+            epages = (phase == "out") ? d[26] : d[27]
+            if (pages <= 0) pages = 1
+            t = 1e6 / hz / pages
+            busy = (d[2] + d[3] + d[5]) * t
+            du = d[10] + d[12] + d[14] + d[16]; ds = d[11] + d[13] + d[15] + d[17]
+            printf "BREAKDOWN {\"round\":%d,\"config\":\"%s\",\"phase\":\"%s\",\"pages\":%d,\"other_dir_pages\":%d,", r, cfg, phase, pages, (phase == "out") ? d[7] : d[6]
+            printf "\"wall_us\":%.1f,\"busy_us\":%.1f,\"idle_us\":%.1f,\"irq_us\":%.1f,", d[1] * 1e6 / pages, busy, d[4] * t, d[5] * t
+            printf "\"wl_user_us\":%.1f,\"wl_sys_us\":%.1f,\"dmn_user_us\":%.1f,\"dmn_sys_us\":%.1f,", d[8] / pages, d[9] / pages, du * t, ds * t
+            printf "\"queue_user_us\":%.1f,\"queue_sys_us\":%.1f,\"free_us\":%.1f,\"reserve_us\":%.1f,\"dmn_rest_us\":%.1f,", d[10] * t, d[11] * t, (d[12] + d[13]) * t, (d[14] + d[15]) * t, (d[16] + d[17]) * t
+            printf "\"kswapd_us\":%.1f,\"other_us\":%.1f", d[18] * t, busy - d[8] / pages - d[9] / pages - (du + ds + d[18] + d[5]) * t
+            if (epages > 0) {
+                if (phase == "out")
+                    printf ",\"eng_us\":%.2f,\"compress_us\":%.2f,\"alloc_us\":%.2f,\"copy_us\":%.2f,\"install_us\":%.2f", d[19] / epages / 1e3, d[20] / epages / 1e3, d[21] / epages / 1e3, d[22] / epages / 1e3, d[23] / epages / 1e3
+                else
+                    printf ",\"eng_us\":%.2f,\"decode_us\":%.2f", d[24] / epages / 1e3, d[25] / epages / 1e3
+                reqs = (phase == "out") ? d[28] : d[29]
+                printf ",\"eng_pages\":%d,\"pages_per_request\":%.2f", epages, (reqs > 0) ? epages / reqs : 0
+            }
+            print "}"
+        }'
+}
+
+# Brings up configuration $1; sets KIND and, for zblk, DPID.
+bd_up() {
+    KIND=${1%%:*} rest=${1#*:}
+    algo=${rest%%:*} mode=per-page timers=--phase-timers
+    [ "$rest" != "$algo" ] && mode=${rest#*:}
+    case $mode in *:off) mode=${mode%:off} timers="" ;; esac
+    case $KIND in
+    zram)
+        algo0=$ZBLK_ALGO
+        ZBLK_ALGO=$algo
+        zram_swap "$ZBLK_DEV_MB"
+        ZBLK_ALGO=$algo0 ;;
+    zblk)
+        # shellcheck disable=SC2086 # timers is one word or none
+        zadd --size "${ZBLK_DEV_MB}M" --algo "$algo" --mode "$mode" $timers --swap
+        DPID=$(zdaemon_pid "$ZID") || fail "$1: no daemon holds /dev/ublkc$ZID" ;;
+    *) fail "unknown configuration '$1'" ;;
+    esac
+}
+
+bd_down() {
+    if [ "$KIND" = zram ]; then
+        swapoff /dev/zram0 || fail "swapoff /dev/zram0 failed"
+        echo 1 >/sys/block/zram0/reset
+    else
+        # Where the daemon's CPU time went, by thread name.
+        log "$CFG daemon threads (utime stime ticks): $(for t in /proc/"$DPID"/task/*; do echo "$(cat "$t/comm"):$(ticks "${t#/proc/}" | tr ' ' '+')"; done | tr '\n' ' ')"
+        must zblk del -n "$ZID" --force >/dev/null
+    fi
+}
+
+# Runs usemem on configuration $CFG and prints its two BREAKDOWN lines;
+# sets BD_WALL (the workload's elapsed seconds).
+bd_run() {
+    sync
+    echo 3 >/proc/sys/vm/drop_caches
+    CG=$(cg_make "bd" "$ZBLK_LIMIT_MB")
+    rm -f "$MARK"
+    s0=$(sample)
+    # shellcheck disable=SC2086 # corpus_args is two words or none
+    in_cg usemem --mb "$ZBLK_BD_MB" --procs 1 --mark "$MARK" $corpus_args >/tmp/zblk-bd.out 2>&1 &
+    upid=$!
+    track $upid
+    while ! grep -q written "$MARK" 2>/dev/null && kill -0 $upid 2>/dev/null; do sleep 0.05; done
+    s1=$(sample)
+    wait $upid
+    urc=$?
+    s2=$(sample)
+    uj=$(grep '"program":"usemem"' /tmp/zblk-bd.out | tail -1)
+    [ "$urc" = 0 ] || fail "$CFG: usemem exit $urc: $(tail -c 400 /tmp/zblk-bd.out | tr '\n' ' ')"
+    [ "$(echo "$uj" | jget ok)" = true ] || fail "$CFG: usemem not ok: $uj"
+    [ "$(echo "$uj" | jnum bad_pages)" = 0 ] || fail "$CFG: usemem saw bad pages: $uj"
+    BD_WALL=$(echo "$uj" | jget wall_s)
+    bd_phase out "$s0" "$s1"
+    bd_phase in "$s1" "$s2"
+    rmdir "$CG" 2>/dev/null
+}
+
+summary=""
+R=1
+while [ "$R" -le "$ZBLK_BD_ROUNDS" ]; do
+    for CFG in $ZBLK_BD_CONFIGS; do
+        bd_up "$CFG"
+        bd_run
+        bd_down
+        log "round $R $CFG: usemem ${BD_WALL} s"
+        summary="$summary $CFG=${BD_WALL}s"
+    done
+    R=$((R + 1))
+done
+pass "rounds=$ZBLK_BD_ROUNDS $pattern pages, usemem wall:$summary"
