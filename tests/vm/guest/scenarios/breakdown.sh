@@ -29,6 +29,9 @@
 #   zram:ALGO                 kernel zram
 #   zblk:ALGO[:MODE[:off]]    zblk with phase timers (":off" without: the
 #                             timers' own cost, by comparing walls)
+#   pc=N                      sets vm.page-cluster to N for the
+#                             configurations after it (swap readahead:
+#                             2^N pages per swap-in request)
 # Every figure is one line `BREAKDOWN {json}`; the result line has the
 # per-page walls. Knobs: zblk.bd_configs (commas), zblk.bd_rounds (1),
 # zblk.bd_mb (384), zblk.limit_mb (128).
@@ -87,7 +90,7 @@ sample() {
 # Prints the BREAKDOWN json of phase $1 (out or in) from samples $2 to $3.
 bd_phase() {
     echo "$2
-$3" | awk -v phase="$1" -v cfg="$CFG" -v r="$R" -v hz=100 '
+$3" | awk -v phase="$1" -v cfg="$CFG" -v r="$R" -v hz=100 -v pc="$(cat /proc/sys/vm/page-cluster)" '
         NR == 1 { for (i = 1; i <= NF; i++) a[i] = $i; next }
         { for (i = 1; i <= NF; i++) d[i] = $i - a[i] }
         END {
@@ -97,7 +100,7 @@ $3" | awk -v phase="$1" -v cfg="$CFG" -v r="$R" -v hz=100 '
             t = 1e6 / hz / pages
             busy = (d[2] + d[3] + d[5]) * t
             du = d[10] + d[12] + d[14] + d[16]; ds = d[11] + d[13] + d[15] + d[17]
-            printf "BREAKDOWN {\"round\":%d,\"config\":\"%s\",\"phase\":\"%s\",\"pages\":%d,\"other_dir_pages\":%d,", r, cfg, phase, pages, (phase == "out") ? d[7] : d[6]
+            printf "BREAKDOWN {\"round\":%d,\"config\":\"%s\",\"phase\":\"%s\",\"page_cluster\":%d,\"pages\":%d,\"other_dir_pages\":%d,", r, cfg, phase, pc, pages, (phase == "out") ? d[7] : d[6]
             printf "\"wall_us\":%.1f,\"busy_us\":%.1f,\"idle_us\":%.1f,\"irq_us\":%.1f,", d[1] * 1e6 / pages, busy, d[4] * t, d[5] * t
             printf "\"wl_user_us\":%.1f,\"wl_sys_us\":%.1f,\"dmn_user_us\":%.1f,\"dmn_sys_us\":%.1f,", d[8] / pages, d[9] / pages, du * t, ds * t
             printf "\"queue_user_us\":%.1f,\"queue_sys_us\":%.1f,\"free_us\":%.1f,\"reserve_us\":%.1f,\"dmn_rest_us\":%.1f,", d[10] * t, d[11] * t, (d[12] + d[13]) * t, (d[14] + d[15]) * t, (d[16] + d[17]) * t
@@ -176,6 +179,12 @@ summary=""
 R=1
 while [ "$R" -le "$ZBLK_BD_ROUNDS" ]; do
     for CFG in $ZBLK_BD_CONFIGS; do
+        case $CFG in
+        pc=*)
+            echo "${CFG#pc=}" >/proc/sys/vm/page-cluster || fail "page-cluster ${CFG#pc=} refused"
+            log "vm.page-cluster $(cat /proc/sys/vm/page-cluster) from here on"
+            continue ;;
+        esac
         bd_up "$CFG"
         bd_run
         bd_down
