@@ -90,6 +90,12 @@ impl CtxState {
         }
     }
 
+    /// This state with its phase timers off (the maintenance thread's).
+    pub(crate) fn untimed(mut self) -> Self {
+        self.timers = false;
+        self
+    }
+
     /// Whether the store times phases.
     #[inline]
     pub(crate) fn timing(&self) -> bool {

@@ -137,7 +137,10 @@ fn read_backed(
             out.copy_from_slice(obj);
             return Ok(());
         }
-        decompress(st, e.algo, obj, out)
+        let t = st.clock();
+        let r = decompress(st, e.algo, obj, out);
+        st.lap(Phase::Decode, t);
+        r
     })();
     st.bd_buf = Some(buf);
     r

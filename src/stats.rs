@@ -111,7 +111,9 @@ const NUM_OPS: usize = 4;
 pub enum Phase {
     /// A whole write request.
     Write,
-    /// Codec calls of writes (one per group, or per page without groups).
+    /// Codec calls of writes (one per group, or per page without groups;
+    /// a packed group that does not compress is counted twice: its try as
+    /// a group, then its pages one by one).
     Compress,
     /// Bulk allocations of writes (slab: class locks, fresh zspages).
     Alloc,
@@ -223,7 +225,8 @@ impl StatsShard {
 }
 
 /// The phase timers of a set of shards, summed: nanoseconds spent in each
-/// [`Phase`] since the store (or its last recovery) started. Divided by
+/// [`Phase`] by requests since this process made or recovered the store
+/// (like the event counters, they restart at a recovery). Divided by
 /// `pages_written` / `pages_read`, each is a per-page time.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct PhaseTimes {

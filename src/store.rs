@@ -117,9 +117,9 @@ pub struct StoreStats {
     pub writeback_limit: u64,
     /// Per-page latency percentiles.
     pub latency: Latencies,
-    /// With phase timers (`StoreConfig::phase_timers`): the time spent in
-    /// each phase of the requests since the process started; left out of
-    /// the JSON otherwise.
+    /// With phase timers (`StoreConfig::phase_timers`): the time requests
+    /// spent in each phase since this process made or recovered the store;
+    /// left out of the JSON otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub phases: Option<PhaseTimes>,
     /// The counters of each queue context, in queue order.
@@ -363,7 +363,10 @@ impl Store {
     /// hands what it freed to the drain. One maintenance job at a time.
     fn with_maintenance<R>(&self, f: impl FnOnce(&mut CtxState) -> R) -> R {
         let mut guard = self.compactor.lock().unwrap_or_else(|e| e.into_inner());
-        let st = guard.get_or_insert_with(|| self.new_state().st);
+        // Untimed: the phase timers measure requests, and maintenance
+        // (compaction, recompression) would add its codec and allocation
+        // time to theirs with no request total or pages to divide by.
+        let st = guard.get_or_insert_with(|| self.new_state().st.untimed());
         let r = f(st);
         st.free.flush(self.table.frees());
         r
@@ -750,6 +753,7 @@ impl Store {
             let at = first + (i * g) as u64;
             if let Err(e) = crate::write::write_group(&self.table, &self.cfg, st, at, chunk) {
                 st.shard.add(Counter::FailedWrites, 1);
+                charge_total(st, Phase::Write, t0);
                 return Err(e);
             }
         }
@@ -770,6 +774,7 @@ impl Store {
                 // Reported by the caller (the daemon logs it rate-limited):
                 // a corrupt page read over and over must not flood the log.
                 st.shard.add(Counter::FailedReads, 1);
+                charge_total(st, Phase::Read, t0);
                 return Err(e);
             }
         }
@@ -797,6 +802,14 @@ impl Store {
     /// so this is a discard, as in zram.
     fn write_zeroes(&self, st: &mut CtxState, offset: u64, len: u64) -> Result<()> {
         self.discard(st, offset, len)
+    }
+}
+
+/// With phase timers, charges a failed request's whole time to its
+/// operation's phase (its parts were charged as they ran).
+fn charge_total(st: &CtxState, phase: Phase, t0: Instant) {
+    if st.timing() {
+        st.shard.charge(phase, t0.elapsed().as_nanos() as u64);
     }
 }
 

@@ -12,7 +12,9 @@
 //!   mem_limit is set; every page of a failed write holds its old or its
 //!   new content, never anything else;
 //! - every successful read returns exactly the model's bytes;
-//! - gauges: stored_pages == slots the model says hold something, <= pages;
+//! - gauges: stored_pages == slots the model says hold something, <= pages
+//!   (plus, at most, the empty slots a failed write gave a zero page to,
+//!   which read the same stored or not);
 //!   after discarding everything, once frees settle, stored_pages,
 //!   same/huge pages, compr_data_size and mem_used_total are all 0.
 #![no_main]
@@ -107,9 +109,17 @@ fn kind(e: &Error) -> &'static str {
 
 struct Model {
     pages: Vec<Option<Vec<u8>>>,
+    /// Empty slots a failed write may or may not have filled with a zero
+    /// page: both read as zeros, only `stored_pages` tells them apart.
+    unsure: Vec<bool>,
 }
 
 impl Model {
+    /// Page `p` now holds `v` for certain.
+    fn set(&mut self, p: usize, v: Option<Vec<u8>>) {
+        self.pages[p] = v;
+        self.unsure[p] = false;
+    }
     fn content(&self, p: usize) -> Vec<u8> {
         self.pages[p].clone().unwrap_or_else(|| vec![0; PAGE_SIZE])
     }
@@ -122,7 +132,12 @@ fn check_gauges(store: &Store, model: &Model) {
     let s = store.stats();
     let c = &s.counters;
     assert!(c.stored_pages <= model.pages.len() as u64, "{c:?}");
-    assert_eq!(c.stored_pages, model.stored(), "stored_pages vs model");
+    let (sure, unsure) = (model.stored(), model.unsure.iter().filter(|u| **u).count() as u64);
+    assert!(
+        (sure..=sure + unsure).contains(&c.stored_pages),
+        "stored_pages {} vs model {sure} (+{unsure} unsure)",
+        c.stored_pages
+    );
     assert!(c.same_pages + c.huge_pages <= c.stored_pages, "{c:?}");
     assert!(c.recompressed_pages + c.same_pages <= c.stored_pages, "{c:?}");
 }
@@ -145,6 +160,7 @@ fuzz_target!(|input: Input| {
     let mut ctx = store.new_ctx();
     let mut model = Model {
         pages: vec![None; npages],
+        unsure: vec![false; npages],
     };
     let mut limit = 0u64;
     let mut salt = 0u64;
@@ -160,7 +176,7 @@ fuzz_target!(|input: Input| {
                     (Ok(()), Ok(())) => {
                         let first = (offset / PAGE) as usize;
                         for (i, pg) in data.chunks(PAGE_SIZE).enumerate() {
-                            model.pages[first + i] = Some(pg.to_vec());
+                            model.set(first + i, Some(pg.to_vec()));
                         }
                     }
                     (Err(e @ Error::NoSpace { .. }), Ok(())) => {
@@ -174,8 +190,14 @@ fuzz_target!(|input: Input| {
                             ctx.read(p as u64 * PAGE, &mut buf)
                                 .expect("read after a failed write");
                             let old = model.content(p);
-                            if buf == new {
-                                model.pages[p] = Some(buf);
+                            if buf == new && buf == old && model.pages[p].is_none() {
+                                // A zero page onto an empty slot: stored
+                                // (same-filled) or not, it reads the same
+                                // (a fuzzer input found the model counting
+                                // it stored when its group had failed).
+                                model.unsure[p] = true;
+                            } else if buf == new {
+                                model.set(p, Some(buf));
                             } else {
                                 assert!(buf == old, "page {p}: neither old nor new after {e}");
                             }
@@ -215,7 +237,7 @@ fuzz_target!(|input: Input| {
                     (Ok(()), Ok(())) => {
                         let first = (offset / PAGE) as usize;
                         for p in first..first + (len / PAGE) as usize {
-                            model.pages[p] = None;
+                            model.set(p, None);
                         }
                     }
                     (Err(e), Err(w)) => assert_eq!(kind(&e), w, "{e}"),

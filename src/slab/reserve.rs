@@ -431,6 +431,8 @@ impl SlabAllocator {
 
     /// Whether `class` (its state `st`) lacks spares, owner-table boxes or
     /// room in a bookkeeping vector: what [`Self::provision`] would add.
+    /// The vectors are those [`Self::make_room`] grows: a vector added
+    /// there must be added here.
     fn lacks_anything(&self, class: &SizeClass, st: &ClassState) -> bool {
         let want = self.reserve_want(class, st);
         st.spare.len() < want

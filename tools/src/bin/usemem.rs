@@ -180,7 +180,8 @@ fn mark(args: &Args, what: &str) -> std::io::Result<()> {
         .create(true)
         .append(true)
         .open(path)?;
-    writeln!(f, "{what}")
+    // One write(2), so that lines of several threads never interleave.
+    f.write_all(format!("{what}\n").as_bytes())
 }
 
 /// Compares every page of `mem` with its pattern; returns the number of bad

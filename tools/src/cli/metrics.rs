@@ -443,21 +443,32 @@ fn device(x: &mut Exposition, reply: &Value) {
     queues(x, &base, &part(S)["queues"]);
 }
 
-/// `zblk_phase_seconds_total{phase}`: the phase timers of a device made
-/// with `--phase-timers` (none otherwise), each `<phase>_ns` of the reply.
+/// The phase timers of a device made with `--phase-timers` (none
+/// otherwise): whole requests as `zblk_request_seconds_total{op}`, their
+/// parts as `zblk_phase_seconds_total{phase}` (two families, so that
+/// neither sum counts a part twice).
 fn phases(x: &mut Exposition, base: &[(&str, &str)], phases: &Value) {
     let Some(p) = phases.as_object() else { return };
     for (key, v) in p {
-        let (Some(phase), Some(ns)) = (key.strip_suffix("_ns"), v.as_u64()) else {
+        let (Some(name), Some(ns)) = (key.strip_suffix("_ns"), v.as_u64()) else {
             continue;
         };
         let mut labels = base.to_vec();
-        labels.push(("phase", phase));
-        let help = "Time spent in a phase of the requests (--phase-timers), in seconds.";
         let secs = (ns as f64 / 1e9).to_string();
-        x.add("zblk_phase_seconds_total", C, help, &labels, &secs);
+        if REQUEST_PHASES.contains(&name) {
+            labels.push(("op", name));
+            let help = "Time spent in whole requests of an operation (--phase-timers), in seconds.";
+            x.add("zblk_request_seconds_total", C, help, &labels, &secs);
+        } else {
+            labels.push(("phase", name));
+            let help = "Time requests spent in one of their phases (--phase-timers), in seconds.";
+            x.add("zblk_phase_seconds_total", C, help, &labels, &secs);
+        }
     }
 }
+
+/// The phase timers that time whole requests, not parts of them.
+const REQUEST_PHASES: [&str; 3] = ["write", "read", "discard"];
 
 /// `zblk_device_info`: the device's text fields as labels, value 1.
 fn info(x: &mut Exposition, base: &[(&str, &str)], get: impl Fn(Part, &str) -> String) {
@@ -667,17 +678,19 @@ mod tests {
     }
 
     #[test]
-    fn phase_timers_become_one_counter_family() {
+    fn phase_timers_become_request_and_phase_families() {
         let mut r = sample();
         r["stats"]["phases"] =
             serde_json::json!({ "write_ns": 1_500_000_000u64, "compress_ns": 250_000_000u64 });
         let p = parse(&render(&[Scrape::Up(r)]));
-        let labels = |phase| [("phase", phase)];
-        assert_eq!(value(&p, "zblk_phase_seconds_total", &labels("write")), 1.5);
-        assert_eq!(
-            value(&p, "zblk_phase_seconds_total", &labels("compress")),
-            0.25
-        );
+        let op = [("op", "write")];
+        assert_eq!(value(&p, "zblk_request_seconds_total", &op), 1.5);
+        let phase = [("phase", "compress")];
+        assert_eq!(value(&p, "zblk_phase_seconds_total", &phase), 0.25);
+        let write_as_phase = p.samples.iter().any(|s| {
+            s.metric == "zblk_phase_seconds_total" && s.labels.get("phase") == Some("write")
+        });
+        assert!(!write_as_phase, "a whole request is not a phase");
     }
 
     #[test]

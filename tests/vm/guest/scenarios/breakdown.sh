@@ -30,8 +30,15 @@
 #   zblk:ALGO[:MODE[:off]]    zblk with phase timers (":off" without: the
 #                             timers' own cost, by comparing walls)
 #   pc=N                      sets vm.page-cluster to N for the
-#                             configurations after it (swap readahead:
-#                             2^N pages per swap-in request)
+#                             configurations after it in the round (swap
+#                             readahead: 2^N pages per swap-in request)
+# The write phase ends when usemem's mark is seen (polled every 50 ms),
+# so up to about 0.3 s of swap-in can land in the swap-out figures.
+# zram frees a swap slot when its page comes back in (a synchronous swap
+# device skips the swap cache), so evicting that page again writes it
+# again: zram's swap-in phase includes about one swap-out per swap-in
+# (other_dir_pages), zblk's far fewer (its swapped-in pages stay in the
+# swap cache and are dropped clean).
 # Every figure is one line `BREAKDOWN {json}`; the result line has the
 # per-page walls. Knobs: zblk.bd_configs (commas), zblk.bd_rounds (1),
 # zblk.bd_mb (384), zblk.limit_mb (128).
@@ -71,6 +78,9 @@ dmn_ticks() {
 # kswapd's stime (18); the engine's phase nanoseconds (19-25), pages
 # written and read (26-27), write and read requests (28-29).
 sample() {
+    # Time and the kernel's counters first, together; the stat call below
+    # may wait up to 200 ms for the free drain.
+    t=$(now) io="$(vmstat pswpout) $(vmstat pswpin)"
     c=$(awk '/^cpu / { print $2 + $3, $4, $5 + $6, $7 + $8 }' /proc/stat)
     g=$(awk '$1 == "user_usec" { u = $2 } $1 == "system_usec" { s = $2 } END { print u + 0, s + 0 }' "$CG/cpu.stat")
     d="0 0 0 0 0 0 0 0" e="0 0 0 0 0 0 0 0 0 0 0"
@@ -84,7 +94,7 @@ sample() {
     fi
     k=0
     [ -n "$KSWAPD" ] && k=$(ticks "$KSWAPD" | cut -d' ' -f2)
-    echo "$(now) $c $(vmstat pswpout) $(vmstat pswpin) $g $d $k $e"
+    echo "$t $c $io $g $d $k $e"
 }
 
 # Prints the BREAKDOWN json of phase $1 (out or in) from samples $2 to $3.
@@ -105,7 +115,8 @@ $3" | awk -v phase="$1" -v cfg="$CFG" -v r="$R" -v hz=100 -v pc="$(cat /proc/sys
             printf "\"wl_user_us\":%.1f,\"wl_sys_us\":%.1f,\"dmn_user_us\":%.1f,\"dmn_sys_us\":%.1f,", d[8] / pages, d[9] / pages, du * t, ds * t
             printf "\"queue_user_us\":%.1f,\"queue_sys_us\":%.1f,\"free_us\":%.1f,\"reserve_us\":%.1f,\"dmn_rest_us\":%.1f,", d[10] * t, d[11] * t, (d[12] + d[13]) * t, (d[14] + d[15]) * t, (d[16] + d[17]) * t
             printf "\"kswapd_us\":%.1f,\"other_us\":%.1f", d[18] * t, busy - d[8] / pages - d[9] / pages - (du + ds + d[18] + d[5]) * t
-            if (epages > 0) {
+            # Engine figures only where the phase timers ran.
+            if (epages > 0 && d[19] + d[24] > 0) {
                 if (phase == "out")
                     printf ",\"eng_us\":%.2f,\"compress_us\":%.2f,\"alloc_us\":%.2f,\"copy_us\":%.2f,\"install_us\":%.2f", d[19] / epages / 1e3, d[20] / epages / 1e3, d[21] / epages / 1e3, d[22] / epages / 1e3, d[23] / epages / 1e3
                 else
@@ -175,9 +186,14 @@ bd_run() {
     rmdir "$CG" 2>/dev/null
 }
 
+# pc=N changes vm.page-cluster for the rest of a round: each round starts
+# from, and the scenario leaves, the value the boot had.
+PC0=$(cat /proc/sys/vm/page-cluster)
+trap 'echo "$PC0" >/proc/sys/vm/page-cluster' EXIT
 summary=""
 R=1
 while [ "$R" -le "$ZBLK_BD_ROUNDS" ]; do
+    echo "$PC0" >/proc/sys/vm/page-cluster
     for CFG in $ZBLK_BD_CONFIGS; do
         case $CFG in
         pc=*)
