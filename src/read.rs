@@ -70,10 +70,7 @@ pub(crate) fn read_entry(
         Kind::Compressed => {
             // SAFETY: as above, for the object's `len` bytes.
             let obj = unsafe { alloc.bytes(e.val, 0, e.len as usize) };
-            let t = st.clock();
-            let r = decompress(st, e.algo, obj, out);
-            st.lap(Phase::Decode, t);
-            r
+            decompress(st, e.algo, obj, out)
         }
         Kind::Packed => crate::packed::read_page(st, alloc, e, out),
         Kind::Backed => read_backed(table, st, page, e, out),
@@ -85,8 +82,21 @@ pub(crate) fn read_entry(
 }
 
 /// Decompresses `obj` with the codec of `algo` (0 the primary, 1 the
-/// secondary) into `out`.
+/// secondary) into `out`, timed as [`Phase::Decode`].
 fn decompress(
+    st: &mut CtxState,
+    algo: u8,
+    obj: &[u8],
+    out: &mut [u8],
+) -> std::result::Result<(), String> {
+    let t = st.clock();
+    let r = decode_with(st, algo, obj, out);
+    st.lap(Phase::Decode, t);
+    r
+}
+
+/// [`decompress`]'s codec call.
+fn decode_with(
     st: &mut CtxState,
     algo: u8,
     obj: &[u8],
@@ -137,10 +147,7 @@ fn read_backed(
             out.copy_from_slice(obj);
             return Ok(());
         }
-        let t = st.clock();
-        let r = decompress(st, e.algo, obj, out);
-        st.lap(Phase::Decode, t);
-        r
+        decompress(st, e.algo, obj, out)
     })();
     st.bd_buf = Some(buf);
     r

@@ -753,7 +753,7 @@ impl Store {
             let at = first + (i * g) as u64;
             if let Err(e) = crate::write::write_group(&self.table, &self.cfg, st, at, chunk) {
                 st.shard.add(Counter::FailedWrites, 1);
-                charge_total(st, Phase::Write, t0);
+                charge_total(st, Phase::Write, t0.elapsed());
                 return Err(e);
             }
         }
@@ -774,7 +774,7 @@ impl Store {
                 // Reported by the caller (the daemon logs it rate-limited):
                 // a corrupt page read over and over must not flood the log.
                 st.shard.add(Counter::FailedReads, 1);
-                charge_total(st, Phase::Read, t0);
+                charge_total(st, Phase::Read, t0.elapsed());
                 return Err(e);
             }
         }
@@ -805,11 +805,12 @@ impl Store {
     }
 }
 
-/// With phase timers, charges a failed request's whole time to its
-/// operation's phase (its parts were charged as they ran).
-fn charge_total(st: &CtxState, phase: Phase, t0: Instant) {
+/// With phase timers, charges a request's whole time (`took`) to its
+/// operation's phase; a failed request too, whose parts were charged as
+/// they ran.
+fn charge_total(st: &CtxState, phase: Phase, took: Duration) {
     if st.timing() {
-        st.shard.charge(phase, t0.elapsed().as_nanos() as u64);
+        st.shard.charge(phase, took.as_nanos() as u64);
     }
 }
 
@@ -817,17 +818,16 @@ fn charge_total(st: &CtxState, phase: Phase, t0: Instant) {
 /// time in the phase of its operation.
 fn record_latency(st: &CtxState, op: Op, t0: Instant, pages: usize) {
     if pages > 0 {
-        let ns = t0.elapsed().as_nanos() as u64;
-        st.shard.record(op, ns / pages as u64, pages as u64);
-        if st.timing() {
-            let phase = match op {
-                Op::Write => Phase::Write,
-                Op::Read => Phase::Read,
-                Op::Discard => Phase::Discard,
-                Op::Writeback => return,
-            };
-            st.shard.charge(phase, ns);
-        }
+        let took = t0.elapsed();
+        st.shard
+            .record(op, took.as_nanos() as u64 / pages as u64, pages as u64);
+        let phase = match op {
+            Op::Write => Phase::Write,
+            Op::Read => Phase::Read,
+            Op::Discard => Phase::Discard,
+            Op::Writeback => return,
+        };
+        charge_total(st, phase, took);
     }
 }
 
