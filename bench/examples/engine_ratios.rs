@@ -2,7 +2,7 @@
 //! process with its baseline interleaved round by round, so machine noise
 //! hits both alike. Usage:
 //!
-//!     engine_ratios FILE [--rounds N] [--scaling-only | --shared-cost | --reserve-cost] [ALGO...]
+//!     engine_ratios FILE [--rounds N] [--scaling-only | --shared-cost | --reserve-cost | --mlock-cost] [ALGO...]
 //!
 //! Prints markdown tables: the store path against the bare codec (per
 //! algorithm, group size and mode), random single-page read latency (the
@@ -356,7 +356,7 @@ fn ab_cost(
 }
 
 const USAGE: &str =
-    "usage: engine_ratios FILE [--rounds N] [--scaling-only | --shared-cost | --reserve-cost] [ALGO...]
+    "usage: engine_ratios FILE [--rounds N] [--scaling-only | --shared-cost | --reserve-cost | --mlock-cost] [ALGO...]
   FILE: pages, zstd-compressed if it ends in .zst (e.g. the shared corpus)
   ALGO: lz4, zstd, zstd:LEVEL, deflate, deflate:LEVEL (default: lz4 zstd:1 zstd:3 deflate:1)";
 
@@ -368,12 +368,20 @@ fn main() -> Result<(), String> {
     let scaling_only = std::env::args().any(|a| a == "--scaling-only");
     let shared_only = std::env::args().any(|a| a == "--shared-cost");
     let reserve_only = std::env::args().any(|a| a == "--reserve-cost");
+    let mlock_only = std::env::args().any(|a| a == "--mlock-cost");
     let mut args = std::env::args().skip(1);
     let path = PathBuf::from(args.next().ok_or("no FILE given (--help: usage)")?);
     let mut algos = Vec::new();
     let mut rounds = 5;
     while let Some(a) = args.next() {
-        if a == "--scaling-only" || a == "--shared-cost" || a == "--reserve-cost" {
+        if [
+            "--scaling-only",
+            "--shared-cost",
+            "--reserve-cost",
+            "--mlock-cost",
+        ]
+        .contains(&a.as_str())
+        {
             continue;
         }
         if a == "--rounds" {
@@ -392,6 +400,16 @@ fn main() -> Result<(), String> {
     if shared_only {
         let shared = |o: &mut BenchOptions, on| o.shared = on;
         return ab_cost(&algos, rounds, &data, ["private", "shared"], shared);
+    }
+    if mlock_only {
+        // The daemon's store for swap (shared memory, the reserve) with and
+        // without locking it in RAM.
+        let lock = |o: &mut BenchOptions, on| {
+            o.shared = true;
+            o.reserve = true;
+            o.mlock = on;
+        };
+        return ab_cost(&algos, rounds, &data, ["unlocked", "mlock"], lock);
     }
     if reserve_only {
         // Both in shared memory, as the daemon runs: the reserve as the

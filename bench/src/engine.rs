@@ -31,6 +31,8 @@ pub struct BenchOptions {
     pub reserve: bool,
     /// `StoreConfig::reserve_free_below` (0: the daemon's automatic one).
     pub reserve_free_below: u64,
+    /// Lock the store in RAM, as a swap device's daemon does.
+    pub mlock: bool,
 }
 
 /// What `zblk bench --json` prints: exactly these keys.
@@ -77,6 +79,7 @@ impl Default for BenchOptions {
             shared: false,
             reserve: false,
             reserve_free_below: 0,
+            mlock: false,
         }
     }
 }
@@ -91,6 +94,7 @@ impl BenchOptions {
         cfg.shared = self.shared;
         cfg.reserve = self.reserve;
         cfg.reserve_free_below = self.reserve_free_below;
+        cfg.mlock = self.mlock;
         cfg
     }
 }

@@ -372,9 +372,10 @@ impl SlabAllocator {
                         + 8 * spec.objs as u64,
                     dir: match &shm {
                         Some(shm) => {
-                            ChunkDir::shared(bytes, shm.clone(), crate::shm::class_region(index).0)
+                            let region = crate::shm::class_region(index).0;
+                            ChunkDir::shared(bytes, cfg.mlock, shm.clone(), region)
                         }
-                        None => ChunkDir::new(bytes),
+                        None => ChunkDir::new(bytes, cfg.mlock),
                     },
                     state: Mutex::new(ClassState::default()),
                 }
@@ -495,9 +496,17 @@ impl SlabAllocator {
     /// error can be returned, so the allocation is refused now. Private
     /// memory that cannot be backed now faults in on first use.
     fn back(&self, class: &SizeClass, id: u64) -> bool {
-        let addr = class.dir.zspage_addr(id);
-        let len = class.spec.zspage_bytes();
-        if self.mlock {
+        self.back_run(class, id, 1)
+    }
+
+    /// [`Self::back`] for the `n` neighbouring zspages from `first` (one
+    /// chunk), in one call: under emulation a system call costs more than
+    /// faulting in a page.
+    fn back_run(&self, class: &SizeClass, first: u64, n: usize) -> bool {
+        let addr = class.dir.zspage_addr(first);
+        let len = class.spec.zspage_bytes() * n;
+        // A chunk locked on fault is locked by populating it.
+        if self.mlock && !class.dir.locked_on_fault(first) {
             if vm::lock_range(addr, len) {
                 return true;
             }
@@ -518,14 +527,13 @@ impl SlabAllocator {
     /// Backs every zspage made fresh during the lock hold `st`, after
     /// letting go of the lock ([`Self::back`]); returns whether all were.
     fn back_fresh(&self, class: &SizeClass, mut st: MutexGuard<'_, ClassState>) -> bool {
-        let fresh = std::mem::take(&mut st.fresh);
+        let mut fresh = std::mem::take(&mut st.fresh);
         drop(st);
+        fresh.sort_unstable();
         // Every one is backed, even after a failure, as alloc_bulk always
         // did.
         let mut ok = true;
-        for &id in &fresh {
-            ok &= self.back(class, id);
-        }
+        for_id_runs(&fresh, |first, n| ok &= self.back_run(class, first, n));
         ok
     }
 
@@ -682,24 +690,9 @@ impl SlabAllocator {
     /// Gives the pages of the zspages `ids` (sorted) back to the OS, one
     /// call per run of neighbouring zspages within a chunk.
     fn release_runs(&self, class: &SizeClass, ids: &[u64]) {
-        let mut run: Option<(u64, u64)> = None; // (first id, count)
-        for &id in ids {
-            run = match run {
-                Some((first, n))
-                    if first + n == id && vm::chunk_of(first).0 == vm::chunk_of(id).0 =>
-                {
-                    Some((first, n + 1))
-                }
-                Some((first, n)) => {
-                    class.dir.release(first, n, self.mlock);
-                    Some((id, 1))
-                }
-                None => Some((id, 1)),
-            };
-        }
-        if let Some((first, n)) = run {
-            class.dir.release(first, n, self.mlock);
-        }
+        for_id_runs(ids, |first, n| {
+            class.dir.release(first, n as u64, self.mlock)
+        });
     }
 
     /// Frees handles that `alloc_bulk` made before it failed (the entries
@@ -734,6 +727,29 @@ fn lock(class: &SizeClass) -> MutexGuard<'_, ClassState> {
     // A panic under a class lock cannot leave the state half-updated in a
     // way later calls trip over more than the panic itself did; keep going.
     class.state.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Calls `f(first, n)` on each maximal run of neighbouring zspage ids
+/// within one chunk in `ids` (sorted): what one system call can cover.
+fn for_id_runs(ids: &[u64], mut f: impl FnMut(u64, usize)) {
+    let mut run: Option<(u64, usize)> = None; // (first id, count)
+    for &id in ids {
+        run = match run {
+            Some((first, n))
+                if first + n as u64 == id && vm::chunk_of(first).0 == vm::chunk_of(id).0 =>
+            {
+                Some((first, n + 1))
+            }
+            Some((first, n)) => {
+                f(first, n);
+                Some((id, 1))
+            }
+            None => Some((id, 1)),
+        };
+    }
+    if let Some((first, n)) = run {
+        f(first, n);
+    }
 }
 
 /// Calls `f` on each maximal run of `items` sharing a key.

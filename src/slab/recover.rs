@@ -92,8 +92,9 @@ impl SlabAllocator {
                 st.live_zspages += 1;
                 live += 1;
                 if self.mlock {
-                    let addr = class.dir.zspage_addr(id);
-                    super::vm::lock_range(addr, class.spec.zspage_bytes());
+                    // Locks it (its pages are in the file already); a
+                    // failure is the warning `back` logs.
+                    self.back(class, id);
                 }
             }
             // The unclaimed zspages among the claimed ones (free ids, in

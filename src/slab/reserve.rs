@@ -421,10 +421,15 @@ impl SlabAllocator {
                 st.missed = 0;
                 return did;
             }
-            if budget == 0 || !self.add_spare(class, st) {
+            let n = budget.min(want - st.spare.len());
+            if n == 0 {
                 return did;
             }
-            budget -= 1;
+            let added = self.add_spares(class, st, n);
+            if added == 0 {
+                return did;
+            }
+            budget -= added;
             did = true;
         }
     }
@@ -445,32 +450,58 @@ impl SlabAllocator {
             || st.groups.iter().any(|g| short(g).is_some())
     }
 
-    /// Makes one spare zspage in `class`: an id and a charge under the lock
-    /// `st`, its pages backed after letting go of it. Returns false when it
-    /// could not (limit, address space, memory).
-    fn add_spare(&self, class: &SizeClass, mut st: std::sync::MutexGuard<'_, ClassState>) -> bool {
-        let r = self.reserve.as_ref();
-        if self.charge(class.cost).is_err() {
-            r.inspect(|r| r.limited.store(true, Relaxed));
-            return false;
+    /// Makes up to `n` spare zspages in `class`: ids and charges under the
+    /// lock `st`, their pages backed after letting go of it, neighbours in
+    /// one call. Returns how many it made: fewer when it could not (limit,
+    /// address space, memory).
+    fn add_spares(
+        &self,
+        class: &SizeClass,
+        mut st: std::sync::MutexGuard<'_, ClassState>,
+        n: usize,
+    ) -> usize {
+        let mut ids: Vec<u64> = Vec::with_capacity(n);
+        for _ in 0..n {
+            if !self.charge_spare(class) {
+                break;
+            }
+            let Some(id) = Self::take_id(class, &mut st) else {
+                self.uncharge(class.cost);
+                break;
+            };
+            ids.push(id);
         }
-        r.inspect(|r| r.limited.store(false, Relaxed));
-        let Some(id) = Self::take_id(class, &mut st) else {
-            self.uncharge(class.cost);
-            return false;
-        };
         drop(st);
-        // Nobody else knows `id` meanwhile: it is in no list.
-        let backed = self.back(class, id);
+        ids.sort_unstable();
+        // Nobody else knows these ids meanwhile: they are in no list.
+        let mut failed = Vec::new();
+        super::for_id_runs(&ids, |first, k| {
+            if !self.back_run(class, first, k) {
+                failed.extend(first..first + k as u64);
+            }
+        });
         let mut st = lock(class);
-        if backed {
-            st.spare.push(id);
-        } else {
-            self.release_runs(class, &[id]);
-            self.uncharge(class.cost);
-            st.free_ids.push(id);
+        for &id in &ids {
+            if failed.binary_search(&id).is_err() {
+                st.spare.push(id);
+            }
         }
-        backed
+        if !failed.is_empty() {
+            self.release_runs(class, &failed);
+            self.uncharge(class.cost * failed.len() as u64);
+            st.free_ids.extend_from_slice(&failed);
+        }
+        ids.len() - failed.len()
+    }
+
+    /// Charges one spare zspage of `class`; a refusal tells allocations
+    /// that the memory limit is what empties the reserve.
+    fn charge_spare(&self, class: &SizeClass) -> bool {
+        let charged = self.charge(class.cost).is_ok();
+        if let Some(r) = &self.reserve {
+            r.limited.store(!charged, Relaxed);
+        }
+        charged
     }
 
     /// Gives every bookkeeping vector of `class` the room the provisioner

@@ -280,6 +280,72 @@ fn mlock_config_works_or_degrades() {
     assert_eq!(a.mem_used_total(), 0);
 }
 
+/// The `Locked:` kB /proc/self/smaps shows for the mapping holding `addr`.
+fn locked_kb_at(addr: usize) -> u64 {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut inside = false;
+    for line in smaps.lines() {
+        let head = line.split_whitespace().next().unwrap_or("");
+        if let Some((lo, hi)) = head.split_once('-') {
+            if let (Ok(lo), Ok(hi)) = (usize::from_str_radix(lo, 16), usize::from_str_radix(hi, 16))
+            {
+                inside = (lo..hi).contains(&addr);
+                continue;
+            }
+        }
+        if let Some(kb) = line.strip_prefix("Locked:").filter(|_| inside) {
+            return kb.trim().trim_end_matches("kB").trim().parse().unwrap();
+        }
+    }
+    panic!("no mapping holds {addr:#x}");
+}
+
+#[test]
+fn mlocked_zspages_are_locked_while_live() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: a plain query of this process's limit into a local struct.
+    unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) };
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if lim.rlim_cur != libc::RLIM_INFINITY && !root {
+        eprintln!("skipped: this process may not lock unlimited memory");
+        return;
+    }
+    let cfg = SlabConfig {
+        mlock: true,
+        ..SlabConfig::default()
+    };
+    let shm = Arc::new(crate::shm::SharedMem::create().unwrap());
+    for a in [SlabAllocator::new(cfg), SlabAllocator::shared(cfg, shm)] {
+        let mut hs = Vec::new();
+        // 40 objects of 3000 bytes: several zspages, backed in one run.
+        a.alloc_bulk(&[3000; 40], &[0; 40], &mut hs).unwrap();
+        // SAFETY: a live handle's object address, only looked at.
+        let addr = unsafe { a.object_ptr(hs[0], 3000) } as usize;
+        assert!(locked_kb_at(addr) >= 40 * 3000 / 1024, "zspages locked");
+        for (i, &h) in hs.iter().enumerate() {
+            fill(&a, h, 3000, i as u64);
+        }
+        for (i, &h) in hs.iter().enumerate() {
+            check(&a, h, 3000, i as u64);
+        }
+        a.free_bulk(&hs);
+        assert_eq!(a.mem_used_total(), 0);
+        // Given back: nothing of the chunk stays locked, but it is still
+        // locked on fault (a new zspage there is locked by backing it).
+        assert!(locked_kb_at(addr) < 40 * 3000 / 1024, "pages given back");
+        a.alloc_bulk(&[3000; 40], &[0; 40], &mut hs).unwrap();
+        assert!(
+            locked_kb_at(addr) >= 40 * 3000 / 1024,
+            "reused zspages locked"
+        );
+        a.free_bulk(&hs);
+    }
+}
+
 #[test]
 fn concurrent_alloc_free_across_classes() {
     let a = std::sync::Arc::new(SlabAllocator::default());

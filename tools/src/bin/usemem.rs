@@ -14,6 +14,11 @@
 //! that the compression ratio is real memory's and each stream holds the
 //! pages in another order (a page handed back for another stream's differs).
 //!
+//! With `--scatter` the verify passes read the pages in a scattered order
+//! (page `i * k mod n` for a large `k` coprime with `n`) instead of in
+//! address order: swap-ins at random, where readahead mostly fetches pages
+//! nobody asked for.
+//!
 //! `usemem --mb 128 --procs 2 --sleep 2 --passes 1`
 //! `usemem --mb 128 --corpus /lib/zblk-vm/data/realmem-dev.bin.zst`
 
@@ -59,6 +64,9 @@ struct Args {
     /// swap-in by.
     #[arg(long)]
     mark: Option<PathBuf>,
+    /// Verify the pages in a scattered order, not in address order.
+    #[arg(long)]
+    scatter: bool,
     /// Internal: run as worker process number N and print its JSON line.
     #[arg(long, hide = true)]
     worker: Option<u32>,
@@ -162,7 +170,7 @@ fn run_thread(args: &Args, pat: &Pattern, stream: u64) -> std::io::Result<Thread
     std::thread::sleep(Duration::from_secs_f64(args.sleep.max(0.0)));
     let t = Instant::now();
     for _ in 0..args.passes {
-        let (bad, first) = verify(map.bytes(), pat, stream);
+        let (bad, first) = verify(map.bytes(), pat, stream, args.scatter);
         res.bad_pages += bad;
         res.first_bad = res.first_bad.or(first);
     }
@@ -184,18 +192,44 @@ fn mark(args: &Args, what: &str) -> std::io::Result<()> {
     f.write_all(format!("{what}\n").as_bytes())
 }
 
-/// Compares every page of `mem` with its pattern; returns the number of bad
-/// pages and the index of the first one.
-fn verify(mem: &[u8], pat: &Pattern, stream: u64) -> (u64, Option<u64>) {
+/// Compares every page of `mem` with its pattern, in address order or
+/// (`scatter`) in a scattered one; returns the number of bad pages and the
+/// index of the first one in the order read.
+fn verify(mem: &[u8], pat: &Pattern, stream: u64, scatter: bool) -> (u64, Option<u64>) {
+    let n = (mem.len() / PAGE) as u64;
+    let step = if scatter { scatter_step(n) } else { 1 };
     let mut bad = 0;
     let mut first = None;
-    for (i, page) in mem.chunks_exact(PAGE).enumerate() {
-        if !pat.matches(page, stream, i as u64) {
+    for j in 0..n {
+        let i = ((u128::from(j) * u128::from(step)) % u128::from(n.max(1))) as u64;
+        let at = i as usize * PAGE;
+        if !pat.matches(&mem[at..at + PAGE], stream, i) {
             bad += 1;
-            first.get_or_insert(i as u64);
+            first.get_or_insert(i);
         }
     }
     (bad, first)
+}
+
+/// A step coprime with `n` (so `j * step mod n` visits every page once)
+/// and far from any small multiple of a page cluster: about `n` times the
+/// golden ratio's fraction, made odd and moved until coprime.
+fn scatter_step(n: u64) -> u64 {
+    if n < 3 {
+        return 1;
+    }
+    let mut k = ((n as f64 * 0.618_033_988_75) as u64) | 1;
+    while gcd(k, n) != 1 {
+        k += 2;
+    }
+    k
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
 }
 
 /// Runs the threads of worker process `proc_idx`; returns its JSON summary.
@@ -252,6 +286,7 @@ fn run_procs(args: &Args) -> Result<Vec<Value>, String> {
                     .iter()
                     .flat_map(|m| [std::ffi::OsStr::new("--mark"), m.as_os_str()]),
             )
+            .args(args.scatter.then_some("--scatter"))
             .stdout(Stdio::piped())
             .spawn()
             .map_err(|e| format!("spawn worker {p}: {e}"))?;
@@ -362,13 +397,30 @@ mod tests {
             fill_page(page, 9, 2, i as u64);
         }
         let p9 = Pattern::Synthetic(9);
-        assert_eq!(verify(&mem, &p9, 2), (0, None));
+        assert_eq!(verify(&mem, &p9, 2, false), (0, None));
         mem[5 * PAGE + 100] ^= 0x40;
         mem[11 * PAGE] ^= 1;
-        assert_eq!(verify(&mem, &p9, 2), (2, Some(5)));
+        assert_eq!(verify(&mem, &p9, 2, false), (2, Some(5)));
         // Another worker's pages or another run's never verify.
-        assert_eq!(verify(&mem, &p9, 3).0, 16);
-        assert_eq!(verify(&mem, &Pattern::Synthetic(8), 2).0, 16);
+        assert_eq!(verify(&mem, &p9, 3, false).0, 16);
+        assert_eq!(verify(&mem, &Pattern::Synthetic(8), 2, false).0, 16);
+        // Scattered: the same pages found bad, the first one met first.
+        let (bad, first) = verify(&mem, &p9, 2, true);
+        assert_eq!(bad, 2);
+        assert!(matches!(first, Some(5 | 11)));
+    }
+
+    #[test]
+    fn scatter_visits_every_page_once_out_of_order() {
+        for n in [3u64, 16, 1000, 98_304, 98_305] {
+            let k = scatter_step(n);
+            let mut seen = vec![false; n as usize];
+            for j in 0..n {
+                seen[((j * k) % n) as usize] = true;
+            }
+            assert!(seen.iter().all(|&s| s), "n {n} step {k}");
+            assert!((k > 1 || n < 16) && k < n + 64, "n {n} step {k}");
+        }
     }
 
     #[test]
@@ -385,10 +437,10 @@ mod tests {
         for (i, page) in mem.chunks_exact_mut(PAGE).enumerate() {
             pat.fill(page, 2, i as u64);
         }
-        assert_eq!(verify(&mem, &pat, 2), (0, None));
+        assert_eq!(verify(&mem, &pat, 2, false), (0, None));
         // Stream 3 holds the same pages in another order: none matches.
-        assert_eq!(verify(&mem, &pat, 3).0, 16);
+        assert_eq!(verify(&mem, &pat, 3, false).0, 16);
         mem[7 * PAGE] ^= 0x80;
-        assert_eq!(verify(&mem, &pat, 2), (1, Some(7)));
+        assert_eq!(verify(&mem, &pat, 2, false), (1, Some(7)));
     }
 }

@@ -29,9 +29,22 @@
 #   zram:ALGO                 kernel zram
 #   zblk:ALGO[:MODE[:off]]    zblk with phase timers (":off" without: the
 #                             timers' own cost, by comparing walls)
+#   zblk:...@NAME=VALUE       the same, its daemon started with the
+#                             environment variable NAME=VALUE (an A/B of
+#                             an engine setting read from the environment)
 #   pc=N                      sets vm.page-cluster to N for the
 #                             configurations after it in the round (swap
 #                             readahead: 2^N pages per swap-in request)
+#   scatter=on|off            usemem verifies in a scattered order
+#                             (`usemem --scatter`: random swap-ins, where
+#                             readahead fetches pages nobody asked for)
+#                             for the configurations after it in the round
+#   hogs=N                    runs N busy loops (outside the workload's
+#                             cgroup, nice 0) during the configurations
+#                             after it in the round: swap under CPU
+#                             contention, where zram compresses in the
+#                             faulting task and zblk's queue threads must
+#                             be scheduled (their time shows in other_us)
 # The write phase ends when usemem's mark is seen (polled every 50 ms),
 # so up to about 0.3 s of swap-in can land in the swap-out figures.
 # zram frees a swap slot when its page comes back in (a synchronous swap
@@ -100,7 +113,7 @@ sample() {
 # Prints the BREAKDOWN json of phase $1 (out or in) from samples $2 to $3.
 bd_phase() {
     echo "$2
-$3" | awk -v phase="$1" -v cfg="$CFG" -v r="$R" -v hz=100 -v pc="$(cat /proc/sys/vm/page-cluster)" '
+$3" | awk -v phase="$1" -v cfg="$CFG" -v r="$R" -v hz=100 -v pc="$(cat /proc/sys/vm/page-cluster)" -v hogs="$NHOGS" -v scatter="${SCATTER:+1}" '
         NR == 1 { for (i = 1; i <= NF; i++) a[i] = $i; next }
         { for (i = 1; i <= NF; i++) d[i] = $i - a[i] }
         END {
@@ -110,7 +123,7 @@ $3" | awk -v phase="$1" -v cfg="$CFG" -v r="$R" -v hz=100 -v pc="$(cat /proc/sys
             t = 1e6 / hz / pages
             busy = (d[2] + d[3] + d[5]) * t
             du = d[10] + d[12] + d[14] + d[16]; ds = d[11] + d[13] + d[15] + d[17]
-            printf "BREAKDOWN {\"round\":%d,\"config\":\"%s\",\"phase\":\"%s\",\"page_cluster\":%d,\"pages\":%d,\"other_dir_pages\":%d,", r, cfg, phase, pc, pages, (phase == "out") ? d[7] : d[6]
+            printf "BREAKDOWN {\"round\":%d,\"config\":\"%s\",\"phase\":\"%s\",\"page_cluster\":%d,\"hogs\":%d,\"scatter\":%d,\"pages\":%d,\"other_dir_pages\":%d,", r, cfg, phase, pc, hogs, scatter, pages, (phase == "out") ? d[7] : d[6]
             printf "\"wall_us\":%.1f,\"busy_us\":%.1f,\"idle_us\":%.1f,\"irq_us\":%.1f,", d[1] * 1e6 / pages, busy, d[4] * t, d[5] * t
             printf "\"wl_user_us\":%.1f,\"wl_sys_us\":%.1f,\"dmn_user_us\":%.1f,\"dmn_sys_us\":%.1f,", d[8] / pages, d[9] / pages, du * t, ds * t
             printf "\"queue_user_us\":%.1f,\"queue_sys_us\":%.1f,\"free_us\":%.1f,\"reserve_us\":%.1f,\"dmn_rest_us\":%.1f,", d[10] * t, d[11] * t, (d[12] + d[13]) * t, (d[14] + d[15]) * t, (d[16] + d[17]) * t
@@ -130,7 +143,8 @@ $3" | awk -v phase="$1" -v cfg="$CFG" -v r="$R" -v hz=100 -v pc="$(cat /proc/sys
 
 # Brings up configuration $1; sets KIND and, for zblk, DPID.
 bd_up() {
-    KIND=${1%%:*} rest=${1#*:}
+    KIND=${1%%:*} rest=${1#*:} env=""
+    case $rest in *@*=*) env=${rest#*@} rest=${rest%%@*} ;; esac
     algo=${rest%%:*} mode=per-page timers=--phase-timers
     [ "$rest" != "$algo" ] && mode=${rest#*:}
     case $mode in *:off) mode=${mode%:off} timers="" ;; esac
@@ -141,8 +155,11 @@ bd_up() {
         zram_swap "$ZBLK_DEV_MB"
         ZBLK_ALGO=$algo0 ;;
     zblk)
+        # The daemon inherits the variable; nothing after it does.
+        if [ -n "$env" ]; then export "${env?}"; fi
         # shellcheck disable=SC2086 # timers is one word or none
         zadd --size "${ZBLK_DEV_MB}M" --algo "$algo" --mode "$mode" $timers --swap
+        if [ -n "$env" ]; then unset "${env%%=*}"; fi
         DPID=$(zdaemon_pid "$ZID") || fail "$1: no daemon holds /dev/ublkc$ZID" ;;
     *) fail "unknown configuration '$1'" ;;
     esac
@@ -167,8 +184,8 @@ bd_run() {
     CG=$(cg_make "bd" "$ZBLK_LIMIT_MB")
     rm -f "$MARK"
     s0=$(sample)
-    # shellcheck disable=SC2086 # corpus_args is two words or none
-    in_cg usemem --mb "$ZBLK_BD_MB" --procs 1 --mark "$MARK" $corpus_args >/tmp/zblk-bd.out 2>&1 &
+    # shellcheck disable=SC2086 # corpus_args is two words or none, SCATTER one or none
+    in_cg usemem --mb "$ZBLK_BD_MB" --procs 1 --mark "$MARK" $corpus_args $SCATTER >/tmp/zblk-bd.out 2>&1 &
     upid=$!
     track $upid
     while ! grep -q written "$MARK" 2>/dev/null && kill -0 $upid 2>/dev/null; do sleep 0.05; done
@@ -189,13 +206,35 @@ bd_run() {
 # pc=N changes vm.page-cluster for the rest of a round: each round starts
 # from, and the scenario leaves, the value the boot had.
 PC0=$(cat /proc/sys/vm/page-cluster)
-trap 'echo "$PC0" >/proc/sys/vm/page-cluster' EXIT
+HOGS="" NHOGS=0
+# Stops the busy loops and starts $1 new ones.
+hogs_set() {
+    for p in $HOGS; do kill "$p" 2>/dev/null; done
+    HOGS="" NHOGS=0
+    while [ "$NHOGS" -lt "$1" ]; do
+        (while :; do :; done) &
+        HOGS="$HOGS $!" NHOGS=$((NHOGS + 1))
+        track $!
+    done
+}
+trap 'hogs_set 0; echo "$PC0" >/proc/sys/vm/page-cluster' EXIT
 summary=""
 R=1
 while [ "$R" -le "$ZBLK_BD_ROUNDS" ]; do
     echo "$PC0" >/proc/sys/vm/page-cluster
+    hogs_set 0
+    SCATTER=""
     for CFG in $ZBLK_BD_CONFIGS; do
         case $CFG in
+        scatter=on | scatter=off)
+            SCATTER=""
+            if [ "$CFG" = scatter=on ]; then SCATTER=--scatter; fi
+            log "usemem verifies ${SCATTER:+in a scattered order}${SCATTER:-in address order} from here on"
+            continue ;;
+        hogs=*)
+            hogs_set "${CFG#hogs=}"
+            log "$NHOGS busy loops from here on"
+            continue ;;
         pc=*)
             echo "${CFG#pc=}" >/proc/sys/vm/page-cluster || fail "page-cluster ${CFG#pc=} refused"
             log "vm.page-cluster $(cat /proc/sys/vm/page-cluster) from here on"
