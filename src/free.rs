@@ -151,6 +151,14 @@ impl Shared {
         let _ = self.spare.push(v);
     }
 
+    /// Tests: whether the drain is stalled (never, without test support).
+    fn is_stalled(&self) -> bool {
+        #[cfg(feature = "test-support")]
+        return self.stalled.load(Ordering::SeqCst);
+        #[cfg(not(feature = "test-support"))]
+        false
+    }
+
     /// Frees everything queued; returns whether there was anything.
     fn drain_once(&self, buf: &mut Vec<Handle>) -> bool {
         let mut any = false;
@@ -350,8 +358,7 @@ impl Freer {
             // runs at batch priority and a busy machine starves it (a fuzz
             // target spent more than half its wall time in this wait). A
             // stalled drain (tests) stands for nobody freeing at all.
-            let stalled = self.shared.stalled.load(Ordering::SeqCst);
-            if !stalled && self.shared.drain_once(&mut buf) {
+            if !self.shared.is_stalled() && self.shared.drain_once(&mut buf) {
                 continue;
             }
             // What is left is being freed by the drain right now.

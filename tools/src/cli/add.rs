@@ -108,7 +108,34 @@ pub(super) fn foreground_ready(json: bool, swap: Option<(i32, Discard)>) -> Read
 /// (by system call: busybox's swapon has neither `--discard` nor `-p`).
 fn make_swap(bdev: &Path, priority: i32, discard: Discard) -> CliResult {
     sys::run_tool("mkswap", &[&bdev.to_string_lossy()])?;
-    Ok(zblk_ublk::swap::swap_on_with(bdev, priority, discard)?)
+    zblk_ublk::swap::swap_on_with(bdev, priority, discard)?;
+    warn_small_readahead(std::fs::read_to_string(PAGE_CLUSTER).ok().as_deref());
+    Ok(())
+}
+
+/// Swap readahead: 2^N pages per swap-in.
+const PAGE_CLUSTER: &str = "/proc/sys/vm/page-cluster";
+
+/// Below this `vm.page-cluster` a swap-in is one round trip per page or
+/// two: 3.4x zram's swap-in time at 0, 1.3x at 3 (BENCHMARKS.md,
+/// "Readahead"). zram guides (and some distributions, for zram) set 0.
+const MIN_PAGE_CLUSTER: u32 = 3;
+
+/// Warns, in one line, when `vm.page-cluster` (its text) is below
+/// [`MIN_PAGE_CLUSTER`]; returns whether it did.
+fn warn_small_readahead(text: Option<&str>) -> bool {
+    let Some(n) = text.and_then(|t| t.trim().parse::<u32>().ok()) else {
+        return false;
+    };
+    if n >= MIN_PAGE_CLUSTER {
+        return false;
+    }
+    log::warn!(
+        "vm.page-cluster is {n}: swap-ins from a userspace device pay a round trip per {} page(s); \
+         set it to {MIN_PAGE_CLUSTER} or more (sysctl vm.page-cluster=5) for zblk swap",
+        1u32 << n
+    );
+    true
 }
 
 /// The argument list that makes `zblk daemon` build the same device: the
@@ -291,6 +318,16 @@ mod tests {
     use super::super::args::{Cli, Cmd};
     use super::*;
     use clap::Parser;
+
+    #[test]
+    fn small_readahead_is_warned_about() {
+        assert!(warn_small_readahead(Some("0\n")));
+        assert!(warn_small_readahead(Some("2")));
+        assert!(!warn_small_readahead(Some("3\n")));
+        assert!(!warn_small_readahead(Some("5")));
+        assert!(!warn_small_readahead(Some("junk")));
+        assert!(!warn_small_readahead(None));
+    }
 
     #[test]
     fn daemon_argv_rebuilds_the_same_device() {

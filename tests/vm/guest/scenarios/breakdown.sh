@@ -39,6 +39,13 @@
 #                             (`usemem --scatter`: random swap-ins, where
 #                             readahead fetches pages nobody asked for)
 #                             for the configurations after it in the round
+#   thp=KB:MODE               writes MODE (never, advise, always,
+#                             within_size, inherit) to the shmem_enabled
+#                             of folio size KB kB (hugepages-KBkB; a missing
+#                             file fails the scenario) for the
+#                             configurations after it in the round: zblk
+#                             asks for large folios (MADV_HUGEPAGE) on
+#                             its store, which is shmem
 #   hogs=N                    runs N busy loops (outside the workload's
 #                             cgroup, nice 0) during the configurations
 #                             after it in the round: swap under CPU
@@ -206,6 +213,18 @@ bd_run() {
 # pc=N changes vm.page-cluster for the rest of a round: each round starts
 # from, and the scenario leaves, the value the boot had.
 PC0=$(cat /proc/sys/vm/page-cluster)
+THPS=/sys/kernel/mm/transparent_hugepage
+# The shmem_enabled settings the boot had, as "file=value" words.
+THP0=$(for f in "$THPS"/hugepages-*/shmem_enabled; do
+    [ -f "$f" ] && echo "$f=$(sed 's/.*\[\(.*\)\].*/\1/' "$f")"
+done)
+thp_restore() { for w in $THP0; do echo "${w#*=}" >"${w%=*}"; done; }
+# Large shmem folios of each size allocated so far, "KB:count" words.
+thp_allocs() {
+    for f in "$THPS"/hugepages-*/stats/shmem_alloc; do
+        [ -f "$f" ] && k=${f#"$THPS"/hugepages-} && echo "${k%%kB/*}:$(cat "$f")"
+    done | tr '\n' ' '
+}
 HOGS="" NHOGS=0
 # Stops the busy loops and starts $1 new ones.
 hogs_set() {
@@ -217,19 +236,25 @@ hogs_set() {
         track $!
     done
 }
-trap 'hogs_set 0; echo "$PC0" >/proc/sys/vm/page-cluster' EXIT
+trap 'hogs_set 0; thp_restore; echo "$PC0" >/proc/sys/vm/page-cluster' EXIT
 summary=""
 R=1
 while [ "$R" -le "$ZBLK_BD_ROUNDS" ]; do
     echo "$PC0" >/proc/sys/vm/page-cluster
     hogs_set 0
+    thp_restore
     SCATTER=""
     for CFG in $ZBLK_BD_CONFIGS; do
         case $CFG in
         scatter=on | scatter=off)
-            SCATTER=""
-            if [ "$CFG" = scatter=on ]; then SCATTER=--scatter; fi
-            log "usemem verifies ${SCATTER:+in a scattered order}${SCATTER:-in address order} from here on"
+            SCATTER="" order="in address order"
+            if [ "$CFG" = scatter=on ]; then SCATTER=--scatter order="in a scattered order"; fi
+            log "usemem verifies $order from here on"
+            continue ;;
+        thp=*:*)
+            k=${CFG#thp=} && f=$THPS/hugepages-${k%%:*}kB/shmem_enabled
+            echo "${k#*:}" >"$f" || fail "cannot write ${k#*:} to $f"
+            log "$f: $(cat "$f") from here on"
             continue ;;
         hogs=*)
             hogs_set "${CFG#hogs=}"
@@ -243,7 +268,7 @@ while [ "$R" -le "$ZBLK_BD_ROUNDS" ]; do
         bd_up "$CFG"
         bd_run
         bd_down
-        log "round $R $CFG: usemem ${BD_WALL} s"
+        log "round $R $CFG: usemem ${BD_WALL} s; large shmem folios allocated so far (kB:count): $(thp_allocs)"
         summary="$summary $CFG=${BD_WALL}s"
     done
     R=$((R + 1))
