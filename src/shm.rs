@@ -57,49 +57,6 @@ pub(crate) fn class_region(k: usize) -> (u64, u64) {
     (SLOTS_AT + SLOTS_SPAN + k as u64 * CLASS_SPAN, CLASS_SPAN)
 }
 
-/// The largest folio a mapping of the store is placed for: 2 MB, a PMD.
-pub(crate) const FOLIO_ALIGN: usize = 2 << 20;
-
-/// Reserves `len` bytes of address space at an address congruent to
-/// `offset` modulo [`FOLIO_ALIGN`], for a mapping of the file at `offset`:
-/// the kernel gives shmem large folios (where `shmem_enabled` allows them
-/// and the mapping asks, `MADV_HUGEPAGE`) only where the address and the
-/// file offset agree modulo the folio size, and a plain mmap aligns
-/// neither. Returns the address (a `PROT_NONE` placeholder for a
-/// `MAP_FIXED` mapping), or `None` to map anywhere.
-fn reserve_aligned(offset: u64, len: usize) -> Option<usize> {
-    let span = len.checked_add(FOLIO_ALIGN)?;
-    // SAFETY: a fresh private placeholder mapping aliases nothing.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            span,
-            libc::PROT_NONE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return None;
-    }
-    let base = p as usize;
-    let want = (offset % FOLIO_ALIGN as u64) as usize;
-    let start = base + (want + FOLIO_ALIGN - base % FOLIO_ALIGN) % FOLIO_ALIGN;
-    let (head, tail) = (start - base, span - (start - base) - len);
-    // SAFETY: the parts of the placeholder before and after the range
-    // kept; nothing else uses them.
-    unsafe {
-        if head > 0 {
-            libc::munmap(p, head);
-        }
-        if tail > 0 {
-            libc::munmap((start + len) as *mut libc::c_void, tail);
-        }
-    }
-    Some(start)
-}
-
 /// The header: what a recovery checks before it trusts the rest.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Header {
@@ -362,27 +319,21 @@ impl SharedMem {
             .map_err(|e| os_error("writing the header", e))
     }
 
-    /// Maps `len` bytes at `offset` shared, read-write, lazily backed, at
-    /// an address congruent to `offset` modulo [`FOLIO_ALIGN`] (see
-    /// [`reserve_aligned`]). Returns the address, or `None` (logged) if
-    /// the OS refused.
+    /// Maps `len` bytes at `offset` shared, read-write, lazily backed.
+    /// Returns the address, or `None` (logged) if the OS refused.
     pub(crate) fn map(&self, offset: u64, len: usize) -> Option<usize> {
         let off = libc::off_t::try_from(offset).ok()?;
         if crate::fault::fail("shm:map") {
             return None;
         }
-        let at = reserve_aligned(offset, len);
-        let fixed = if at.is_some() { libc::MAP_FIXED } else { 0 };
-        // SAFETY: a shared mapping of our own file, either anywhere or over
-        // the address range `reserve_aligned` just reserved for it (nothing
-        // else lives there); the result is checked against MAP_FAILED
-        // before use.
+        // SAFETY: a fresh shared mapping of our own file; the result is
+        // checked against MAP_FAILED before use.
         let p = unsafe {
             libc::mmap(
-                at.unwrap_or(0) as *mut libc::c_void,
+                std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED | libc::MAP_NORESERVE | fixed,
+                libc::MAP_SHARED | libc::MAP_NORESERVE,
                 self.file.as_raw_fd(),
                 off,
             )
@@ -392,10 +343,6 @@ impl SharedMem {
                 "shared memory: mmap of {len} bytes at {offset} failed: {}",
                 io::Error::last_os_error()
             );
-            if let Some(a) = at {
-                // SAFETY: the placeholder reserved above, unused.
-                unsafe { libc::munmap(a as *mut libc::c_void, len) };
-            }
             return None;
         }
         Some(p as usize)
@@ -484,24 +431,6 @@ mod tests {
             LAYOUT_VERSION,
             "written back as this one"
         );
-    }
-
-    #[test]
-    fn mappings_agree_with_their_offset_modulo_a_folio() {
-        let shm = SharedMem::create().unwrap();
-        let (off, _) = class_region(5);
-        for (at, len) in [
-            (0u64, 4096usize),
-            (64 << 10, 3 * 4096),
-            (3 << 20, FOLIO_ALIGN),
-        ] {
-            let a = shm.map(off + at, len).unwrap();
-            assert_eq!(a % FOLIO_ALIGN, ((off + at) % FOLIO_ALIGN as u64) as usize);
-            // SAFETY: a fresh mapping of `len` bytes only this test uses.
-            let s = unsafe { std::slice::from_raw_parts_mut(a as *mut u8, len) };
-            s[len - 1] = 1;
-            assert_eq!(s[0], 0);
-        }
     }
 
     #[test]

@@ -112,14 +112,7 @@ impl ChunkDir {
         if at.checked_add(len as u64)? > CLASS_SPAN {
             return None;
         }
-        let p = shm.map(region + at, len)?;
-        // Large folios where the system allows them for shmem on request
-        // (`shmem_enabled` "advise" for a folio size): one allocation,
-        // charge and page-cache entry per folio instead of per page.
-        // Elsewhere a no-op; refusal changes nothing.
-        // SAFETY: advice on the mapping just made; no contents change.
-        unsafe { libc::madvise(p as *mut libc::c_void, len, libc::MADV_HUGEPAGE) };
-        Some(p)
+        shm.map(region + at, len)
     }
 
     /// Gives the pages of `n` dead zspages from `first` back to the OS;

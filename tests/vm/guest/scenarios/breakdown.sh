@@ -43,9 +43,11 @@
 #                             within_size, inherit) to the shmem_enabled
 #                             of folio size KB kB (hugepages-KBkB; a missing
 #                             file fails the scenario) for the
-#                             configurations after it in the round: zblk
-#                             asks for large folios (MADV_HUGEPAGE) on
-#                             its store, which is shmem
+#                             configurations after it in the round (zblk's
+#                             store is shmem: "always" gives it large
+#                             folios; "advise" only a build that asks,
+#                             MADV_HUGEPAGE, which zblk does not: tried in
+#                             session 9, no gain, see BENCHMARKS.md)
 #   hogs=N                    runs N busy loops (outside the workload's
 #                             cgroup, nice 0) during the configurations
 #                             after it in the round: swap under CPU
