@@ -14,12 +14,37 @@ use zblk_ublk::size::{parse_disk_size, parse_size};
 use zblk_ublk::DeviceConfig;
 
 const FLAGS: [&str; 16] = [
-    "--size", "-s", "--algo", "-a", "--group-pages", "-g", "--mode", "-m", "--mem-limit",
-    "--queues", "-q", "--depth", "-d", "--id", "-n", "--io-buf",
+    "--size",
+    "-s",
+    "--algo",
+    "-a",
+    "--group-pages",
+    "-g",
+    "--mode",
+    "-m",
+    "--mem-limit",
+    "--queues",
+    "-q",
+    "--depth",
+    "-d",
+    "--id",
+    "-n",
+    "--io-buf",
 ];
 const SUFFIXES: [(&str, u32); 13] = [
-    ("", 0), ("b", 0), ("K", 10), ("k", 10), ("KB", 10), ("KiB", 10), ("M", 20), ("mib", 20),
-    ("G", 30), ("gB", 30), ("T", 40), ("TiB", 40), ("t", 40),
+    ("", 0),
+    ("b", 0),
+    ("K", 10),
+    ("k", 10),
+    ("KB", 10),
+    ("KiB", 10),
+    ("M", 20),
+    ("mib", 20),
+    ("G", 30),
+    ("gB", 30),
+    ("T", 40),
+    ("TiB", 40),
+    ("t", 40),
 ];
 
 #[derive(Arbitrary, Debug)]

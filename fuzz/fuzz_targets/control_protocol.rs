@@ -24,14 +24,43 @@ use zblk_ublk::{Request, Response};
 
 /// Every command of both sockets, and a few near misses.
 const CMDS: [&str; 18] = [
-    "info", "stats", "compact", "idle", "recompress", "set_mem_limit", "shutdown", "handover",
-    "status", "restart", "recover", "Info", "format_disk", "set-mem-limit", "huge_idle",
-    "writeback", "set_writeback_limit", "set_policy",
+    "info",
+    "stats",
+    "compact",
+    "idle",
+    "recompress",
+    "set_mem_limit",
+    "shutdown",
+    "handover",
+    "status",
+    "restart",
+    "recover",
+    "Info",
+    "format_disk",
+    "set-mem-limit",
+    "huge_idle",
+    "writeback",
+    "set_writeback_limit",
+    "set_policy",
 ];
 /// Every field of any request, and keys of replies.
 const KEYS: [&str; 16] = [
-    "cmd", "bytes", "force", "age", "algo", "kind", "threshold", "max_pages", "data", "ok", "error",
-    "limit", "pages", "recompress_idle_after", "writeback_idle_after", "recompress_algo",
+    "cmd",
+    "bytes",
+    "force",
+    "age",
+    "algo",
+    "kind",
+    "threshold",
+    "max_pages",
+    "data",
+    "ok",
+    "error",
+    "limit",
+    "pages",
+    "recompress_idle_after",
+    "writeback_idle_after",
+    "recompress_algo",
 ];
 
 #[derive(Arbitrary, Debug)]
@@ -62,7 +91,9 @@ fn value(j: &J, depth: u32) -> Value {
         J::F(f) => Number::from_f64(*f).map_or(Value::Null, Value::Number),
         J::Cmd(i) => Value::String(CMDS[usize::from(*i) % CMDS.len()].into()),
         J::Str(s) => Value::String(s.clone()),
-        J::Arr(v) if depth < 4 => Value::Array(v.iter().take(8).map(|j| value(j, depth + 1)).collect()),
+        J::Arr(v) if depth < 4 => {
+            Value::Array(v.iter().take(8).map(|j| value(j, depth + 1)).collect())
+        }
         J::Obj(kv) if depth < 4 => {
             let mut m = Map::new();
             for (k, v) in kv.iter().take(8) {
@@ -167,7 +198,12 @@ fn wire(r: &Request) -> Value {
                 put("age", (*a).into());
             }
         }
-        Request::Recompress { algo, kind, threshold, max_pages } => {
+        Request::Recompress {
+            algo,
+            kind,
+            threshold,
+            max_pages,
+        } => {
             put("cmd", "recompress".into());
             put("algo", algo.as_str().into());
             put("kind", kind.as_str().into());
@@ -183,7 +219,11 @@ fn wire(r: &Request) -> Value {
             put("cmd", "set_writeback_limit".into());
             put("pages", (*pages).into());
         }
-        Request::SetPolicy { recompress_idle_after, writeback_idle_after, recompress_algo } => {
+        Request::SetPolicy {
+            recompress_idle_after,
+            writeback_idle_after,
+            recompress_algo,
+        } => {
             put("cmd", "set_policy".into());
             if let Some(r) = recompress_idle_after {
                 put("recompress_idle_after", (*r).into());
@@ -219,18 +259,32 @@ fn check_refusal(e: &RequestError) {
 
 fn check_request(r: &Request) {
     let wire_text = serde_json::to_string(r).unwrap();
-    assert_eq!(&serde_json::from_str::<Request>(&wire_text).unwrap(), r, "{wire_text}");
+    assert_eq!(
+        &serde_json::from_str::<Request>(&wire_text).unwrap(),
+        r,
+        "{wire_text}"
+    );
     let v: Value = serde_json::from_str(&wire_text).unwrap();
     assert_eq!(v, wire(r), "wire form of {r:?}");
-    assert!(serde_json::from_str::<KeeperRequest>(&wire_text).is_err(), "{wire_text}");
+    assert!(
+        serde_json::from_str::<KeeperRequest>(&wire_text).is_err(),
+        "{wire_text}"
+    );
 }
 
 fn check_keeper_request(r: &KeeperRequest) {
     let wire_text = serde_json::to_string(r).unwrap();
-    assert_eq!(&serde_json::from_str::<KeeperRequest>(&wire_text).unwrap(), r, "{wire_text}");
+    assert_eq!(
+        &serde_json::from_str::<KeeperRequest>(&wire_text).unwrap(),
+        r,
+        "{wire_text}"
+    );
     let v: Value = serde_json::from_str(&wire_text).unwrap();
     assert_eq!(keeper_model(&v).as_ref(), Some(r), "{wire_text}");
-    assert!(serde_json::from_str::<Request>(&wire_text).is_err(), "{wire_text}");
+    assert!(
+        serde_json::from_str::<Request>(&wire_text).is_err(),
+        "{wire_text}"
+    );
 }
 
 /// A request of either socket built from typed fields: every variant.
@@ -240,10 +294,22 @@ enum Typed {
     Stats,
     Compact,
     Idle(Option<u64>),
-    Recompress { algo: String, kind: String, threshold: u64, max_pages: u64 },
-    Writeback { kind: String, limit: u64 },
+    Recompress {
+        algo: String,
+        kind: String,
+        threshold: u64,
+        max_pages: u64,
+    },
+    Writeback {
+        kind: String,
+        limit: u64,
+    },
     SetWritebackLimit(u64),
-    SetPolicy { recompress: Option<u64>, writeback: Option<u64>, algo: Option<String> },
+    SetPolicy {
+        recompress: Option<u64>,
+        writeback: Option<u64>,
+        algo: Option<String>,
+    },
     SetMemLimit(u64),
     Shutdown(bool),
     Handover,
@@ -259,15 +325,27 @@ impl Typed {
             Typed::Stats => Request::Stats,
             Typed::Compact => Request::Compact,
             Typed::Idle(age) => Request::Idle { age: *age },
-            Typed::Recompress { algo, kind, threshold, max_pages } => Request::Recompress {
+            Typed::Recompress {
+                algo,
+                kind,
+                threshold,
+                max_pages,
+            } => Request::Recompress {
                 algo: algo.clone(),
                 kind: kind.clone(),
                 threshold: *threshold,
                 max_pages: *max_pages,
             },
-            Typed::Writeback { kind, limit } => Request::Writeback { kind: kind.clone(), limit: *limit },
+            Typed::Writeback { kind, limit } => Request::Writeback {
+                kind: kind.clone(),
+                limit: *limit,
+            },
             Typed::SetWritebackLimit(pages) => Request::SetWritebackLimit { pages: *pages },
-            Typed::SetPolicy { recompress, writeback, algo } => Request::SetPolicy {
+            Typed::SetPolicy {
+                recompress,
+                writeback,
+                algo,
+            } => Request::SetPolicy {
                 recompress_idle_after: *recompress,
                 writeback_idle_after: *writeback,
                 recompress_algo: algo.clone(),
@@ -285,8 +363,16 @@ impl Typed {
 #[derive(Arbitrary, Debug)]
 enum Input {
     Bytes(Vec<u8>),
-    Json { v: J, newline: bool, trailer: Vec<u8> },
-    Typed { t: Typed, newline: bool, trailer: Vec<u8> },
+    Json {
+        v: J,
+        newline: bool,
+        trailer: Vec<u8>,
+    },
+    Typed {
+        t: Typed,
+        newline: bool,
+        trailer: Vec<u8>,
+    },
 }
 
 /// `text`, and with `newline` a newline and whatever follows it.
@@ -310,7 +396,11 @@ fn over_socket(bytes: &[u8]) -> Result<Request, RequestError> {
 fuzz_target!(|input: Input| {
     let bytes = match &input {
         Input::Bytes(b) => b.clone(),
-        Input::Json { v, newline, trailer } => {
+        Input::Json {
+            v,
+            newline,
+            trailer,
+        } => {
             let v = value(v, 0);
             let text = v.to_string();
             let parsed = serde_json::from_str::<Request>(&text).ok();
@@ -327,7 +417,11 @@ fuzz_target!(|input: Input| {
             assert!(parsed.is_none() || keeper.is_none(), "{text}");
             line_with(text, *newline, trailer)
         }
-        Input::Typed { t, newline, trailer } => match t.build() {
+        Input::Typed {
+            t,
+            newline,
+            trailer,
+        } => match t.build() {
             Ok(r) => {
                 check_request(&r);
                 line_with(serde_json::to_string(&r).unwrap(), *newline, trailer)
@@ -343,7 +437,10 @@ fuzz_target!(|input: Input| {
     }
     let got = over_socket(&bytes);
     // The server reads up to and including the first newline, as UTF-8.
-    let line_end = bytes.iter().position(|&c| c == b'\n').map_or(bytes.len(), |i| i + 1);
+    let line_end = bytes
+        .iter()
+        .position(|&c| c == b'\n')
+        .map_or(bytes.len(), |i| i + 1);
     let line = std::str::from_utf8(&bytes[..line_end]);
     // The keeper reads the same way (a line, then serde), without a
     // public reader of its own: its request from the same line.

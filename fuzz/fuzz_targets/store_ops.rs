@@ -60,10 +60,19 @@ impl Range {
 
 #[derive(Arbitrary, Debug)]
 enum Op {
-    Write { at: Range, fills: Vec<Fill> },
-    Read { at: Range },
-    Discard { at: Range },
-    WriteZeroes { at: Range },
+    Write {
+        at: Range,
+        fills: Vec<Fill>,
+    },
+    Read {
+        at: Range,
+    },
+    Discard {
+        at: Range,
+    },
+    WriteZeroes {
+        at: Range,
+    },
     Compact,
     MaybeCompact,
     /// In KB; 0: no limit.
@@ -75,7 +84,11 @@ enum Op {
     /// Recompresses with the store's secondary (type by `kind` % 4, at most
     /// `max_pages` pages, 0: all; only objects of at least `threshold` * 16
     /// bytes).
-    Recompress { kind: u8, max_pages: u8, threshold: u8 },
+    Recompress {
+        kind: u8,
+        max_pages: u8,
+        threshold: u8,
+    },
 }
 
 #[derive(Arbitrary, Debug)]
@@ -132,14 +145,20 @@ fn check_gauges(store: &Store, model: &Model) {
     let s = store.stats();
     let c = &s.counters;
     assert!(c.stored_pages <= model.pages.len() as u64, "{c:?}");
-    let (sure, unsure) = (model.stored(), model.unsure.iter().filter(|u| **u).count() as u64);
+    let (sure, unsure) = (
+        model.stored(),
+        model.unsure.iter().filter(|u| **u).count() as u64,
+    );
     assert!(
         (sure..=sure + unsure).contains(&c.stored_pages),
         "stored_pages {} vs model {sure} (+{unsure} unsure)",
         c.stored_pages
     );
     assert!(c.same_pages + c.huge_pages <= c.stored_pages, "{c:?}");
-    assert!(c.recompressed_pages + c.same_pages <= c.stored_pages, "{c:?}");
+    assert!(
+        c.recompressed_pages + c.same_pages <= c.stored_pages,
+        "{c:?}"
+    );
 }
 
 /// The one secondary algorithm a store of `primary` recompresses with (a
@@ -279,7 +298,9 @@ fuzz_target!(|input: Input| {
                 };
                 // Pages that cannot be stored again (a mem_limit) keep what
                 // they had: the reads after it check that.
-                let r = store.recompress(&p).expect("recompress with the one secondary");
+                let r = store
+                    .recompress(&p)
+                    .expect("recompress with the one secondary");
                 assert!(r.recompressed <= r.tried, "{r:?}");
                 assert!(p.max_pages == 0 || r.tried <= p.max_pages, "{r:?}");
             }
@@ -295,12 +316,18 @@ fuzz_target!(|input: Input| {
     // Discard everything: nothing may stay stored or charged.
     ctx.discard(0, size).expect("discard all");
     ctx.flush_frees();
-    assert!(store.settle_frees(Duration::from_secs(10)), "frees never settled");
+    assert!(
+        store.settle_frees(Duration::from_secs(10)),
+        "frees never settled"
+    );
     let s = store.stats();
     let c = &s.counters;
     assert_eq!(c.stored_pages, 0, "{c:?}");
     assert_eq!(c.same_pages, 0, "{c:?}");
     assert_eq!(c.huge_pages, 0, "{c:?}");
     assert_eq!(c.compr_data_size, 0, "{c:?}");
-    assert_eq!(s.mem_used_total, 0, "memory left after discarding everything");
+    assert_eq!(
+        s.mem_used_total, 0,
+        "memory left after discarding everything"
+    );
 });

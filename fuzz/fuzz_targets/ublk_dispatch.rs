@@ -12,7 +12,7 @@
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
 use zblk::{Store, PAGE_SIZE};
-use zblk_fuzz::{make_data, Fill, Setup};
+use zblk_fuzz::{fill_data, Fill, Setup};
 use zblk_ublk::io::{dispatch, handle_io, IoDesc, RateLimit};
 
 #[derive(Arbitrary, Debug)]
@@ -99,14 +99,26 @@ fuzz_target!(|input: Input| {
         };
         assert_eq!(iod.op(), op);
         if op == 1 {
-            buf = make_data(std::slice::from_ref(&d.fill), buf_len, i as u64 * 64);
+            // The data the WRITE carries (at most the buffer), in place: the
+            // same bytes as a whole buffer of `make_data` would start with.
+            // Building the whole buffer for every write (up to 32 pages,
+            // freshly allocated) was 30% of this target's time (perf);
+            // the rest stays a sentinel, which the model never holds for
+            // a written page, so a write taking more than its length shows.
+            let n = (nr_sectors as usize).saturating_mul(512).min(buf_len);
+            fill_data(std::slice::from_ref(&d.fill), &mut buf[..n], i as u64 * 64);
+            buf[n..].fill(0xA5);
         } else {
             buf.fill(0xA5);
         }
         let want = expected(op, start_sector, nr_sectors, size, buf_len);
         let got = if d.via_handle {
             let r = handle_io(&mut ctx, &iod, &mut buf, &mut log);
-            if r < 0 { Err(r) } else { Ok(r) }
+            if r < 0 {
+                Err(r)
+            } else {
+                Ok(r)
+            }
         } else {
             dispatch(&mut ctx, &iod, &mut buf).map_err(|(errno, _)| errno)
         };
