@@ -23,6 +23,17 @@ fn check(a: &SlabAllocator, h: Handle, len: usize, seed: u64) {
     }
 }
 
+/// Fills fresh objects `hs` of `len` bytes with their index's pattern,
+/// then checks them all.
+fn fill_then_check(a: &SlabAllocator, hs: &[Handle], len: usize) {
+    for (i, &h) in hs.iter().enumerate() {
+        fill(a, h, len, i as u64);
+    }
+    for (i, &h) in hs.iter().enumerate() {
+        check(a, h, len, i as u64);
+    }
+}
+
 #[test]
 fn handles_round_trip() {
     for (c, id, idx) in [(0, 0, 0), (254, MAX_ID - 1, 4095), (17, 123_456, 1023)] {
@@ -270,12 +281,7 @@ fn mlock_config_works_or_degrades() {
     });
     let mut hs = Vec::new();
     a.alloc_bulk(&[3000; 10], &[0; 10], &mut hs).unwrap();
-    for (i, &h) in hs.iter().enumerate() {
-        fill(&a, h, 3000, i as u64);
-    }
-    for (i, &h) in hs.iter().enumerate() {
-        check(&a, h, 3000, i as u64);
-    }
+    fill_then_check(&a, &hs, 3000);
     a.free_bulk(&hs);
     assert_eq!(a.mem_used_total(), 0);
 }
@@ -326,12 +332,7 @@ fn mlocked_zspages_are_locked_while_live() {
         // SAFETY: a live handle's object address, only looked at.
         let addr = unsafe { a.object_ptr(hs[0], 3000) } as usize;
         assert!(locked_kb_at(addr) >= 40 * 3000 / 1024, "zspages locked");
-        for (i, &h) in hs.iter().enumerate() {
-            fill(&a, h, 3000, i as u64);
-        }
-        for (i, &h) in hs.iter().enumerate() {
-            check(&a, h, 3000, i as u64);
-        }
+        fill_then_check(&a, &hs, 3000);
         a.free_bulk(&hs);
         assert_eq!(a.mem_used_total(), 0);
         // Given back: nothing of the chunk stays locked, but it is still
