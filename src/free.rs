@@ -14,8 +14,10 @@
 //! exiting with up to 1 GiB swapped out never waits for the allocator).
 //! When it is full the drain has fallen that far behind, and the discarding
 //! thread frees its batch synchronously, so detached-but-unfreed objects
-//! never number more than the bound, plus what the drain is freeing at that
-//! moment (at most `DRAIN_CHUNK`, 1024), plus one partial batch per queue.
+//! never number more than the bound, plus what the drain, or a thread
+//! settling the queue ([`Freer::settle`]: a stat, a compaction), is freeing
+//! at that moment (at most `DRAIN_CHUNK`, 1024, each), plus one partial
+//! batch per queue.
 //! They are objects the store held just before, so the bound caps how long
 //! memory lags behind discards, not growth beyond the store's peak.
 //!
@@ -121,7 +123,8 @@ struct Shared {
     spare: ArrayQueue<Vec<Handle>>,
     /// Handles freed so far, by any path.
     freed: AtomicU64,
-    /// Handles in the queue or being freed by the drain right now.
+    /// Handles in the queue or being freed right now (by the drain or a
+    /// settling thread).
     queued: AtomicU64,
     sleeping: AtomicBool,
     stop: AtomicBool,
@@ -157,6 +160,20 @@ impl Shared {
         return self.stalled.load(Ordering::SeqCst);
         #[cfg(not(feature = "test-support"))]
         false
+    }
+
+    /// Frees queued batches up to about [`DRAIN_CHUNK`] handles; returns
+    /// whether there was anything.
+    fn drain_chunk(&self, buf: &mut Vec<Handle>) -> bool {
+        let mut any = false;
+        while buf.len() < DRAIN_CHUNK {
+            let Some(b) = self.queue.pop() else { break };
+            any = true;
+            buf.extend_from_slice(&b);
+            self.recycle(b);
+        }
+        self.free_chunk(buf);
+        any
     }
 
     /// Frees everything queued; returns whether there was anything.
@@ -358,7 +375,9 @@ impl Freer {
             // runs at batch priority and a busy machine starves it (a fuzz
             // target spent more than half its wall time in this wait). A
             // stalled drain (tests) stands for nobody freeing at all.
-            if !self.shared.is_stalled() && self.shared.drain_once(&mut buf) {
+            // A chunk at a time, so the timeout holds against a queue that
+            // discards keep refilling.
+            if !self.shared.is_stalled() && self.shared.drain_chunk(&mut buf) {
                 continue;
             }
             // What is left is being freed by the drain right now.

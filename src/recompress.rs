@@ -173,14 +173,14 @@ fn recompress_page(
     buf: &mut [u8],
     dst: &mut [u8],
 ) -> Result<Outcome> {
-    let e = {
+    let (e, print) = {
         let guard = table.lock(page);
         let e = guard.entry();
         if !selected(&e, p) {
             return Ok(Outcome::Skipped);
         }
         read_entry(table, st, page, &e, buf)?;
-        e
+        (e, fingerprint(table, &e))
     };
     let old = e.len as usize;
     let budget = old - old * MIN_SAVING_PERCENT / 100;
@@ -206,7 +206,9 @@ fn recompress_page(
     crate::inject::point("recompress:planned");
     let mut guard = table.lock(page);
     let cur = guard.entry();
-    if !cur.same_object(&e) {
+    // The same entry may be a new object at a reused handle (the page
+    // overwritten and its old object freed meanwhile): its bytes tell.
+    if !cur.same_object(&e) || fingerprint(table, &cur) != print {
         drop(guard);
         alloc.free_bulk(&st.plan.handles);
         return Ok(Outcome::Tried);
@@ -526,6 +528,20 @@ fn abandon(table: &SlotTable, st: &mut CtxState, new: &Entry, pos: usize) {
     } else {
         st.shard.add(Counter::PackedDeadBytes, mine);
     }
+}
+
+/// A CRC of the per-page object of `e` (whose slot lock the caller holds);
+/// 0 for other entries (a packed group's header holds a live mask other
+/// slots change: groups are told apart by their id, `packed::object_id`).
+fn fingerprint(table: &SlotTable, e: &Entry) -> u32 {
+    if !matches!(e.kind, Kind::Huge | Kind::Compressed) {
+        return 0;
+    }
+    let h = e.val;
+    // SAFETY: the caller's slot lock keeps the object (of the entry's
+    // length) alive and in place; published objects are never written.
+    let obj = unsafe { table.allocator().bytes(h, 0, e.len as usize) };
+    crate::backing::object_crc(0, obj)
 }
 
 /// Marks the huge page `e` of `page` as one the secondary algorithm

@@ -266,6 +266,16 @@ fn flush(
     Ok(())
 }
 
+/// Whether the RAM object of `cur` (whose slot lock the caller holds)
+/// holds exactly `copied`.
+fn same_bytes(table: &SlotTable, cur: &Entry, copied: &[u8]) -> bool {
+    // SAFETY: the caller's slot lock keeps the object (of `copied.len()`
+    // bytes, the entry's length) alive and in place; published objects are
+    // never written.
+    let now = unsafe { table.allocator().bytes(cur.val, 0, copied.len()) };
+    now == copied
+}
+
 /// One `pwrite` per run of contiguous reserved blocks.
 fn write_runs(backing: &Backing, batch: &Batch) -> std::io::Result<()> {
     let b = &batch.blocks;
@@ -302,7 +312,12 @@ fn switch(
     };
     let mut guard = table.lock(it.page);
     let cur = guard.entry();
-    if !cur.same_object(&it.entry) {
+    // The same entry is not enough: the page may have been overwritten
+    // meanwhile, its old object freed and the new one, of the same size,
+    // given the same handle (seen: a page read back one version old). The
+    // bytes tell; equal bytes are the same page whatever happened.
+    if !cur.same_object(&it.entry) || !same_bytes(table, &cur, &batch.buf.as_slice()[at..at + len])
+    {
         drop(guard);
         backing.release(block);
         r.raced += 1;

@@ -540,6 +540,19 @@ fn versioned(page: u64, version: u64) -> Vec<u8> {
     p
 }
 
+/// What a page read back holds, for a failure message: zeros, or the page
+/// and version in its first 16 bytes and whether the rest is that
+/// version's text.
+fn describe(buf: &[u8]) -> String {
+    if buf.iter().all(|&b| b == 0) {
+        return "zeros".to_string();
+    }
+    let page = u64::from_le_bytes(buf[..8].try_into().unwrap());
+    let version = u64::from_le_bytes(buf[8..16].try_into().unwrap());
+    let whole = buf == versioned(page, version);
+    format!("page {page} version {version} (whole: {whole})")
+}
+
 #[test]
 fn writeback_racing_writes_reads_and_discards_loses_nothing() {
     const N: u64 = 256;
@@ -605,8 +618,16 @@ fn writeback_racing_writes_reads_and_discards_loses_nothing() {
     for (p, v) in last.iter().enumerate() {
         ctx.read(p as u64 * P, &mut buf).unwrap();
         match v {
-            Some(v) => assert!(buf == versioned(p as u64, *v), "page {p}"),
-            None => assert!(buf.iter().all(|&b| b == 0), "page {p}"),
+            Some(v) => assert!(
+                buf == versioned(p as u64, *v),
+                "page {p}: version {v} written last, read {}",
+                describe(&buf)
+            ),
+            None => assert!(
+                buf.iter().all(|&b| b == 0),
+                "page {p}: discarded last, read {}",
+                describe(&buf)
+            ),
         }
     }
     ctx.discard(0, N * P).unwrap();

@@ -92,8 +92,10 @@ impl SlabAllocator {
                 st.live_zspages += 1;
                 live += 1;
                 if self.mlock {
-                    // Locks it (its pages are in the file already); a
-                    // failure is the warning `back` logs.
+                    // Locks it (its pages are in the file already, so
+                    // populating only maps them). Its result is ignored:
+                    // the zspage is live whatever happens, and a refused
+                    // lock leaves it unlocked, as a failed mlock did.
                     self.back(class, id);
                 }
             }

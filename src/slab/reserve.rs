@@ -64,6 +64,9 @@ pub(super) const BOXES_KEPT: usize = 6;
 const RESERVE_BYTES: u32 = 64 << 10;
 /// ...but room for at least one object and at most sixteen.
 const RESERVE_OBJECTS: u32 = 16;
+/// Spares the provisioner makes per class-lock hold (at most half the
+/// room [`HEADROOM`] keeps in the vectors they go to).
+const SPARES_AT_ONCE: usize = HEADROOM / 2;
 /// Missed objects a class remembers (what the provisioner adds room for).
 pub(super) const MISSED_MAX: u32 = 256;
 
@@ -402,6 +405,8 @@ impl SlabAllocator {
             let st = lock(class);
             self.reserve_want(class, &st).saturating_sub(st.spare.len())
         };
+        // Allocated here, off the class lock.
+        let mut ids: Vec<u64> = Vec::with_capacity(SPARES_AT_ONCE);
         loop {
             let mut st = lock(class);
             let want = self.reserve_want(class, &st);
@@ -421,11 +426,13 @@ impl SlabAllocator {
                 st.missed = 0;
                 return did;
             }
-            let n = budget.min(want - st.spare.len());
+            // At most SPARES_AT_ONCE: the pushes under the lock stay within
+            // the room make_room keeps (HEADROOM).
+            let n = budget.min(want - st.spare.len()).min(SPARES_AT_ONCE);
             if n == 0 {
                 return did;
             }
-            let added = self.add_spares(class, st, n);
+            let added = self.add_spares(class, st, n, &mut ids);
             if added == 0 {
                 return did;
             }
@@ -454,13 +461,16 @@ impl SlabAllocator {
     /// lock `st`, their pages backed after letting go of it, neighbours in
     /// one call. Returns how many it made: fewer when it could not (limit,
     /// address space, memory).
+    /// `ids` is scratch room for `n` ids, allocated by the caller before it
+    /// took the lock.
     fn add_spares(
         &self,
         class: &SizeClass,
         mut st: std::sync::MutexGuard<'_, ClassState>,
         n: usize,
+        ids: &mut Vec<u64>,
     ) -> usize {
-        let mut ids: Vec<u64> = Vec::with_capacity(n);
+        ids.clear();
         for _ in 0..n {
             if !self.charge_spare(class) {
                 break;
@@ -475,13 +485,13 @@ impl SlabAllocator {
         ids.sort_unstable();
         // Nobody else knows these ids meanwhile: they are in no list.
         let mut failed = Vec::new();
-        super::for_id_runs(&ids, |first, k| {
+        super::for_id_runs(ids, |first, k| {
             if !self.back_run(class, first, k) {
                 failed.extend(first..first + k as u64);
             }
         });
         let mut st = lock(class);
-        for &id in &ids {
+        for &id in ids.iter() {
             if failed.binary_search(&id).is_err() {
                 st.spare.push(id);
             }

@@ -171,7 +171,7 @@ impl ChunkDir {
         }
         match self.map_chunk(c, len) {
             Some(p) => {
-                if self.lock && lock_on_fault(p, len) {
+                if self.lock && may_lock_unbounded() && lock_on_fault(p, len) {
                     self.on_fault.fetch_or(1 << c, Ordering::Relaxed);
                 }
                 slot.store(p, Ordering::Release);
@@ -239,6 +239,31 @@ fn lock_on_fault(addr: usize, len: usize) -> bool {
     unsafe { libc::mlock2(addr as *const libc::c_void, len, libc::MLOCK_ONFAULT) == 0 }
 }
 
+/// Whether this process may lock any amount of memory (`RLIMIT_MEMLOCK`
+/// unlimited, or `CAP_IPC_LOCK`, as the daemon has): locking a chunk on
+/// fault counts its whole size against the limit, which a limited process
+/// would spend on address space it never backs.
+fn may_lock_unbounded() -> bool {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes only the struct behind the valid pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } == 0
+        && lim.rlim_cur == libc::RLIM_INFINITY
+    {
+        return true;
+    }
+    const CAP_IPC_LOCK: u32 = 14;
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|st| {
+            let hex = st.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+            u64::from_str_radix(hex.trim(), 16).ok()
+        })
+        .is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0)
+}
+
 /// Locks a new zspage's pages in RAM where its chunk is not locked on
 /// fault; `mlock` also backs them. Returns false if the OS refused.
 /// Released zspages keep their lock ([`release_range`]), so the mappings
@@ -293,6 +318,11 @@ pub fn release_range(addr: usize, len: usize, locked: bool) {
             "slab: cannot give {len} bytes back to the OS: {}",
             std::io::Error::last_os_error()
         );
+    }
+    // The range of a chunk locked on fault must stay so: a zspage made
+    // there later is only populated. Locking on fault backs nothing.
+    if locked {
+        lock_on_fault(addr, len);
     }
 }
 

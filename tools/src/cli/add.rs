@@ -116,8 +116,9 @@ fn make_swap(bdev: &Path, priority: i32, discard: Discard) -> CliResult {
 /// Swap readahead: 2^N pages per swap-in.
 const PAGE_CLUSTER: &str = "/proc/sys/vm/page-cluster";
 
-/// Below this `vm.page-cluster` a swap-in is one round trip per page or
-/// two: 3.4x zram's swap-in time at 0, 1.3x at 3 (BENCHMARKS.md,
+/// Below this `vm.page-cluster` a swap-in request carries at most 4 pages,
+/// each a round trip to the daemon: at 0 (one page a request) a usemem run
+/// took 3.4-3.6x zram's time in the qemu guest, at 3 1.29x (BENCHMARKS.md,
 /// "Readahead"). zram guides (and some distributions, for zram) set 0.
 const MIN_PAGE_CLUSTER: u32 = 3;
 
@@ -132,7 +133,7 @@ fn warn_small_readahead(text: Option<&str>) -> bool {
     }
     log::warn!(
         "vm.page-cluster is {n}: swap-ins from a userspace device pay a round trip per {} page(s); \
-         set it to {MIN_PAGE_CLUSTER} or more (sysctl vm.page-cluster=5) for zblk swap",
+         set it to {MIN_PAGE_CLUSTER} or more (sysctl vm.page-cluster={MIN_PAGE_CLUSTER}) for zblk swap",
         1u32 << n
     );
     true
