@@ -176,18 +176,13 @@ impl Shared {
         any
     }
 
-    /// Frees everything queued; returns whether there was anything.
+    /// Frees everything queued, a chunk at a time; returns whether there
+    /// was anything.
     fn drain_once(&self, buf: &mut Vec<Handle>) -> bool {
         let mut any = false;
-        while let Some(b) = self.queue.pop() {
+        while self.drain_chunk(buf) {
             any = true;
-            buf.extend_from_slice(&b);
-            self.recycle(b);
-            if buf.len() >= DRAIN_CHUNK {
-                self.free_chunk(buf);
-            }
         }
-        self.free_chunk(buf);
         any
     }
 

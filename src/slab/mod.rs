@@ -358,6 +358,9 @@ impl SlabAllocator {
     fn build(cfg: SlabConfig, shm: Option<Arc<SharedMem>>) -> Self {
         let table = ClassTable::new();
         let shared = shm.is_some();
+        // Chunks locked on fault where locking costs no limit (one look at
+        // the process's limits and capabilities, not one per chunk).
+        let chunk_lock = cfg.mlock && vm::may_lock_unbounded();
         let classes = table
             .specs
             .iter()
@@ -373,9 +376,9 @@ impl SlabAllocator {
                     dir: match &shm {
                         Some(shm) => {
                             let region = crate::shm::class_region(index).0;
-                            ChunkDir::shared(bytes, cfg.mlock, shm.clone(), region)
+                            ChunkDir::shared(bytes, chunk_lock, shm.clone(), region)
                         }
-                        None => ChunkDir::new(bytes, cfg.mlock),
+                        None => ChunkDir::new(bytes, chunk_lock),
                     },
                     state: Mutex::new(ClassState::default()),
                 }

@@ -308,15 +308,7 @@ fn locked_kb_at(addr: usize) -> u64 {
 
 #[test]
 fn mlocked_zspages_are_locked_while_live() {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: a plain query of this process's limit into a local struct.
-    unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) };
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    if lim.rlim_cur != libc::RLIM_INFINITY && !root {
+    if !vm::may_lock_unbounded() {
         eprintln!("skipped: this process may not lock unlimited memory");
         return;
     }

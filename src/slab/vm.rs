@@ -53,7 +53,8 @@ fn chunk_first(c: usize) -> u64 {
 /// Written under the class lock, read without it.
 pub struct ChunkDir {
     bases: [AtomicUsize; MAX_CHUNKS],
-    /// Lock chunks in RAM on fault when mapping them (a slab that mlocks).
+    /// Lock chunks in RAM on fault when mapping them (a slab that mlocks,
+    /// in a process that may lock without limit: [`may_lock_unbounded`]).
     lock: bool,
     /// Bit `c`: chunk `c` is locked on fault, so populating a zspage of it
     /// also locks the zspage ([`Self::locked_on_fault`]).
@@ -171,7 +172,7 @@ impl ChunkDir {
         }
         match self.map_chunk(c, len) {
             Some(p) => {
-                if self.lock && may_lock_unbounded() && lock_on_fault(p, len) {
+                if self.lock && lock_on_fault(p, len) {
                     self.on_fault.fetch_or(1 << c, Ordering::Relaxed);
                 }
                 slot.store(p, Ordering::Release);
@@ -242,8 +243,8 @@ fn lock_on_fault(addr: usize, len: usize) -> bool {
 /// Whether this process may lock any amount of memory (`RLIMIT_MEMLOCK`
 /// unlimited, or `CAP_IPC_LOCK`, as the daemon has): locking a chunk on
 /// fault counts its whole size against the limit, which a limited process
-/// would spend on address space it never backs.
-fn may_lock_unbounded() -> bool {
+/// would spend on address space it never backs. Asked once per slab.
+pub(super) fn may_lock_unbounded() -> bool {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
