@@ -34,7 +34,7 @@ use crate::error::{Error, Result};
 use crate::packed;
 use crate::page::PAGE_SIZE;
 use crate::read::read_entry;
-use crate::slot::{Entry, Kind, ATIME_MASK, INCOMPRESSIBLE};
+use crate::slot::{Entry, Kind, SlotGuard, ATIME_MASK, INCOMPRESSIBLE};
 use crate::stats::Counter;
 use crate::table::SlotTable;
 use serde::Serialize;
@@ -173,14 +173,17 @@ fn recompress_page(
     buf: &mut [u8],
     dst: &mut [u8],
 ) -> Result<Outcome> {
-    let (e, print) = {
+    // The object as it was, to tell at the switch whether the slot still
+    // holds it (`SlotTable::holds_object`).
+    let mut was = [0u8; PAGE_SIZE];
+    let (e, was_len) = {
         let guard = table.lock(page);
         let e = guard.entry();
         if !selected(&e, p) {
             return Ok(Outcome::Skipped);
         }
         read_entry(table, st, page, &e, buf)?;
-        (e, fingerprint(table, &e))
+        (e, copy_object(table, &guard, &mut was))
     };
     let old = e.len as usize;
     let budget = old - old * MIN_SAVING_PERCENT / 100;
@@ -206,9 +209,8 @@ fn recompress_page(
     crate::inject::point("recompress:planned");
     let mut guard = table.lock(page);
     let cur = guard.entry();
-    // The same entry may be a new object at a reused handle (the page
-    // overwritten and its old object freed meanwhile): its bytes tell.
-    if !cur.same_object(&e) || fingerprint(table, &cur) != print {
+    // The same entry may be a new object at a reused handle: the bytes tell.
+    if !cur.same_object(&e) || !table.holds_object(&guard, &was[..was_len]) {
         drop(guard);
         alloc.free_bulk(&st.plan.handles);
         return Ok(Outcome::Tried);
@@ -530,18 +532,21 @@ fn abandon(table: &SlotTable, st: &mut CtxState, new: &Entry, pos: usize) {
     }
 }
 
-/// A CRC of the per-page object of `e` (whose slot lock the caller holds);
-/// 0 for other entries (a packed group's header holds a live mask other
-/// slots change: groups are told apart by their id, `packed::object_id`).
-fn fingerprint(table: &SlotTable, e: &Entry) -> u32 {
-    if !matches!(e.kind, Kind::Huge | Kind::Compressed) {
+/// Copies the per-page object the slot `guard` holds (locked by the
+/// caller) to the front of `to`; returns its length (0 for any other
+/// entry: per-page stores hold no packed ones).
+fn copy_object(table: &SlotTable, guard: &SlotGuard<'_>, to: &mut [u8; PAGE_SIZE]) -> usize {
+    let e = guard.entry();
+    let len = e.len as usize;
+    if !matches!(e.kind, Kind::Huge | Kind::Compressed) || len > PAGE_SIZE {
         return 0;
     }
-    let h = e.val;
-    // SAFETY: the caller's slot lock keeps the object (of the entry's
-    // length) alive and in place; published objects are never written.
-    let obj = unsafe { table.allocator().bytes(h, 0, e.len as usize) };
-    crate::backing::object_crc(0, obj)
+    // SAFETY: the caller's slot lock (the guard) keeps the object, of the
+    // entry's length, alive and in place; published objects are never
+    // written.
+    let obj = unsafe { table.allocator().bytes(e.val, 0, len) };
+    to[..len].copy_from_slice(obj);
+    len
 }
 
 /// Marks the huge page `e` of `page` as one the secondary algorithm

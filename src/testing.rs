@@ -7,6 +7,10 @@ use crate::alloc::{Handle, Relocate};
 /// `ZBLK_CRASH_AT` in the engine's `inject` module).
 pub use crate::inject::passed as crash_points_passed;
 
+/// Runs a hook of the test's at every crash point this thread passes
+/// (see the engine's `inject` module): a race made to happen where it can.
+pub use crate::inject::on_point as on_crash_point;
+
 /// Failure points (see the engine's `fault` module and
 /// docs/fault-injection.md): arm one by name for its Nth pass on this
 /// thread, count passes, see whether it fired.

@@ -13,7 +13,8 @@
 //! held: reserving blocks in the free map, the `pwrite` of the batch (one
 //! per run of contiguous blocks), the CRCs. Then each slot is locked once
 //! more, only to switch it: if it still holds the very object that was
-//! copied (`Entry::same_object`, as recompression does), it becomes a
+//! copied (the same entry and the same bytes, `SlotTable::holds_object`,
+//! as recompression checks), it becomes a
 //! written-back entry (kind 5) with its access time and idle mark, and the
 //! RAM object is released to the free batch; if a write or discard came in
 //! between, that write wins and the object's place in the backing store is
@@ -266,16 +267,6 @@ fn flush(
     Ok(())
 }
 
-/// Whether the RAM object of `cur` (whose slot lock the caller holds)
-/// holds exactly `copied`.
-fn same_bytes(table: &SlotTable, cur: &Entry, copied: &[u8]) -> bool {
-    // SAFETY: the caller's slot lock keeps the object (of `copied.len()`
-    // bytes, the entry's length) alive and in place; published objects are
-    // never written.
-    let now = unsafe { table.allocator().bytes(cur.val, 0, copied.len()) };
-    now == copied
-}
-
 /// One `pwrite` per run of contiguous reserved blocks.
 fn write_runs(backing: &Backing, batch: &Batch) -> std::io::Result<()> {
     let b = &batch.blocks;
@@ -312,11 +303,9 @@ fn switch(
     };
     let mut guard = table.lock(it.page);
     let cur = guard.entry();
-    // The same entry is not enough: the page may have been overwritten
-    // meanwhile, its old object freed and the new one, of the same size,
-    // given the same handle (seen: a page read back one version old). The
-    // bytes tell; equal bytes are the same page whatever happened.
-    if !cur.same_object(&it.entry) || !same_bytes(table, &cur, &batch.buf.as_slice()[at..at + len])
+    // The same entry is not enough (a reused handle): the bytes tell.
+    if !cur.same_object(&it.entry)
+        || !table.holds_object(&guard, &batch.buf.as_slice()[at..at + len])
     {
         drop(guard);
         backing.release(block);
