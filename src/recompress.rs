@@ -536,17 +536,9 @@ fn abandon(table: &SlotTable, st: &mut CtxState, new: &Entry, pos: usize) {
 /// caller) to the front of `to`; returns its length (0 for any other
 /// entry: per-page stores hold no packed ones).
 fn copy_object(table: &SlotTable, guard: &SlotGuard<'_>, to: &mut [u8; PAGE_SIZE]) -> usize {
-    let e = guard.entry();
-    let len = e.len as usize;
-    if !matches!(e.kind, Kind::Huge | Kind::Compressed) || len > PAGE_SIZE {
-        return 0;
-    }
-    // SAFETY: the caller's slot lock (the guard) keeps the object, of the
-    // entry's length, alive and in place; published objects are never
-    // written.
-    let obj = unsafe { table.allocator().bytes(e.val, 0, len) };
-    to[..len].copy_from_slice(obj);
-    len
+    let obj = table.object_bytes(guard).unwrap_or_default();
+    to[..obj.len()].copy_from_slice(obj);
+    obj.len()
 }
 
 /// Marks the huge page `e` of `page` as one the secondary algorithm

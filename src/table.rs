@@ -126,24 +126,32 @@ impl SlotTable {
         crate::slab::populate_range(first, end - first)
     }
 
-    /// Whether the slot `guard` holds (locked by the caller, so its object
-    /// stays alive and in place) keeps its page in a RAM object of exactly
-    /// `bytes`. Writeback and recompression copy an object, work on the
-    /// copy off the lock, then switch the slot only if this holds: an
-    /// unchanged entry is not enough, since the page may have been
-    /// overwritten meanwhile and its new object, of the same size, given
-    /// the old object's freed handle (seen: a page read back one version
-    /// old). Equal bytes are the same page, whatever happened in between.
-    pub(crate) fn holds_object(&self, guard: &SlotGuard<'_>, bytes: &[u8]) -> bool {
+    /// The bytes of the per-page RAM object (huge or compressed, at most
+    /// a page) the slot `guard` holds, or None for any other entry. The
+    /// guard (the caller's slot lock) keeps the object alive and in place
+    /// while the bytes are borrowed.
+    pub(crate) fn object_bytes<'g>(&'g self, guard: &'g SlotGuard<'_>) -> Option<&'g [u8]> {
         let e = guard.entry();
-        if !matches!(e.kind, Kind::Huge | Kind::Compressed) || e.len as usize != bytes.len() {
-            return false;
+        let len = e.len as usize;
+        if !matches!(e.kind, Kind::Huge | Kind::Compressed) || len == 0 || len > PAGE_SIZE {
+            return None;
         }
-        // SAFETY: the caller's slot lock (the guard) keeps the object, of
-        // the entry's length, alive and in place; published objects are
-        // never written.
-        let now = unsafe { self.alloc.bytes(e.val, 0, bytes.len()) };
-        now == bytes
+        // SAFETY: the guard, borrowed as long as the bytes, keeps the slot
+        // locked, so its object (of the entry's length) stays alive and in
+        // place; published objects are never written.
+        Some(unsafe { self.alloc.bytes(e.val, 0, len) })
+    }
+
+    /// Whether the slot `guard` holds (locked by the caller) keeps its page
+    /// in a RAM object of exactly `bytes`. Writeback and recompression copy
+    /// an object, work on the copy off the lock, then switch the slot only
+    /// if this holds: an unchanged entry is not enough, since the page may
+    /// have been overwritten meanwhile and its new object, of the same
+    /// size, given the old object's freed handle (seen: a page read back
+    /// one version old). Equal bytes are the same page, whatever happened
+    /// in between.
+    pub(crate) fn holds_object(&self, guard: &SlotGuard<'_>, bytes: &[u8]) -> bool {
+        self.object_bytes(guard) == Some(bytes)
     }
 
     /// The allocator, shared (for a thread that outlives a borrow).

@@ -181,10 +181,10 @@ fn gather(
     if !selected(&e, kind) {
         return Gather::Skipped;
     }
-    let len = e.len as usize;
-    if len == 0 || len > PAGE_SIZE {
+    let Some(obj) = table.object_bytes(&guard) else {
         return Gather::Skipped;
-    }
+    };
+    let len = obj.len();
     let (mut blk, mut off) = (fill.blk, fill.off);
     if off + len > PAGE_SIZE {
         blk += 1;
@@ -194,10 +194,6 @@ fn gather(
         return Gather::Full;
     }
     let at = blk * PAGE_SIZE + off;
-    // SAFETY: the slot lock keeps the object (of `len` bytes: huge
-    // entries say 4096) alive and in place; published objects are never
-    // written.
-    let obj = unsafe { table.allocator().bytes(e.val, 0, len) };
     batch.buf.as_mut_slice()[at..at + len].copy_from_slice(obj);
     drop(guard);
     batch.items.push(Pending {
