@@ -670,7 +670,7 @@ impl Store {
             .clone();
         let recounted = self.past.gauges.iter().map(|s| &**s);
         let (counters, latency) = stats::merge(recounted.chain(shards.iter().map(|s| &**s)));
-        let queues = shards.iter().map(|s| stats::merge([&**s]).0).collect();
+        let queues = shards.iter().map(|s| stats::sum_counters([&**s])).collect();
         // Handles detached (counted per queue) minus those freed so far:
         // partial batches in contexts plus what the drain has not reached.
         let freed = self.table.frees().freed();

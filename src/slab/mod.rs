@@ -285,7 +285,7 @@ impl SizeClass {
 
 /// The size-class slab allocator.
 pub struct SlabAllocator {
-    table: ClassTable,
+    table: &'static ClassTable,
     classes: Box<[SizeClass]>,
     mem: MemAccount,
     mlock: bool,
@@ -347,7 +347,7 @@ impl SlabAllocator {
         mix(u64::from(IDX_BITS));
         mix(u64::from(CLASS_SHIFT));
         mix(vm::CHUNK0);
-        for spec in ClassTable::new().specs.iter() {
+        for spec in class::classes().specs.iter() {
             mix(u64::from(spec.size));
             mix(u64::from(spec.pages));
             mix(u64::from(spec.objs));
@@ -356,7 +356,7 @@ impl SlabAllocator {
     }
 
     fn build(cfg: SlabConfig, shm: Option<Arc<SharedMem>>) -> Self {
-        let table = ClassTable::new();
+        let table = class::classes();
         let shared = shm.is_some();
         // Chunks locked on fault where locking costs no limit (one look at
         // the process's limits and capabilities, not one per chunk).
