@@ -90,6 +90,41 @@ impl CtxState {
         }
     }
 
+    /// Faults in the memory this state's requests use, on the thread that
+    /// will serve them: every page of the scratch, gather and packed read
+    /// buffers (zero-allocated, so never touched yet), and the codec's
+    /// context, which allocates its workspace on its first call, by one
+    /// compression and decompression of a sample page (the thread's stack
+    /// and malloc arena with it). In a swap device the first request comes
+    /// when memory has run out: a queue thread that takes a fresh page
+    /// then, with `PR_SET_IO_FLUSHER` (no I/O from its reclaim) and nothing
+    /// reclaimable without I/O, loops in reclaim while the writes it should
+    /// complete hold everyone else (seen: a whole-machine run on 6.12 that
+    /// stored 1 page in 7 minutes, its queue thread in `do_anonymous_page`
+    /// reclaim). The daemon's `mlockall` then keeps these pages.
+    pub(crate) fn prefault(&mut self) {
+        for buf in [
+            &mut self.scratch,
+            &mut self.gather,
+            &mut self.pack_cache.pages,
+        ] {
+            for page in buf.chunks_mut(PAGE_SIZE) {
+                // SAFETY: `page` is a valid, exclusive slice of at least one
+                // byte; a volatile write so that the store is not elided.
+                unsafe { std::ptr::write_volatile(page.as_mut_ptr(), 0) };
+            }
+        }
+        let mut sample = [0u8; PAGE_SIZE];
+        for (i, b) in sample.iter_mut().enumerate() {
+            *b = (i % 251) as u8 ^ (i / 97) as u8;
+        }
+        let mut out = vec![0u8; 2 * PAGE_SIZE];
+        // Errors do not matter here: only the memory the calls touch does.
+        if let Ok(Some(n)) = self.codec.compress(&sample, &mut out) {
+            let _ = self.codec.decompress(&out[..n], &mut sample);
+        }
+    }
+
     /// This state with its phase timers off (the maintenance thread's).
     pub(crate) fn untimed(mut self) -> Self {
         self.timers = false;

@@ -897,6 +897,14 @@ impl QueueCtx {
         self.store.write_zeroes(&mut self.st, offset, len)
     }
 
+    /// Faults in, on the calling thread, the memory this context's requests
+    /// use (its buffers and its codec's workspace), so that the first
+    /// request, which a swap device gets when memory has run out, takes no
+    /// fresh page. A queue thread calls it before serving.
+    pub fn prefault(&mut self) {
+        self.st.prefault();
+    }
+
     /// Frees the handles this context has batched (idle timer, stat, exit).
     pub fn flush_frees(&mut self) {
         self.st.free.flush(self.store.table.frees());

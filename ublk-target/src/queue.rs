@@ -296,7 +296,9 @@ impl Queues {
     }
 
     /// Serves queue `qid` with the transport the device was created with.
-    fn serve_queue(&self, qs: &QueueShared, ctx: QueueCtx, qid: u16, dev: &UblkDev) {
+    fn serve_queue(&self, qs: &QueueShared, mut ctx: QueueCtx, qid: u16, dev: &UblkDev) {
+        // Before the first request, which comes when memory is short.
+        ctx.prefault();
         match Transport::of_flags(dev.dev_info.flags) {
             Transport::Classic => self.serve_classic(qs, ctx, qid, dev),
             Transport::Batch => self.serve_batch(qs, ctx, qid, dev),
