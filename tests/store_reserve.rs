@@ -118,9 +118,11 @@ fn plenty_of_free_memory_writer_backs_itself() {
     let (faults, store) = grow(cfg, &data);
     let st = store.stats();
     assert_eq!(st.reserve_misses, 0, "{st:?}");
-    // (The provisioner fills spares meanwhile, so the split varies; with
-    // the reserve forced the writer takes none.)
-    assert!(faults > 50, "only {faults} faults: the writer did not back");
+    // (The provisioner fills spares meanwhile, so the split varies with
+    // scheduling: hundreds on a quiet host, 40 once on a loaded one,
+    // where 50 was the bound; with the reserve forced the writer takes a
+    // few at most, its stack's and TLS's.)
+    assert!(faults > 10, "only {faults} faults: the writer did not back");
 }
 
 /// Under a memory limit the provisioner cannot charge new spares: writes
