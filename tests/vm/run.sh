@@ -83,6 +83,10 @@
 #   ZBLK_VM_NOBUILD=1  reuse the binaries already in target/ (no cargo build)
 #   ZBLK_VM_MONITOR=1  a qemu monitor socket and SysRq, to ask a stuck guest
 #                   where it is (see boot())
+#   ZBLK_VM_SYSRQ_SILENCE=SECS  with ZBLK_VM_MONITOR=1: when the console has
+#                   been silent SECS seconds, SysRq 9, w, l and m are sent by
+#                   tools/scripts/vm-sysrq-watch.py (again every 5 minutes
+#                   while it stays silent); the dumps land in console.log
 #   ZBLK_VM_ACCEL   qemu accelerator: tcg (default; works everywhere) or kvm
 #                   (much faster where /dev/kvm can run a stock kernel)
 #
@@ -476,10 +480,18 @@ boot() {
         accel+=(-monitor "unix:$WORK/monitor.sock,server,nowait")
         params="$params sysrq_always_enabled=1"
     fi
+    local watch=""
+    : >"$WORK/console.log"
+    if [ "${ZBLK_VM_MONITOR:-0}" = 1 ] && [ -n "${ZBLK_VM_SYSRQ_SILENCE:-}" ]; then
+        python3 "$REPO/tools/scripts/vm-sysrq-watch.py" "$WORK/console.log" \
+            "$WORK/monitor.sock" "$ZBLK_VM_SYSRQ_SILENCE" $$ &
+        watch=$!
+    fi
     timeout -k 10 "$TIMEOUT" qemu-system-x86_64 "${accel[@]}" -m "$MEM" -smp "$CPUS" \
         -nographic -no-reboot -kernel "$KDIR/vmlinuz" -initrd "$WORK/initrd.img" \
         -append "$params" </dev/null 2>&1 | tee "$WORK/console.log" | sed -u 's/\r$//'
     QEMU_RC=${PIPESTATUS[0]}
+    [ -n "$watch" ] && kill "$watch" 2>/dev/null
     set -e
 }
 

@@ -103,7 +103,7 @@ wm_sample() {
     d=""
     if [ "${1%%:*}" = zblk ]; then
         st=$(timeout 5 zblk stat -n "$ZID" --json 2>/dev/null | tr -d '\n')
-        d=" stored_pages=$(echo "$st" | jnum stored_pages) mem_used_total=$(echo "$st" | jnum mem_used_total) failed_writes=$(echo "$st" | jnum failed_writes)"
+        d=" stored_pages=$(echo "$st" | jnum stored_pages) mem_used_total=$(echo "$st" | jnum mem_used_total) failed_writes=$(echo "$st" | jnum failed_writes) mem_spare=$(echo "$st" | jnum mem_spare) reserve_misses=$(echo "$st" | jnum reserve_misses) reserve_refusals=$(echo "$st" | jnum reserve_refusals)"
     fi
     echo "$m pswpout=$(vmstat pswpout) pswpin=$(vmstat pswpin)$d"
 }
