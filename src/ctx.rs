@@ -18,6 +18,10 @@ use crate::stats::{Phase, StatsShard};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
+/// Bytes a queue thread's malloc arena is grown by before it serves
+/// (`CtxState::prefault`).
+const ARENA_ROOM: usize = 2 << 20;
+
 /// The mutable state of one queue thread, passed to the store's operations.
 pub(crate) struct CtxState {
     pub(crate) codec: Box<dyn Codec>,
@@ -114,6 +118,16 @@ impl CtxState {
                 unsafe { std::ptr::write_volatile(page.as_mut_ptr(), 0) };
             }
         }
+        // Room in the thread's malloc arena: growing it later is an
+        // `mprotect`, which waits for `mmap_lock`, and a fresh page besides.
+        // Freed at once, it stays in the arena (the daemon turns trimming
+        // off).
+        let mut room = vec![0u8; ARENA_ROOM];
+        for page in room.chunks_mut(PAGE_SIZE) {
+            // SAFETY: as above.
+            unsafe { std::ptr::write_volatile(page.as_mut_ptr(), 1) };
+        }
+        drop(room);
         let mut sample = [0u8; PAGE_SIZE];
         for (i, b) in sample.iter_mut().enumerate() {
             *b = (i % 251) as u8 ^ (i / 97) as u8;

@@ -506,6 +506,11 @@ impl SlabAllocator {
     /// chunk), in one call: under emulation a system call costs more than
     /// faulting in a page.
     fn back_run(&self, class: &SizeClass, first: u64, n: usize) -> bool {
+        self.back_run_by(class, first, n, Backing::Populate)
+    }
+
+    /// [`Self::back_run`], backing the pages as `how` says.
+    fn back_run_by(&self, class: &SizeClass, first: u64, n: usize, how: Backing) -> bool {
         let addr = class.dir.zspage_addr(first);
         let len = class.spec.zspage_bytes() * n;
         // A chunk locked on fault is locked by populating it.
@@ -523,7 +528,10 @@ impl SlabAllocator {
                 return true;
             }
         }
-        let backed = vm::populate_range(addr, len);
+        let backed = match how {
+            Backing::Populate => vm::populate_range(addr, len),
+            Backing::Touch => vm::touch_range(addr, len),
+        };
         !self.shared || (backed && !crate::fault::fail("shm:grow"))
     }
 
@@ -767,6 +775,24 @@ fn for_runs<T, K: PartialEq>(items: &[T], key: impl Fn(&T) -> K, mut f: impl FnM
         f(&items[start..end]);
         start = end;
     }
+}
+
+/// How new zspages get their pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Backing {
+    /// One `MADV_POPULATE_WRITE` per run of zspages: one system call, but
+    /// it holds the process's `mmap_lock` (for reading) for as long as its
+    /// page allocations wait in reclaim.
+    Populate,
+    /// A write fault per page ([`vm::touch_range`]): under the VMA's own
+    /// lock, so a thread that needs `mmap_lock` for writing meanwhile
+    /// (`mprotect` growing a malloc arena, `mmap`, `mlock`) does not wait
+    /// for this one's reclaim. The provisioner's way: its faults wait in
+    /// reclaim by design, and a queue thread stuck behind them on
+    /// `mmap_lock` completes no write, so reclaim never ends (seen on
+    /// 6.12: a queue thread in `mprotect` behind the provisioner's
+    /// `madvise`, every swap write held).
+    Touch,
 }
 
 /// Entries handled on the stack before falling back to the heap: a whole

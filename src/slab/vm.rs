@@ -19,6 +19,7 @@
 //! file: a recovering process maps the same chunks and finds every object
 //! where its handle says.
 
+use crate::page::PAGE_SIZE;
 use crate::shm::{SharedMem, CLASS_SPAN};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -287,6 +288,28 @@ pub fn populate_range(addr: usize, len: usize) -> bool {
     // visible (fresh pages read as zeros, present ones are left as they are).
     let r = unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_POPULATE_WRITE) };
     r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EINVAL)
+}
+
+/// Backs a range by writing to each of its pages: one write fault per page,
+/// taken under the VMA's lock rather than the process's `mmap_lock` (see
+/// `Backing::Touch`). Each page's first byte is written back as it was
+/// read. The caller owns the range: no other thread reads or writes it
+/// meanwhile (the provisioner's new spares are in no list yet). Returns
+/// true: a page the OS cannot give waits in the fault (or the OOM killer
+/// acts) rather than failing, so a store whose backing must be able to
+/// fail uses [`populate_range`].
+pub fn touch_range(addr: usize, len: usize) -> bool {
+    for off in (0..len).step_by(PAGE_SIZE) {
+        let p = (addr + off) as *mut u8;
+        // SAFETY: the range lies inside memory this process mapped
+        // read-write (a chunk of the slab) and the caller owns it, so the
+        // byte is valid and nobody races with the access. Volatile, so that
+        // the write (which takes the write fault) is not folded away: an
+        // atomic add of zero would be, into a load, which maps the shared
+        // zero page and leaves the writer the fault.
+        unsafe { std::ptr::write_volatile(p, std::ptr::read_volatile(p)) };
+    }
+    true
 }
 
 /// Gives a dead zspage's pages back to the OS. The range stays mapped and
