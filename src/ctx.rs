@@ -118,16 +118,7 @@ impl CtxState {
                 unsafe { std::ptr::write_volatile(page.as_mut_ptr(), 0) };
             }
         }
-        // Room in the thread's malloc arena: growing it later is an
-        // `mprotect`, which waits for `mmap_lock`, and a fresh page besides.
-        // Freed at once, it stays in the arena (the daemon turns trimming
-        // off).
-        let mut room = vec![0u8; ARENA_ROOM];
-        for page in room.chunks_mut(PAGE_SIZE) {
-            // SAFETY: as above.
-            unsafe { std::ptr::write_volatile(page.as_mut_ptr(), 1) };
-        }
-        drop(room);
+        crate::page::prefault_thread(ARENA_ROOM);
         let mut sample = [0u8; PAGE_SIZE];
         for (i, b) in sample.iter_mut().enumerate() {
             *b = (i % 251) as u8 ^ (i / 97) as u8;

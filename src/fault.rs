@@ -125,3 +125,30 @@ pub(crate) use imp::fail;
 pub(crate) fn fail(_name: &'static str) -> bool {
     false
 }
+
+/// The provisioner's stall point (test-support builds only): while a test
+/// holds it on ([`stall_provisioner`]), the provisioner waits where it
+/// would back new spares, as when its page faults wait in reclaim for a
+/// long time, so that a test can prove writes meanwhile fail or succeed
+/// within their bounded waits and never hang.
+#[cfg(feature = "test-support")]
+static STALL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Holds the provisioner at its stall point (`true`) or lets it go.
+#[cfg(feature = "test-support")]
+pub fn stall_provisioner(on: bool) {
+    STALL.store(on, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// The provisioner's stall point: waits while a test holds it on.
+#[cfg(feature = "test-support")]
+pub(crate) fn provisioner_stall_point() {
+    while STALL.load(std::sync::atomic::Ordering::SeqCst) {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// The provisioner's stall point (nothing without `test-support`).
+#[cfg(not(feature = "test-support"))]
+#[inline(always)]
+pub(crate) fn provisioner_stall_point() {}

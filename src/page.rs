@@ -1,4 +1,5 @@
-//! Page-sized helpers: the same-filled test and fills.
+//! Page-sized helpers: the same-filled test and fills, and faulting in a
+//! thread's own memory.
 
 /// Bytes in a page: the unit zblk stores.
 pub const PAGE_SIZE: usize = 4096;
@@ -36,6 +37,48 @@ pub fn fill_word(page: &mut [u8], word: u64) {
     for c in page.chunks_exact_mut(8) {
         c.copy_from_slice(&bytes);
     }
+}
+
+/// Bytes of stack [`prefault_thread`] touches: deeper than any path of the
+/// engine's threads goes.
+const STACK_ROOM: usize = 256 << 10;
+
+/// Faults in a thread's own memory before it serves: `arena` bytes of its
+/// malloc arena (allocated, touched and freed; it stays in the arena where
+/// trimming is off, as the daemon has it) and [`STACK_ROOM`] of its stack.
+///
+/// A swap device's threads run when memory has run out: a first touch of a
+/// heap or stack page then waits in reclaim, and one taken while holding a
+/// size class's lock stops every queue thread behind it (seen on 6.12: the
+/// provisioner in `do_anonymous_page`, both queue threads waiting on a
+/// lock, 256 swap writes held). Growing an arena later is also an
+/// `mprotect`, which waits for `mmap_lock`. The daemon's `mlockall` keeps
+/// these pages once touched.
+pub(crate) fn prefault_thread(arena: usize) {
+    let mut room = vec![0u8; arena];
+    for page in room.chunks_mut(PAGE_SIZE) {
+        // SAFETY: `page` is a valid, exclusive slice of at least one byte; a
+        // volatile write so that the store is not elided.
+        unsafe { std::ptr::write_volatile(page.as_mut_ptr(), 1) };
+    }
+    drop(room);
+    touch_stack(STACK_ROOM);
+}
+
+/// Touches `bytes` of the stack below the caller's frame.
+#[inline(never)]
+fn touch_stack(bytes: usize) {
+    const STEP: usize = 16 << 10;
+    let mut frame = [0u8; STEP];
+    for page in frame.chunks_mut(PAGE_SIZE) {
+        // SAFETY: `page` is a valid, exclusive slice of a local array;
+        // volatile so that the writes (one per page) are not elided.
+        unsafe { std::ptr::write_volatile(page.as_mut_ptr(), 1) };
+    }
+    if bytes > STEP {
+        touch_stack(bytes - STEP);
+    }
+    std::hint::black_box(&frame);
 }
 
 #[cfg(test)]

@@ -7,6 +7,10 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
+/// Bytes the provisioner's malloc arena is grown by before it starts: the
+/// owner tables and list room it allocates come from there.
+const ARENA_ROOM: usize = 1 << 20;
+
 /// The provisioner thread of one store.
 pub(crate) struct Provisioner {
     alloc: Arc<dyn ObjAllocator>,
@@ -23,8 +27,12 @@ impl Provisioner {
         let (a, s) = (alloc.clone(), stop.clone());
         match std::thread::Builder::new()
             .name("zblk-reserve".into())
-            .spawn(move || a.serve_reserve(&s))
-        {
+            .spawn(move || {
+                // Its page faults are to be the spares' alone, off every
+                // lock (see `crate::page::prefault_thread`).
+                crate::page::prefault_thread(ARENA_ROOM);
+                a.serve_reserve(&s)
+            }) {
             Ok(t) => Some(Provisioner {
                 alloc,
                 stop,

@@ -15,7 +15,7 @@ pub use crate::inject::on_point as on_crash_point;
 /// docs/fault-injection.md): arm one by name for its Nth pass on this
 /// thread, count passes, see whether it fired.
 pub mod faults {
-    pub use crate::fault::{arm, disarm, passes, take_fired, POINTS};
+    pub use crate::fault::{arm, disarm, passes, stall_provisioner, take_fired, POINTS};
 }
 use std::sync::Mutex;
 

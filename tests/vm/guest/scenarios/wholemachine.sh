@@ -17,6 +17,7 @@
 # zblk:zstd:packed against zram:lz4 and zram:zstd, zswap:lzo-rle against
 # it. ZBLK_WM_ROUNDS (default 1) repeats the list; the ratios are medians.
 # Knobs: zblk.wm_configs=zram:lz4,zblk:zstd:packed (commas), zblk.wm_factor,
+# zblk.wm_wsf (vm.watermark_scale_factor),
 # zblk.wm_rounds, zblk.wm_procs.
 #
 # Status (2026-12-01, 7.3): passes since the daemon keeps a memory reserve
@@ -48,6 +49,13 @@ total_mb=$(awk -v k="$mem_kb" -v f="$ZBLK_WM_FACTOR" 'BEGIN { printf "%d", k * f
 per_mb=$((total_mb / ZBLK_WM_PROCS))
 dev_mb=$((mem_kb * 2 / 1024))
 log "RAM $((mem_kb / 1024)) MB; workload $ZBLK_WM_PROCS x $per_mb MB ($pattern pages); devices $dev_mb MB"
+# zblk.wm_wsf=N: vm.watermark_scale_factor for every configuration (the
+# kernel's default is 10: kswapd wakes 0.1 % of RAM above the min
+# watermark, below which only the kernel's own reclaim may allocate).
+if [ -n "${ZBLK_WM_WSF:-}" ]; then
+    echo "$ZBLK_WM_WSF" >/proc/sys/vm/watermark_scale_factor || fail "watermark_scale_factor $ZBLK_WM_WSF refused"
+fi
+log "vm.watermark_scale_factor=$(cat /proc/sys/vm/watermark_scale_factor) min_free_kbytes=$(cat /proc/sys/vm/min_free_kbytes) DMA32 $(awk '/zone +DMA32/ { z = 1 } z && /^ +(min|low|high) / { printf "%s=%d MB ", $1, $2 * 4 / 1024 } z && /^ +high / { exit }' /proc/zoneinfo)"
 
 # Brings up the swap of configuration $1 (kind:algo[:mode]).
 wm_up() {
