@@ -73,7 +73,13 @@ wm_up() {
         ZBLK_ALGO=$algo0 ;;
     zblk)
         # shellcheck disable=SC2086 # extra is one word or none
-        zadd --size "${dev_mb}M" --algo "$algo" --mode "$mode" $extra --swap ;;
+        zadd --size "${dev_mb}M" --algo "$algo" --mode "$mode" $extra --swap
+        # zblk.wm_wbt=USEC: the device's writeback throttling latency
+        # (0: off; zram, a bio device, has none).
+        if [ -n "${ZBLK_WM_WBT:-}" ]; then
+            echo "$ZBLK_WM_WBT" >"/sys/block/${ZDEV#/dev/}/queue/wbt_lat_usec" || fail "wbt_lat_usec refused"
+        fi
+        log "${ZDEV#/dev/} wbt_lat_usec=$(cat "/sys/block/${ZDEV#/dev/}/queue/wbt_lat_usec" 2>/dev/null || echo none)" ;;
     zswap)
         [ -d "$ZSW" ] || fail "no zswap in this kernel ($ZSW missing)"
         rmmod brd 2>/dev/null
