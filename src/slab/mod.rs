@@ -443,6 +443,16 @@ impl SlabAllocator {
     /// Creates an empty zspage in `class` and links it into group 0. With a
     /// reserve, only from a spare: fresh pages are the provisioner's job.
     fn new_zspage(&self, class: &SizeClass, st: &mut ClassState) -> Result<u64, Refused> {
+        // Short of memory, an owner table comes only from those the
+        // provisioner made: one from the heap would be a fresh page for
+        // this (queue) thread, faulted in under the class lock, in reclaim
+        // (seen on 6.12: a queue thread in `do_anonymous_page` reclaim, and
+        // every swap write stuck). Boxes made by queue threads while memory
+        // was plentiful outlive them in the thread's own malloc arena, so
+        // its prefaulted room (`CtxState::prefault`) does not last.
+        if st.boxes.is_empty() && self.reserve.as_ref().is_some_and(Reserve::tight) {
+            return Err(Refused::ReserveEmpty);
+        }
         if let Some(id) = st.spare.pop() {
             // Still charged, backed and (if configured) locked.
             st.spare_used = true;
