@@ -8,24 +8,13 @@
 
 mod common;
 
-use common::{page, real_pages, Content};
+use common::{page, real_pages, thread_faults, Content};
 use std::time::{Duration, Instant};
 use zblk::testing::faults::stall_provisioner;
 use zblk::{Error, Mode, Store, StoreConfig, PAGE_SIZE};
 
 const PAGES: usize = 1024;
 const GROUP: usize = 8;
-
-/// Minor page faults the calling thread took so far.
-fn thread_faults() -> u64 {
-    // SAFETY: getrusage fills the struct it is given; zeroed is a valid
-    // starting value for a plain C struct.
-    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: as above; RUSAGE_THREAD asks about the calling thread.
-    let r = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) };
-    assert_eq!(r, 0, "getrusage: {}", std::io::Error::last_os_error());
-    u.ru_minflt as u64
-}
 
 fn config(mode: Mode) -> StoreConfig {
     let mut cfg = StoreConfig::new((2 * PAGES * PAGE_SIZE) as u64);

@@ -70,3 +70,14 @@ pub fn page(c: Content, real: &[u8]) -> Vec<u8> {
 pub fn same_filled(page: &[u8]) -> bool {
     page.chunks_exact(8).all(|w| w == &page[..8])
 }
+
+/// Minor page faults the calling thread took so far.
+pub fn thread_faults() -> u64 {
+    // SAFETY: getrusage fills the struct it is given; zeroed is a valid
+    // starting value for a plain C struct.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; RUSAGE_THREAD asks about the calling thread.
+    let r = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut u) };
+    assert_eq!(r, 0, "getrusage: {}", std::io::Error::last_os_error());
+    u.ru_minflt as u64
+}
