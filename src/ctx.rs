@@ -112,11 +112,7 @@ impl CtxState {
             &mut self.gather,
             &mut self.pack_cache.pages,
         ] {
-            for page in buf.chunks_mut(PAGE_SIZE) {
-                // SAFETY: `page` is a valid, exclusive slice of at least one
-                // byte; a volatile write so that the store is not elided.
-                unsafe { std::ptr::write_volatile(page.as_mut_ptr(), 0) };
-            }
+            crate::page::touch_pages(buf, 0);
         }
         crate::page::prefault_thread(ARENA_ROOM);
         let mut sample = [0u8; PAGE_SIZE];

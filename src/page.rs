@@ -56,13 +56,18 @@ const STACK_ROOM: usize = 256 << 10;
 /// these pages once touched.
 pub(crate) fn prefault_thread(arena: usize) {
     let mut room = vec![0u8; arena];
-    for page in room.chunks_mut(PAGE_SIZE) {
-        // SAFETY: `page` is a valid, exclusive slice of at least one byte; a
-        // volatile write so that the store is not elided.
-        unsafe { std::ptr::write_volatile(page.as_mut_ptr(), 1) };
-    }
+    touch_pages(&mut room, 1);
     drop(room);
     touch_stack(STACK_ROOM);
+}
+
+/// Writes `byte` to the first byte of each page of `buf`, so that every
+/// page is faulted in now; volatile, so that the writes are not elided.
+pub(crate) fn touch_pages(buf: &mut [u8], byte: u8) {
+    for page in buf.chunks_mut(PAGE_SIZE) {
+        // SAFETY: `page` is a valid, exclusive slice of at least one byte.
+        unsafe { std::ptr::write_volatile(page.as_mut_ptr(), byte) };
+    }
 }
 
 /// Touches `bytes` of the stack below the caller's frame.
@@ -70,11 +75,7 @@ pub(crate) fn prefault_thread(arena: usize) {
 fn touch_stack(bytes: usize) {
     const STEP: usize = 16 << 10;
     let mut frame = [0u8; STEP];
-    for page in frame.chunks_mut(PAGE_SIZE) {
-        // SAFETY: `page` is a valid, exclusive slice of a local array;
-        // volatile so that the writes (one per page) are not elided.
-        unsafe { std::ptr::write_volatile(page.as_mut_ptr(), 1) };
-    }
+    touch_pages(&mut frame, 1);
     if bytes > STEP {
         touch_stack(bytes - STEP);
     }
