@@ -7,7 +7,7 @@
 use crate::codec::{Algo, Codec};
 use crate::error::{Error, Result};
 use crate::free::DEFAULT_MAX_PENDING_BATCHES;
-use crate::page::{PAGE_SIZE, PAGE_SIZE_U64};
+use crate::page::{MAX_PAGES, PAGE_SIZE, PAGE_SIZE_U64};
 use serde::Serialize;
 use std::sync::Arc;
 
@@ -180,6 +180,13 @@ impl StoreConfig {
             return Err(Error::InvalidConfig(format!(
                 "size {} is not a non-zero multiple of 4096 bytes",
                 self.size
+            )));
+        }
+        if self.size / PAGE_SIZE_U64 > MAX_PAGES {
+            return Err(Error::InvalidConfig(format!(
+                "size {} is too large: at most {} bytes (256 TiB)",
+                self.size,
+                MAX_PAGES * PAGE_SIZE_U64
             )));
         }
         if usize::try_from(self.size / PAGE_SIZE_U64).is_err() {

@@ -11,12 +11,24 @@
 //! The object starts with a 32-byte header:
 //! `live` (atomic bit mask of group offsets still referenced by a slot),
 //! `orig` (offsets present in the blob), `base` (the group's first page, the
-//! object's owner for compaction) and `id` (unique per object, the key of
+//! object's owner for compaction, in the word's low 36 bits; its high 28
+//! bits seal the header, below) and `id` (unique per object, the key of
 //! the read cache). A slot clears its bit under its own lock; the slot that
 //! clears the last bit frees the object. Only `live` ever changes after the
 //! object is published, and only atomically (see the allocator's rules in
 //! `crate::slab`); everything else is read through shared views that start
 //! after it.
+//!
+//! The seal is a 28-bit hash of `orig`, `base` and `id`, checked before a
+//! read trusts them. Without it a corrupted header (a stray write, a bad
+//! DIMM) reads as a *different stored page*, which is worse than an error:
+//! an `orig` with a bit moved shifts the positions of the pages between,
+//! so a page decodes its group-mate's bytes, and an `id` changed to the one
+//! the read cache holds serves a page of another group. A page's own bytes
+//! can still be corrupted into anything (zram has no checksums either);
+//! what the seal rules out is reading through the wrong place. It costs no
+//! space: device pages fit in 36 bits (the shared-memory layout's 2^36
+//! slots, `StoreConfig::validate`), so `base` has 28 bits to spare.
 //!
 //! This module is all that knows the format: the write path asks it to pack
 //! a group ([`pack_group`]), the read path to produce a page
@@ -27,7 +39,7 @@ use crate::alloc::{Handle, ObjAllocator};
 use crate::codec::CodecError;
 use crate::ctx::CtxState;
 use crate::error::{Error, Result};
-use crate::page::{same_filled, PAGE_SIZE};
+use crate::page::{same_filled, MAX_PAGES, PAGE_SIZE};
 use crate::slot::{Entry, Kind};
 use crate::stats::{Counter, Phase};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,6 +51,12 @@ const LIVE_AT: usize = 0;
 /// Offset of the fixed fields (`orig`, `base`, `id`), which follow it.
 const FIELDS_AT: usize = 8;
 
+/// Bits of the `base` word that hold the group's first page (every page
+/// number of a store is below [`MAX_PAGES`]); the seal takes the rest.
+const BASE_BITS: u32 = MAX_PAGES.trailing_zeros();
+/// Offset of the `base` word in the header.
+const BASE_AT: usize = FIELDS_AT + 8;
+
 /// The fixed fields of a packed object's header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct PackHeader {
@@ -48,14 +66,27 @@ struct PackHeader {
     base: u64,
     /// Unique object id.
     id: u64,
+    /// The seal the header carries (the `base` word's high bits).
+    seal: u64,
 }
 
 impl PackHeader {
+    /// The header of a new object, sealed.
+    fn new(orig: u64, base: u64, id: u64) -> PackHeader {
+        PackHeader {
+            orig,
+            base,
+            id,
+            seal: seal(orig, base, id),
+        }
+    }
+
     /// The header of a new object: every page live.
     fn to_bytes(self) -> [u8; PACK_HEADER] {
         let mut b = [0u8; PACK_HEADER];
         b[LIVE_AT..LIVE_AT + 8].copy_from_slice(&self.orig.to_ne_bytes());
-        for (i, v) in [self.orig, self.base, self.id].into_iter().enumerate() {
+        let words = [self.orig, self.base | self.seal << BASE_BITS, self.id];
+        for (i, v) in words.into_iter().enumerate() {
             let at = FIELDS_AT + 8 * i;
             b[at..at + 8].copy_from_slice(&v.to_ne_bytes());
         }
@@ -71,9 +102,15 @@ impl PackHeader {
         };
         PackHeader {
             orig: word(0),
-            base: word(1),
+            base: word(1) & (MAX_PAGES - 1),
             id: word(2),
+            seal: word(1) >> BASE_BITS,
         }
+    }
+
+    /// Whether the fixed fields are as they were written.
+    fn intact(&self) -> bool {
+        self.seal == seal(self.orig, self.base, self.id)
     }
 
     /// Reads the fixed fields of the object at `h`.
@@ -93,13 +130,34 @@ impl PackHeader {
     }
 
     /// The position in the blob of the page slot entry `e` names, if the
-    /// header agrees with the entry: the page is in the blob, and the blob
-    /// holds as many pages as the slot says.
+    /// header is intact and agrees with the entry: the page is in the blob,
+    /// and the blob holds as many pages as the slot says.
     fn position_of(&self, e: &Entry) -> Option<usize> {
+        self.intact().then(|| self.agreeing(e)).flatten()
+    }
+
+    /// [`Self::position_of`] without the seal (a header of layout 3 and
+    /// before, which had none).
+    fn agreeing(&self, e: &Entry) -> Option<usize> {
         let pos = self.position(e.idx);
         let present = self.orig & (1u64 << e.idx) != 0;
         (present && self.orig.count_ones() == e.n as u32 && pos < e.n as usize).then_some(pos)
     }
+}
+
+/// The seal of a header's fixed fields: 28 bits of a hash over all three.
+/// Each field goes in through an odd multiplier (a bijection), and the
+/// finish is a bijection too, so changing any one field always changes
+/// the hash; 28 of its bits keep an arbitrary corruption of several
+/// fields passing with odds of one in 2^28.
+fn seal(orig: u64, base: u64, id: u64) -> u64 {
+    let mut h = orig.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+        ^ base.wrapping_mul(0xc2b2_ae3d_27d4_eb4f).rotate_left(21)
+        ^ id.wrapping_mul(0x1656_67b1_9e37_79f9).rotate_left(42);
+    h ^= h >> 31;
+    h = h.wrapping_mul(0xd6e8_feb8_6659_fd93);
+    h ^= h >> 32;
+    h >> BASE_BITS
 }
 
 /// Whether the object at `h` is aligned for the header's atomic live mask.
@@ -200,7 +258,7 @@ pub(crate) unsafe fn write_object(
     id: u64,
     blob: &[u8],
 ) {
-    let hdr = PackHeader { orig, base, id };
+    let hdr = PackHeader::new(orig, base, id);
     // SAFETY: the caller's contract.
     unsafe {
         alloc.write_fresh(h, 0, &hdr.to_bytes());
@@ -248,6 +306,9 @@ pub(crate) fn read_page(
     // SAFETY: the caller holds the lock of a slot referencing the object,
     // so it is live and stays put.
     let hdr = unsafe { PackHeader::read(alloc, e.val) };
+    if !hdr.intact() {
+        return Err("packed group header fails its seal (corrupt memory)".into());
+    }
     let Some(pos) = hdr.position_of(e) else {
         return Err("packed group header does not match its slot".into());
     };
@@ -340,6 +401,11 @@ pub(crate) unsafe fn clear_live(alloc: &dyn ObjAllocator, e: &Entry) -> (usize, 
 /// the mask to its own bit, later ones add theirs. Returns the page's
 /// position in the blob, or `None` if header and slot disagree.
 ///
+/// `unsealed`: the store was written by a layout before the seal (3 and
+/// older); the first page found of each object then checks its header
+/// without the seal and seals it, so that from then on every header of the
+/// store carries one and is checked.
+///
 /// # Safety
 /// `e`'s object is live (just claimed in the slab), at least
 /// `PACK_HEADER + e.len` bytes long, and nothing else uses the store.
@@ -347,13 +413,23 @@ pub(crate) unsafe fn recover_page(
     alloc: &dyn ObjAllocator,
     e: &Entry,
     first: bool,
+    unsealed: bool,
 ) -> Option<usize> {
     // SAFETY: the caller's contract.
     if !unsafe { aligned(alloc, e.val) } {
         return None;
     }
     // SAFETY: the caller's contract.
-    let pos = unsafe { PackHeader::read(alloc, e.val) }.position_of(e)?;
+    let hdr = unsafe { PackHeader::read(alloc, e.val) };
+    let pos = if unsealed && first && hdr.seal == 0 {
+        let pos = hdr.agreeing(e)?;
+        // SAFETY: the caller's contract (nothing else uses the store, so
+        // no view of these bytes is held); the word lies in the header.
+        unsafe { seal_in_place(alloc, e.val, hdr) };
+        pos
+    } else {
+        hdr.position_of(e)?
+    };
     let bit = 1u64 << e.idx;
     // SAFETY: the caller's contract; aligned, checked above.
     let live = unsafe { live_mask(alloc, e.val) };
@@ -363,6 +439,40 @@ pub(crate) unsafe fn recover_page(
         live.fetch_or(bit, Ordering::AcqRel);
     }
     Some(pos)
+}
+
+/// Writes the seal of `hdr` into the `base` word of the object at `h`.
+///
+/// # Safety
+/// `h` is a live packed object of `alloc` and nothing else uses the store
+/// (a recovery scan): no other thread reads the word, and no reference to
+/// its bytes is held.
+unsafe fn seal_in_place(alloc: &dyn ObjAllocator, h: Handle, hdr: PackHeader) {
+    let sealed = PackHeader::new(hdr.orig, hdr.base, hdr.id).to_bytes();
+    // SAFETY: the caller's contract; the object is at least PACK_HEADER
+    // bytes, and a raw write forms no reference to published bytes.
+    unsafe {
+        let p = alloc.object_ptr(h, PACK_HEADER).add(BASE_AT);
+        std::ptr::copy_nonoverlapping(sealed[BASE_AT..].as_ptr(), p, 8);
+    }
+}
+
+/// Clears the seal of the packed object `e` references, as a layout-3
+/// zblk wrote headers (a test's way to make one).
+///
+/// # Safety
+/// The caller holds the lock of the slot `e` was read from, and no other
+/// thread uses the store.
+pub(crate) unsafe fn debug_unseal(alloc: &dyn ObjAllocator, e: &Entry) {
+    // SAFETY: the caller's contract.
+    let hdr = unsafe { PackHeader::read(alloc, e.val) };
+    let word = hdr.base.to_ne_bytes();
+    // SAFETY: the caller's contract; the word lies in the header, and a
+    // raw write forms no reference to published bytes.
+    unsafe {
+        let p = alloc.object_ptr(e.val, PACK_HEADER).add(BASE_AT);
+        std::ptr::copy_nonoverlapping(word.as_ptr(), p, 8);
+    }
 }
 
 /// Pages still live in the object.
@@ -421,11 +531,7 @@ mod tests {
 
     #[test]
     fn header_round_trips_and_positions() {
-        let h = PackHeader {
-            orig: 0b1011_0110,
-            base: 99,
-            id: 7,
-        };
+        let h = PackHeader::new(0b1011_0110, 99, 7);
         let b = h.to_bytes();
         assert_eq!(b[..8], h.orig.to_ne_bytes(), "every page starts live");
         assert_eq!(PackHeader::parse(&b[FIELDS_AT..]), h);
@@ -433,5 +539,27 @@ mod tests {
         assert_eq!(h.position(2), 1);
         assert_eq!(h.position(4), 2);
         assert_eq!(h.position(7), 4);
+        assert!(h.intact());
+    }
+
+    #[test]
+    fn a_changed_field_breaks_the_seal() {
+        let h = PackHeader::new(0b1011_0110, 99, 7);
+        let b = h.to_bytes();
+        for at in FIELDS_AT..PACK_HEADER {
+            for bit in 0..8 {
+                let mut c = b;
+                c[at] ^= 1 << bit;
+                let p = PackHeader::parse(&c[FIELDS_AT..]);
+                assert!(!p.intact(), "byte {at} bit {bit} flipped: {p:?}");
+            }
+        }
+        // A bit moved within `orig` (same count: the slot's check alone
+        // would take it) shifts positions; the seal refuses it.
+        let moved = PackHeader {
+            orig: 0b1011_1010,
+            ..h
+        };
+        assert!(!moved.intact());
     }
 }

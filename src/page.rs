@@ -5,6 +5,10 @@
 pub const PAGE_SIZE: usize = 4096;
 /// `PAGE_SIZE` as u64, for byte offsets.
 pub const PAGE_SIZE_U64: u64 = PAGE_SIZE as u64;
+/// Most pages a store may have (a 256 TiB device): what the shared-memory
+/// layout has slot room for (`crate::shm`), and what a packed header's
+/// `base` field holds (`crate::packed`).
+pub const MAX_PAGES: u64 = 1 << 36;
 
 /// Returns the repeated word if `page` is one 8-byte word repeated (zram's
 /// same-filled page: such pages are kept in the slot with no allocation).

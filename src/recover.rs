@@ -108,8 +108,9 @@ pub(crate) fn secondary(h: &Header) -> Result<Option<Algo>> {
 }
 
 /// Opens the shared memory of a dead store of `cfg`: its header must
-/// describe that very store, laid out as this build lays stores out.
-pub(crate) fn open(cfg: &StoreConfig, fd: OwnedFd) -> Result<(SharedMem, Header)> {
+/// describe that very store, laid out as this build lays stores out (or
+/// as an older layout it reads). Returns the layout the file had, too.
+pub(crate) fn open(cfg: &StoreConfig, fd: OwnedFd) -> Result<(SharedMem, Header, u64)> {
     let shm = SharedMem::open(fd)?;
     let mut found = shm.read_header()?;
     let want = header_for(cfg);
@@ -124,6 +125,7 @@ pub(crate) fn open(cfg: &StoreConfig, fd: OwnedFd) -> Result<(SharedMem, Header)
         ));
     }
     // An older layout is written back as this one, with its fingerprint.
+    let layout = found.layout;
     found.layout = want.layout;
     found.fingerprint = want.fingerprint;
     if found.size != want.size {
@@ -146,7 +148,7 @@ pub(crate) fn open(cfg: &StoreConfig, fd: OwnedFd) -> Result<(SharedMem, Header)
             &want.huge_threshold,
         ));
     }
-    Ok((shm, found))
+    Ok((shm, found, layout))
 }
 
 /// Records one more recovery in the header; returns the new header.
@@ -171,12 +173,15 @@ pub(crate) struct Scan {
 
 /// Rebuilds the slab's bookkeeping and the gauges (into `gauges`) from the
 /// slot table; `secondary` says whether the header names a secondary
-/// algorithm. Nothing else may use the store meanwhile.
+/// algorithm, `unsealed` whether the file's layout predates sealed packed
+/// headers (they are sealed as they are found). Nothing else may use the
+/// store meanwhile.
 pub(crate) fn scan(
     table: &SlotTable,
     slab: &SlabAllocator,
     gauges: &StatsShard,
     secondary: bool,
+    unsealed: bool,
 ) -> Scan {
     let alloc = table.allocator();
     let mut found = Scan::default();
@@ -192,7 +197,7 @@ pub(crate) fn scan(
         let claimed = if algo_ok && e.kind == Kind::Backed {
             claim_backed(table, e)
         } else if algo_ok {
-            claim(slab, alloc, page, e)
+            claim(slab, alloc, page, e, unsealed)
         } else {
             None
         };
@@ -244,6 +249,7 @@ fn claim(
     alloc: &dyn crate::alloc::ObjAllocator,
     page: u64,
     e: &Entry,
+    unsealed: bool,
 ) -> Option<(usize, bool)> {
     let len = match e.kind {
         Kind::Empty | Kind::Same => return Some((0, false)),
@@ -264,7 +270,7 @@ fn claim(
             // only, logged by the caller.
             // SAFETY: the object was just claimed live, nothing else runs in
             // the store, and its size covers the header.
-            let pos = unsafe { packed::recover_page(alloc, e, first) }?;
+            let pos = unsafe { packed::recover_page(alloc, e, first, unsealed) }?;
             Some((pos, first))
         }
         (_, Claim::First) => Some((0, true)),

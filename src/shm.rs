@@ -27,8 +27,9 @@ use std::os::unix::fs::FileExt;
 
 /// Where the slot table starts (after the header page).
 pub(crate) const SLOTS_AT: u64 = 4096;
-/// Room for the slot table: 2^36 pages (a 256 TB device).
-const SLOTS_SPAN: u64 = 1 << 40;
+/// Room for the slot table: 16 bytes for each of 2^36 pages (a 256 TiB
+/// device, the most a store may have).
+const SLOTS_SPAN: u64 = crate::page::MAX_PAGES * 16;
 /// Room per size class: 4 TB of zspages.
 pub(crate) const CLASS_SPAN: u64 = 1 << 42;
 /// Most size classes the layout has room for.
@@ -44,10 +45,15 @@ const MAGIC: [u8; 8] = *b"ZBLKMEM\0";
 /// the header the clock's base and the secondary algorithm.
 /// 3: an object may live in any size class at least its size (the memory
 /// reserve's fallback, `slab::reserve`), not only in the smallest.
-pub(crate) const LAYOUT_VERSION: u64 = 3;
+/// 4: packed group headers carry a seal in their `base` word
+/// (`crate::packed`); a recovery of an older file seals them.
+pub(crate) const LAYOUT_VERSION: u64 = 4;
+/// The first layout whose packed headers are sealed.
+pub(crate) const SEALED_PACKS: u64 = 4;
 /// The oldest layout this build reads: a layout-2 store is a layout-3 store
-/// whose objects all sit in their smallest class, and is rewritten as
-/// layout 3 when taken over.
+/// whose objects all sit in their smallest class, a layout-3 store a
+/// layout-4 store whose packed headers are not sealed yet; either is
+/// rewritten as the current layout when taken over.
 pub(crate) const OLDEST_LAYOUT: u64 = 2;
 /// Bytes of the header kept for the algorithm's name.
 const ALGO_BYTES: usize = 32;
@@ -310,6 +316,19 @@ impl SharedMem {
         f(&mut h);
         self.write_header(&h)?;
         Ok(h)
+    }
+
+    /// Rewrites the header as a build of layout `layout` (with its
+    /// fingerprint) would have written it: how a test makes an older
+    /// zblk's file.
+    pub(crate) fn debug_write_layout(&self, layout: u64, fingerprint: u64) -> Result<()> {
+        let _held = self.header_lock.lock().unwrap_or_else(|e| e.into_inner());
+        let mut words = [0u8; 16];
+        words[..8].copy_from_slice(&layout.to_le_bytes());
+        words[8..].copy_from_slice(&fingerprint.to_le_bytes());
+        self.file
+            .write_all_at(&words, 8)
+            .map_err(|e| os_error("writing the header", e))
     }
 
     /// Writes the header.

@@ -228,13 +228,14 @@ impl Store {
                 "only a store in shared memory (StoreConfig::shared) can be recovered".into(),
             ));
         }
-        let (shm, header) = crate::recover::open(&cfg, fd)?;
+        let (shm, header, layout) = crate::recover::open(&cfg, fd)?;
         let secondary = crate::recover::secondary(&header)?;
         let shm = Arc::new(shm);
         let slab = Arc::new(SlabAllocator::shared(slab_config(&cfg), shm.clone()));
         let table = Self::table(&cfg, Some(&shm), slab.clone())?;
         let gauges = Arc::new(StatsShard::default());
-        let scan = crate::recover::scan(&table, &slab, &gauges, secondary.is_some());
+        let unsealed = layout < crate::shm::SEALED_PACKS;
+        let scan = crate::recover::scan(&table, &slab, &gauges, secondary.is_some(), unsealed);
         if scan.backed > 0 {
             log::info!("recovery: {} pages are on the backing store", scan.backed);
         }
@@ -954,6 +955,33 @@ pub unsafe fn debug_corrupt_object(store: &Store, page: u64, at: usize, byte: u8
         std::ptr::write_bytes(p, byte, len - at);
     }
     true
+}
+
+/// Makes `store`'s shared memory look as a zblk of layout 3 (before
+/// packed headers had a seal) left it: every packed header unsealed and the
+/// file's header naming layout 3, so a test can check that a recovery
+/// still takes such a store over. Returns the packed pages found, or
+/// `None` for a store without shared memory.
+///
+/// # Safety
+/// No other thread uses the store meanwhile.
+#[doc(hidden)]
+pub unsafe fn debug_as_layout3(store: &Store) -> Option<u64> {
+    let shm = store.table.shared()?;
+    let mut packed = 0;
+    for page in 0..store.table.pages() {
+        let guard = store.table.lock(page);
+        let e = guard.entry();
+        if e.kind == Kind::Packed {
+            // SAFETY: the slot lock is held and nobody else uses the store
+            // (the caller's contract).
+            unsafe { crate::packed::debug_unseal(store.table.allocator(), &e) };
+            packed += 1;
+        }
+    }
+    let fingerprint = SlabAllocator::fingerprint_for(3);
+    shm.debug_write_layout(3, fingerprint).ok()?;
+    Some(packed)
 }
 
 /// The slab's part of a store's configuration.

@@ -11,6 +11,10 @@ pub use crate::inject::passed as crash_points_passed;
 /// (see the engine's `inject` module): a race made to happen where it can.
 pub use crate::inject::on_point as on_crash_point;
 
+/// Bytes of header in front of a packed group's blob (`crate::packed`):
+/// where a harness that decodes objects itself finds the blob.
+pub const PACK_HEADER: usize = crate::packed::PACK_HEADER;
+
 /// Failure points (see the engine's `fault` module and
 /// docs/fault-injection.md): arm one by name for its Nth pass on this
 /// thread, count passes, see whether it fired.

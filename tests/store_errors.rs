@@ -21,6 +21,14 @@ fn bad_sizes_are_refused() {
     let mut cfg = StoreConfig::new(P);
     cfg.group_pages = 0;
     assert!(Store::new(cfg).is_err());
+    // 2^36 pages (256 TiB) at most: the shared-memory layout's slot room
+    // and a packed header's `base` field. Refused before any allocation.
+    let most = (1u64 << 36) * P;
+    match Store::new(StoreConfig::new(most + P)) {
+        Err(Error::InvalidConfig(m)) => assert!(m.contains("256 TiB"), "{m}"),
+        Err(e) => panic!("a 256 TiB + 4 KB store: {e}"),
+        Ok(_) => panic!("a 256 TiB + 4 KB store was made"),
+    }
 }
 
 #[test]
