@@ -933,6 +933,36 @@ impl Drop for QueueCtx {
 /// readers of other slots of its packed group would see the bytes change.
 #[doc(hidden)]
 pub unsafe fn debug_corrupt_object(store: &Store, page: u64, at: usize, byte: u8) -> bool {
+    // SAFETY: `p` points at `n` bytes of the object (the helper's
+    // contract); the caller's contract covers everyone else.
+    unsafe { with_object_bytes(store, page, at, |p, n| std::ptr::write_bytes(p, byte, n)) }
+}
+
+/// XORs the byte at offset `at` of the object behind `page` (a packed
+/// object's header included) with `mask`: one precise flip, for tests.
+/// Returns false when the page has no object or `at` is past its end.
+///
+/// # Safety
+/// As [`debug_corrupt_object`].
+#[doc(hidden)]
+pub unsafe fn debug_flip_object_byte(store: &Store, page: u64, at: usize, mask: u8) -> bool {
+    // SAFETY: `p` points at a byte of the object (the helper's contract).
+    unsafe { with_object_bytes(store, page, at, |p, _| *p ^= mask) }
+}
+
+/// Runs `f` with a pointer to byte `at` of the object behind `page` and
+/// the bytes from there to its end (a packed object's header counted),
+/// under the page's slot lock; false when there is no such byte.
+///
+/// # Safety
+/// As [`debug_corrupt_object`]; `f` touches no byte outside the ones it
+/// is given.
+unsafe fn with_object_bytes(
+    store: &Store,
+    page: u64,
+    at: usize,
+    f: impl FnOnce(*mut u8, usize),
+) -> bool {
     if page >= store.table.pages() {
         return false;
     }
@@ -950,10 +980,7 @@ pub unsafe fn debug_corrupt_object(store: &Store, page: u64, at: usize, byte: u8
     // SAFETY: the slot lock keeps the object alive and in place, `at..len`
     // lies inside it, and the caller guarantees nobody else reads or writes
     // it meanwhile. A raw write forms no reference to published bytes.
-    unsafe {
-        let p = store.allocator().object_ptr(h, len).add(at);
-        std::ptr::write_bytes(p, byte, len - at);
-    }
+    unsafe { f(store.allocator().object_ptr(h, len).add(at), len - at) };
     true
 }
 

@@ -122,3 +122,47 @@ fn algo_none_stores_pages_raw_and_same_filled_pages_free() {
         assert_eq!(s.stats().mem_used_total, 0);
     }
 }
+
+/// A group's header with a bit of `orig` moved (page 0 absent, page 2
+/// present becomes page 0 present, page 2 absent: the same count, so the
+/// slot's own checks pass) would shift page 1 onto page 2's bytes; the
+/// header's seal fails every page of the group instead (EIO), before any
+/// position or the read cache is trusted.
+#[test]
+fn a_moved_bit_in_a_group_header_fails_the_group_not_shifts_it() {
+    let s = store(Mode::Packed, 16);
+    let mut ctx = s.new_ctx();
+    let mut group = vec![0u8; 8 * PAGE_SIZE];
+    for p in 1..8 {
+        let text = format!("page {p} of a group, with text that compresses; ");
+        let page = &mut group[p * PAGE_SIZE..(p + 1) * PAGE_SIZE];
+        for (b, t) in page.iter_mut().zip(text.bytes().cycle()) {
+            *b = t;
+        }
+    }
+    ctx.write(0, &group).unwrap();
+    let mut buf = vec![0u8; PAGE_SIZE];
+    ctx.read(P, &mut buf).unwrap();
+    assert!(buf == group[PAGE_SIZE..2 * PAGE_SIZE], "intact");
+    // `orig` is the header's second word: its low byte 0b1111_1110 becomes
+    // 0b1111_1011.
+    // SAFETY: no other thread uses the store.
+    assert!(unsafe { zblk::debug_flip_object_byte(&s, 1, 8, 0b101) });
+    for p in 1..8u64 {
+        let e = ctx.read(p * P, &mut buf).unwrap_err();
+        assert_eq!(e.errno(), -libc::EIO, "page {p}: {e}");
+        assert!(e.to_string().contains("seal"), "page {p}: {e}");
+        assert_eq!(buf, vec![0; PAGE_SIZE]);
+    }
+    ctx.read(0, &mut buf).unwrap();
+    assert_eq!(buf, vec![0; PAGE_SIZE], "the zero page is no object's");
+    // Written again, the pages are whole; the corrupt group is freed.
+    ctx.write(0, &group).unwrap();
+    let mut back = vec![0u8; 8 * PAGE_SIZE];
+    ctx.read(0, &mut back).unwrap();
+    assert!(back == group);
+    ctx.discard(0, 16 * P).unwrap();
+    drop(ctx);
+    assert!(s.settle_frees(std::time::Duration::from_secs(10)));
+    assert_eq!(s.stats().mem_used_total, 0);
+}
