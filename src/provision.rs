@@ -11,6 +11,30 @@ use std::thread::JoinHandle;
 /// owner tables and list room it allocates come from there.
 const ARENA_ROOM: usize = 1 << 20;
 
+/// An experiment's switch, off by default: `fifo` makes the provisioner
+/// `SCHED_FIFO` 1 (BENCHMARKS.md, "The whole machine at 1.5x RAM",
+/// session 14). The page allocator lets a real-time task's allocations dip
+/// halfway into the min watermark's reserve (`ALLOC_MIN_RESERVE`), where
+/// the provisioner's spares run dry today; in session 4 on 7.3 a real-time
+/// provisioner once stalled busy, which is why it is not the default.
+const SCHED_ENV: &str = "ZBLK_RESERVE_SCHED";
+
+/// Makes the calling thread `SCHED_FIFO` 1 if allowed (`CAP_SYS_NICE` or
+/// `RLIMIT_RTPRIO` >= 1); logged either way.
+fn realtime() {
+    let p = libc::sched_param { sched_priority: 1 };
+    // SAFETY: sched_setscheduler reads `p`, a valid sched_param; pid 0 is
+    // the calling thread.
+    if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) } == 0 {
+        log::info!("memory reserve: provisioner runs SCHED_FIFO 1 ({SCHED_ENV})");
+    } else {
+        log::warn!(
+            "memory reserve: {SCHED_ENV}=fifo refused, provisioner at normal priority ({})",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
 /// The provisioner thread of one store.
 pub(crate) struct Provisioner {
     alloc: Arc<dyn ObjAllocator>,
@@ -31,6 +55,9 @@ impl Provisioner {
                 // Its page faults are to be the spares' alone, off every
                 // lock (see `crate::page::prefault_thread`).
                 crate::page::prefault_thread(ARENA_ROOM);
+                if std::env::var(SCHED_ENV).is_ok_and(|v| v == "fifo") {
+                    realtime();
+                }
                 a.serve_reserve(&s)
             }) {
             Ok(t) => Some(Provisioner {
