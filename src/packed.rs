@@ -85,7 +85,7 @@ impl PackHeader {
     fn to_bytes(self) -> [u8; PACK_HEADER] {
         let mut b = [0u8; PACK_HEADER];
         b[LIVE_AT..LIVE_AT + 8].copy_from_slice(&self.orig.to_ne_bytes());
-        let words = [self.orig, self.base | self.seal << BASE_BITS, self.id];
+        let words = [self.orig, self.base_word(), self.id];
         for (i, v) in words.into_iter().enumerate() {
             let at = FIELDS_AT + 8 * i;
             b[at..at + 8].copy_from_slice(&v.to_ne_bytes());
@@ -106,6 +106,11 @@ impl PackHeader {
             id: word(2),
             seal: word(1) >> BASE_BITS,
         }
+    }
+
+    /// The `base` word as stored: the page, and the seal above it.
+    fn base_word(&self) -> u64 {
+        self.base | self.seal << BASE_BITS
     }
 
     /// Whether the fixed fields are as they were written.
@@ -310,7 +315,7 @@ pub(crate) fn read_page(
     if !hdr.intact() {
         return Err("packed group header fails its seal (corrupt memory)".into());
     }
-    let Some(pos) = hdr.position_of(e) else {
+    let Some(pos) = hdr.agreeing(e) else {
         return Err("packed group header does not match its slot".into());
     };
     if let Some(p) = st.pack_cache.get(hdr.id, pos) {
@@ -449,13 +454,9 @@ pub(crate) unsafe fn recover_page(
 /// (a recovery scan): no other thread reads the word, and no reference to
 /// its bytes is held.
 unsafe fn seal_in_place(alloc: &dyn ObjAllocator, h: Handle, hdr: PackHeader) {
-    let sealed = PackHeader::new(hdr.orig, hdr.base, hdr.id).to_bytes();
-    // SAFETY: the caller's contract; the object is at least PACK_HEADER
-    // bytes, and a raw write forms no reference to published bytes.
-    unsafe {
-        let p = alloc.object_ptr(h, PACK_HEADER).add(BASE_AT);
-        std::ptr::copy_nonoverlapping(sealed[BASE_AT..].as_ptr(), p, 8);
-    }
+    let sealed = PackHeader::new(hdr.orig, hdr.base, hdr.id);
+    // SAFETY: the caller's contract.
+    unsafe { write_base_word(alloc, h, sealed.base_word()) }
 }
 
 /// Clears the seal of the packed object `e` references, as a layout-3
@@ -467,12 +468,24 @@ unsafe fn seal_in_place(alloc: &dyn ObjAllocator, h: Handle, hdr: PackHeader) {
 pub(crate) unsafe fn debug_unseal(alloc: &dyn ObjAllocator, e: &Entry) {
     // SAFETY: the caller's contract.
     let hdr = unsafe { PackHeader::read(alloc, e.val) };
-    let word = hdr.base.to_ne_bytes();
-    // SAFETY: the caller's contract; the word lies in the header, and a
-    // raw write forms no reference to published bytes.
+    // SAFETY: the caller's contract.
+    unsafe { write_base_word(alloc, e.val, hdr.base) }
+}
+
+/// Overwrites the `base` word (page and seal) of the published packed
+/// object at `h`: the one fixed field ever rewritten, and only while
+/// nothing else uses the store.
+///
+/// # Safety
+/// `h` is a live packed object of `alloc`, nothing else reads or writes
+/// the store meanwhile, and no reference to its bytes is held.
+unsafe fn write_base_word(alloc: &dyn ObjAllocator, h: Handle, word: u64) {
+    let bytes = word.to_ne_bytes();
+    // SAFETY: the caller's contract; the object is at least PACK_HEADER
+    // bytes, and a raw write forms no reference to published bytes.
     unsafe {
-        let p = alloc.object_ptr(e.val, PACK_HEADER).add(BASE_AT);
-        std::ptr::copy_nonoverlapping(word.as_ptr(), p, 8);
+        let p = alloc.object_ptr(h, PACK_HEADER).add(BASE_AT);
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), p, 8);
     }
 }
 
