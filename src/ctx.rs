@@ -96,16 +96,18 @@ impl CtxState {
 
     /// Faults in the memory this state's requests use, on the thread that
     /// will serve them: every page of the scratch, gather and packed read
-    /// buffers (zero-allocated, so never touched yet), and the codec's
-    /// context, which allocates its workspace on its first call, by one
-    /// compression and decompression of a sample page (the thread's stack
-    /// and malloc arena with it). In a swap device the first request comes
-    /// when memory has run out: a queue thread that takes a fresh page
-    /// then, with `PR_SET_IO_FLUSHER` (no I/O from its reclaim) and nothing
-    /// reclaimable without I/O, loops in reclaim while the writes it should
-    /// complete hold everyone else (seen: a whole-machine run on 6.12 that
-    /// stored 1 page in 7 minutes, its queue thread in `do_anonymous_page`
-    /// reclaim). The daemon's `mlockall` then keeps these pages.
+    /// buffers (zero-allocated, so never touched yet), the thread's stack
+    /// and malloc arena, and the codec's contexts, which size their
+    /// workspace to the input on a call: so one compression and
+    /// decompression of the largest input this store gives its codec (a
+    /// page; in packed mode a whole group, eight times that). In a swap
+    /// device the first request comes when memory has run out: a queue
+    /// thread that takes a fresh page then, with `PR_SET_IO_FLUSHER` (no I/O
+    /// from its reclaim) and nothing reclaimable without I/O, loops in
+    /// reclaim while the writes it should complete hold everyone else
+    /// (seen: a whole-machine run on 6.12 that stored 1 page in 7 minutes,
+    /// its queue thread in `do_anonymous_page` reclaim). The daemon's
+    /// `mlockall` then keeps these pages.
     pub(crate) fn prefault(&mut self) {
         for buf in [
             &mut self.scratch,
@@ -115,15 +117,31 @@ impl CtxState {
             crate::page::touch_pages(buf, 0);
         }
         crate::page::prefault_thread(ARENA_ROOM);
-        let mut sample = [0u8; PAGE_SIZE];
-        for (i, b) in sample.iter_mut().enumerate() {
-            *b = (i % 251) as u8 ^ (i / 97) as u8;
-        }
+        let mut page = [0u8; PAGE_SIZE];
+        sample_page(&mut page, 0);
         let mut out = vec![0u8; 2 * PAGE_SIZE];
         // Errors do not matter here: only the memory the calls touch does.
-        if let Ok(Some(n)) = self.codec.compress(&sample, &mut out) {
-            let _ = self.codec.decompress(&out[..n], &mut sample);
+        if let Ok(Some(n)) = self.codec.compress(&page, &mut out) {
+            let _ = self.codec.decompress(&out[..n], &mut page);
         }
+        if !self.gather.is_empty() {
+            self.prefault_group();
+        }
+    }
+
+    /// Packed mode: one group's compression and decompression through the
+    /// buffers a packed write and read use. The read cache's buffer is
+    /// written, so the cache is invalidated first.
+    fn prefault_group(&mut self) {
+        for (i, page) in self.gather.chunks_exact_mut(PAGE_SIZE).enumerate() {
+            sample_page(page, i as u8);
+        }
+        let n = self.gather.len() / PAGE_SIZE;
+        let Ok(Some(clen)) = self.codec.compress(&self.gather, &mut self.scratch) else {
+            return;
+        };
+        let buf = self.pack_cache.buffer(n);
+        let _ = self.codec.decompress(&self.scratch[..clen], buf);
     }
 
     /// This state with its phase timers off (the maintenance thread's).
@@ -171,6 +189,14 @@ impl CtxState {
             self.secondary = Some(algo.new_codec());
         }
         self.secondary.as_mut()
+    }
+}
+
+/// Fills `page` with a compressible sample (varied by `salt`) for the
+/// codec calls of [`CtxState::prefault`].
+fn sample_page(page: &mut [u8], salt: u8) {
+    for (i, b) in page.iter_mut().enumerate() {
+        *b = (i % 251) as u8 ^ (i / 97) as u8 ^ salt;
     }
 }
 
