@@ -11,25 +11,36 @@ use std::thread::JoinHandle;
 /// owner tables and list room it allocates come from there.
 const ARENA_ROOM: usize = 1 << 20;
 
-/// An experiment's switch, off by default: `fifo` makes the provisioner
-/// `SCHED_FIFO` 1 (BENCHMARKS.md, "The whole machine at 1.5x RAM",
-/// session 14). The page allocator lets a real-time task's allocations dip
-/// halfway into the min watermark's reserve (`ALLOC_MIN_RESERVE`), where
-/// the provisioner's spares run dry today; in session 4 on 7.3 a real-time
-/// provisioner once stalled busy, which is why it is not the default.
+/// The provisioner's scheduling: `SCHED_FIFO` 1 unless this variable is
+/// `normal`. The page allocator lets a real-time task's allocations dip
+/// halfway into the min watermark's reserve (`ALLOC_MIN_RESERVE`), the
+/// reserve kernel reclaimers get: without it, on 6.12, the whole-machine
+/// workload at 1.5x RAM ran the spares dry under the min watermark and
+/// ended in a flood of refused writes in every one of 12 runs; with it,
+/// every zblk configuration finished (BENCHMARKS.md, "The whole machine at
+/// 1.5x RAM", sessions 14-15). It is one thread that sleeps between passes
+/// and faults pages in; the kernel's real-time throttling
+/// (`sched_rt_runtime_us`) bounds it if it ever spun.
 const SCHED_ENV: &str = "ZBLK_RESERVE_SCHED";
 
+/// Whether the provisioner asks for `SCHED_FIFO` (see [`SCHED_ENV`]).
+fn wants_realtime() -> bool {
+    !std::env::var(SCHED_ENV).is_ok_and(|v| v == "normal")
+}
+
 /// Makes the calling thread `SCHED_FIFO` 1 if allowed (`CAP_SYS_NICE` or
-/// `RLIMIT_RTPRIO` >= 1); logged either way.
+/// `RLIMIT_RTPRIO` >= 1, which the daemon raises before it drops its
+/// capabilities); logged either way.
 fn realtime() {
     let p = libc::sched_param { sched_priority: 1 };
     // SAFETY: sched_setscheduler reads `p`, a valid sched_param; pid 0 is
     // the calling thread.
     if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) } == 0 {
-        log::info!("memory reserve: provisioner runs SCHED_FIFO 1 ({SCHED_ENV})");
+        log::info!("memory reserve: provisioner runs SCHED_FIFO 1");
     } else {
         log::warn!(
-            "memory reserve: {SCHED_ENV}=fifo refused, provisioner at normal priority ({})",
+            "memory reserve: SCHED_FIFO refused ({}), provisioner at normal priority: \
+             under memory pressure its spares may run dry (raise RLIMIT_RTPRIO to 1)",
             std::io::Error::last_os_error()
         );
     }
@@ -55,7 +66,7 @@ impl Provisioner {
                 // Its page faults are to be the spares' alone, off every
                 // lock (see `crate::page::prefault_thread`).
                 crate::page::prefault_thread(ARENA_ROOM);
-                if std::env::var(SCHED_ENV).is_ok_and(|v| v == "fifo") {
+                if wants_realtime() {
                     realtime();
                 }
                 a.serve_reserve(&s)

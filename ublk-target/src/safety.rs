@@ -68,10 +68,37 @@ pub fn keep_heap() {
     }
 }
 
+/// `RLIMIT_RTPRIO` of at least 1, so that the memory reserve's provisioner
+/// thread may make itself `SCHED_FIFO` 1 after the daemon dropped
+/// `CAP_SYS_NICE` (zblk's `provision`: a real-time task's allocations may
+/// dip into the page allocator's reserve, where the spares ran dry).
+/// Logged, not fatal: the provisioner then stays at normal priority.
+pub fn allow_realtime() {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit read and write the plain local `r`.
+    let ok = unsafe {
+        libc::getrlimit(libc::RLIMIT_RTPRIO, &mut r) == 0 && {
+            r.rlim_cur = r.rlim_cur.max(1);
+            r.rlim_max = r.rlim_max.max(r.rlim_cur);
+            libc::setrlimit(libc::RLIMIT_RTPRIO, &r) == 0
+        }
+    };
+    if !ok {
+        log::warn!(
+            "RLIMIT_RTPRIO: {}; the memory reserve's provisioner stays at normal priority",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
 /// All of the above, in the order that makes each effective.
 pub fn harden() -> Result<()> {
     set_io_flusher()?;
     protect_from_oom()?;
     keep_heap();
+    allow_realtime();
     lock_memory()
 }

@@ -128,6 +128,22 @@ proc_stacks() {
     done
 }
 
+# The scheduling policy of the zblk-reserve threads (field 41 of their
+# stat: 0 normal, 1 FIFO), or "none".
+reserve_policy() {
+    found=""
+    for c in /proc/[0-9]*/task/[0-9]*/comm; do
+        [ "$(cat "$c" 2>/dev/null)" = zblk-reserve ] || continue
+        st=$(cat "${c%/comm}/stat" 2>/dev/null) || continue
+        # comm has no spaces here, so fields split plainly.
+        # shellcheck disable=SC2086
+        set -- $st
+        shift 40
+        found="$found${found:+,}$1"
+    done
+    echo "${found:-none}"
+}
+
 # Take-overs the keeper has logged in device log $1 (a line "... daemon pid
 # P took over in T ms ..." each).
 takeovers() { grep -c 'took over in' "$1"; }

@@ -17,8 +17,8 @@
 # zblk:zstd:packed against zram:lz4 and zram:zstd, zswap:lzo-rle against
 # it. ZBLK_WM_ROUNDS (default 1) repeats the list; the ratios are medians.
 # Knobs: zblk.wm_configs=zram:lz4,zblk:zstd:packed (commas), zblk.wm_factor,
-# zblk.wm_wsf (vm.watermark_scale_factor), zblk.wm_rt=1 (the provisioner
-# SCHED_FIFO 1),
+# zblk.wm_wsf (vm.watermark_scale_factor), zblk.wm_rt=0 (the provisioner
+# at normal priority, not SCHED_FIFO 1),
 # zblk.wm_rounds, zblk.wm_procs.
 #
 # Status (2026-12-01, 7.3): passes since the daemon keeps a memory reserve
@@ -58,22 +58,6 @@ if [ -n "${ZBLK_WM_WSF:-}" ]; then
 fi
 log "vm.watermark_scale_factor=$(cat /proc/sys/vm/watermark_scale_factor) min_free_kbytes=$(cat /proc/sys/vm/min_free_kbytes) DMA32 $(awk '/zone +DMA32/ { z = 1 } z && /^ +(min|low|high) / { printf "%s=%d MB ", $1, $2 * 4 / 1024 } z && /^ +high / { exit }' /proc/zoneinfo)"
 
-# The scheduling policy of the zblk-reserve threads (field 41 of their
-# stat: 0 normal, 1 FIFO), or "none".
-wm_reserve_policy() {
-    found=""
-    for c in /proc/[0-9]*/task/[0-9]*/comm; do
-        [ "$(cat "$c" 2>/dev/null)" = zblk-reserve ] || continue
-        st=$(cat "${c%/comm}/stat" 2>/dev/null) || continue
-        # comm has no spaces here, so fields split plainly.
-        # shellcheck disable=SC2086
-        set -- $st
-        shift 40
-        found="$found${found:+,}$1"
-    done
-    echo "${found:-none}"
-}
-
 # Brings up the swap of configuration $1 (kind:algo[:mode]).
 wm_up() {
     kind=${1%%:*} rest=${1#*:}
@@ -89,12 +73,13 @@ wm_up() {
         zram_swap "$dev_mb"
         ZBLK_ALGO=$algo0 ;;
     zblk)
-        # zblk.wm_rt=1: the reserve's provisioner SCHED_FIFO 1 (an
-        # experiment, src/provision.rs; RLIMIT_RTPRIO lets the daemon,
-        # which drops CAP_SYS_NICE, ask for it).
-        if [ "${ZBLK_WM_RT:-0}" = 1 ]; then
-            ulimit -r 1 || fail "ulimit -r 1 refused"
-            export ZBLK_RESERVE_SCHED=fifo
+        # zblk.wm_rt=0: the reserve's provisioner at normal priority
+        # (ZBLK_RESERVE_SCHED=normal, src/provision.rs) instead of the
+        # default SCHED_FIFO 1, for an A/B.
+        if [ "${ZBLK_WM_RT:-1}" = 0 ]; then
+            export ZBLK_RESERVE_SCHED=normal
+        else
+            unset ZBLK_RESERVE_SCHED
         fi
         # shellcheck disable=SC2086 # extra is one word or none
         zadd --size "${dev_mb}M" --algo "$algo" --mode "$mode" $extra --swap
@@ -103,7 +88,7 @@ wm_up() {
         if [ -n "${ZBLK_WM_WBT:-}" ]; then
             echo "$ZBLK_WM_WBT" >"/sys/block/${ZDEV#/dev/}/queue/wbt_lat_usec" || fail "wbt_lat_usec refused"
         fi
-        log "${ZDEV#/dev/} wbt_lat_usec=$(cat "/sys/block/${ZDEV#/dev/}/queue/wbt_lat_usec" 2>/dev/null || echo none) provisioner_policy=$(wm_reserve_policy)" ;;
+        log "${ZDEV#/dev/} wbt_lat_usec=$(cat "/sys/block/${ZDEV#/dev/}/queue/wbt_lat_usec" 2>/dev/null || echo none) provisioner_policy=$(reserve_policy)" ;;
     zswap)
         [ -d "$ZSW" ] || fail "no zswap in this kernel ($ZSW missing)"
         rmmod brd 2>/dev/null
