@@ -118,11 +118,13 @@ impl CtxState {
         }
         crate::page::prefault_thread(ARENA_ROOM);
         let mut page = [0u8; PAGE_SIZE];
-        sample_page(&mut page, 0);
         let mut out = vec![0u8; 2 * PAGE_SIZE];
-        // Errors do not matter here: only the memory the calls touch does.
-        if let Ok(Some(n)) = self.codec.compress(&page, &mut out) {
-            let _ = self.codec.decompress(&out[..n], &mut page);
+        for kind in 0..SAMPLE_KINDS {
+            sample_page(&mut page, kind);
+            // Errors do not matter here: only the memory the calls touch does.
+            if let Ok(Some(n)) = self.codec.compress(&page, &mut out) {
+                let _ = self.codec.decompress(&out[..n], &mut page);
+            }
         }
         if !self.gather.is_empty() {
             self.prefault_group();
@@ -134,7 +136,7 @@ impl CtxState {
     /// written, so the cache is invalidated first.
     fn prefault_group(&mut self) {
         for (i, page) in self.gather.chunks_exact_mut(PAGE_SIZE).enumerate() {
-            sample_page(page, i as u8);
+            sample_page(page, i % SAMPLE_KINDS);
         }
         let n = self.gather.len() / PAGE_SIZE;
         let Ok(Some(clen)) = self.codec.compress(&self.gather, &mut self.scratch) else {
@@ -192,11 +194,48 @@ impl CtxState {
     }
 }
 
-/// Fills `page` with a compressible sample (varied by `salt`) for the
-/// codec calls of [`CtxState::prefault`].
-fn sample_page(page: &mut [u8], salt: u8) {
-    for (i, b) in page.iter_mut().enumerate() {
-        *b = (i % 251) as u8 ^ (i / 97) as u8 ^ salt;
+/// Kinds of [`sample_page`].
+const SAMPLE_KINDS: usize = 3;
+
+/// Fills `page` with sample data of `kind` for [`CtxState::prefault`]'s
+/// codec calls, so that they reach the parts of a codec's context real
+/// pages reach (zstd's contexts are heap memory touched as their tables are
+/// used): 0, a short repeated pattern (long matches, few literals); 1,
+/// text-like words (many short matches and literals skewed enough for
+/// Huffman coding, which zstd decodes in four streams); 2, noise
+/// (incompressible, raw literals).
+fn sample_page(page: &mut [u8], kind: usize) {
+    let mut x: u32 = 0x9e37_79b9 ^ kind as u32;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        x
+    };
+    match kind {
+        0 => {
+            for (i, b) in page.iter_mut().enumerate() {
+                *b = (i % 251) as u8 ^ (i / 97) as u8;
+            }
+        }
+        1 => {
+            const WORDS: [&[u8]; 8] = [
+                b"page ", b"swap ", b"the ", b"zram ", b"of ", b"memory ", b"and ", b"block ",
+            ];
+            let mut i = 0;
+            while i < page.len() {
+                let r = next();
+                let word: &[u8] = if r % 3 == 0 {
+                    &[b'a' + (r >> 8) as u8 % 26]
+                } else {
+                    WORDS[(r >> 4) as usize % WORDS.len()]
+                };
+                let n = word.len().min(page.len() - i);
+                page[i..i + n].copy_from_slice(&word[..n]);
+                i += n;
+            }
+        }
+        _ => page.iter_mut().for_each(|b| *b = next() as u8),
     }
 }
 

@@ -18,7 +18,8 @@
 # it. ZBLK_WM_ROUNDS (default 1) repeats the list; the ratios are medians.
 # Knobs: zblk.wm_configs=zram:lz4,zblk:zstd:packed (commas), zblk.wm_factor,
 # zblk.wm_wsf (vm.watermark_scale_factor), zblk.wm_rt=0 (the provisioner
-# at normal priority, not SCHED_FIFO 1),
+# at normal priority, not SCHED_FIFO 1), zblk.wm_timers=1 (zblk's phase
+# timers on, and an "engine" line per zblk configuration: see wm_engine),
 # zblk.wm_rounds, zblk.wm_procs.
 #
 # Status (2026-12-01, 7.3): passes since the daemon keeps a memory reserve
@@ -81,7 +82,9 @@ wm_up() {
         else
             unset ZBLK_RESERVE_SCHED
         fi
-        # shellcheck disable=SC2086 # extra is one word or none
+        # zblk.wm_timers=1: the engine's phase timers, read by wm_engine.
+        [ "${ZBLK_WM_TIMERS:-0}" = 1 ] && extra="$extra --phase-timers"
+        # shellcheck disable=SC2086 # extra is words or none
         zadd --size "${dev_mb}M" --algo "$algo" --mode "$mode" $extra --swap
         # zblk.wm_wbt=USEC: the device's writeback throttling latency
         # (0: off; zram, a bio device, has none).
@@ -180,11 +183,34 @@ wm_run() {
     WM_FIGS="$1: wall_s=$WM_WALL swapout_mb=$(( ($(vmstat pswpout) - out0) * PAGE / 1048576 )) oom_kills=$ooms"
 }
 
+# With zblk.wm_timers=1, one line of where zblk configuration $1's time
+# went: per page written and read (the engine's phase timers: queue-thread
+# wall time, waits for the memory reserve's provisioner inside alloc),
+# pages per write request, the reserve's misses, fallbacks and refusals,
+# and its daemon's CPU ticks by thread (queue u/s, free u/s, reserve u/s,
+# other u/s).
+wm_engine() {
+    [ "${1%%:*}" = zblk ] && [ "${ZBLK_WM_TIMERS:-0}" = 1 ] || return 0
+    st=$(zstat | tr -d '\n')
+    v=""
+    for k in write_ns compress_ns alloc_ns copy_ns install_ns read_ns decode_ns pages_written pages_read num_writes reserve_misses reserve_fallbacks reserve_refusals; do
+        v="$v $(echo "$st" | jnum $k)"
+    done
+    d=$(for t in /proc/"$(zdaemon_pid "$ZID")"/task/*; do
+        echo "$(cat "$t/comm" 2>/dev/null) $(sed 's/.*) //' "$t/stat" 2>/dev/null | awk '{ print $12, $13 }')"
+    done | awk 'NF == 3 { j = ($1 == "zblk") ? 1 : ($1 == "zblk-free") ? 2 : ($1 == "zblk-reserve") ? 3 : 4; u[j] += $2; s[j] += $3 }
+        END { for (j = 1; j <= 4; j++) printf "%d/%d ", u[j], s[j] }')
+    log "engine $1: $(echo "$v" | awk '{ w = ($8 > 0) ? $8 : 1; r = ($9 > 0) ? $9 : 1
+        printf "pages_written=%d write_us=%.2f compress_us=%.2f alloc_us=%.2f copy_us=%.2f install_us=%.2f pages_read=%d read_us=%.2f decode_us=%.2f pages_per_write=%.2f reserve_misses=%d fallbacks=%d refusals=%d",
+            $8, $1 / w / 1e3, $2 / w / 1e3, $3 / w / 1e3, $4 / w / 1e3, $5 / w / 1e3, $9, $6 / r / 1e3, $7 / r / 1e3, ($10 > 0) ? $8 / $10 : 0, $11, $12, $13 }') daemon_ticks=$d"
+}
+
 round=1 lines=""
 while [ "$round" -le "$ZBLK_WM_ROUNDS" ]; do
     for c in $ZBLK_WM_CONFIGS; do
         wm_up "$c"
         wm_run "$c"
+        wm_engine "$c"
         wm_down "$c"
         log "round $round $WM_FIGS"
         lines="$lines|$WM_FIGS"
