@@ -226,7 +226,16 @@ impl StoreConfig {
     pub(crate) fn new_codec(&self) -> Box<dyn Codec> {
         match &self.codecs {
             Some(make) => (make.0)(),
-            None => self.algo.new_codec(),
+            None => self.algo.new_codec_for(self.codec_pages()),
+        }
+    }
+
+    /// The largest input, in pages, this store gives a codec: a group when
+    /// packed, else a page.
+    pub(crate) fn codec_pages(&self) -> usize {
+        match self.mode {
+            Mode::PerPage => 1,
+            Mode::Packed => self.group_pages,
         }
     }
 

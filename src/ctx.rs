@@ -188,7 +188,8 @@ impl CtxState {
     pub(crate) fn secondary_codec(&mut self) -> Option<&mut Box<dyn Codec>> {
         if self.secondary.is_none() {
             let algo = self.secondary_algo.get()?;
-            self.secondary = Some(algo.new_codec());
+            // Queue threads only decode with it: sized for one page.
+            self.secondary = Some(algo.new_codec_for(1));
         }
         self.secondary.as_mut()
     }

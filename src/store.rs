@@ -427,7 +427,7 @@ impl Store {
         }
         self.with_maintenance(|st| {
             self.choose_secondary(p.algo)?;
-            let mut codec = p.algo.new_codec();
+            let mut codec = p.algo.new_codec_for(self.cfg.codec_pages());
             let (mode, span) = (self.cfg.mode, self.cfg.object_span());
             Ok(crate::recompress::run(
                 &self.table,

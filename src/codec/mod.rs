@@ -138,11 +138,18 @@ pub const ZSTD_DEFAULT_LEVEL: i32 = 1;
 pub const DEFLATE_DEFAULT_LEVEL: i32 = 1;
 
 impl Algo {
-    /// Creates a fresh codec instance (own context and scratch) for `self`.
+    /// Creates a fresh codec instance (own context and scratch) for `self`,
+    /// sized for inputs of up to 8 pages (see [`Algo::new_codec_for`]).
     pub fn new_codec(&self) -> Box<dyn Codec> {
+        self.new_codec_for(8)
+    }
+
+    /// A fresh codec whose contexts are sized for inputs of up to `pages`
+    /// pages (zstd's; larger inputs still compress, less frugally).
+    pub fn new_codec_for(&self, pages: usize) -> Box<dyn Codec> {
         match *self {
             Algo::Lz4 => Box::new(Lz4Codec::new()),
-            Algo::Zstd(level) => Box::new(ZstdCodec::new(level)),
+            Algo::Zstd(level) => Box::new(ZstdCodec::for_pages(level, pages)),
             Algo::Deflate(level) => Box::new(DeflateCodec::new(level, *self)),
             Algo::DeflateIaa => Box::new(IaaCodec::new()),
             Algo::None => Box::new(NoneCodec),

@@ -73,6 +73,11 @@ const RESERVE_OBJECTS: u32 = 16;
 const SPARES_AT_ONCE: usize = HEADROOM / 2;
 /// Missed objects a class remembers (what the provisioner adds room for).
 pub(super) const MISSED_MAX: u32 = 256;
+/// An experiment's switch: `ZBLK_RESERVE_SCALE=N` (1 to 64, default 1)
+/// multiplies what every class keeps in spares ([`RESERVE_BYTES`],
+/// [`RESERVE_OBJECTS`] and the extra zspages for busy classes), for an A/B
+/// of the reserve's size against the allocations that wait for it.
+const SCALE_ENV: &str = "ZBLK_RESERVE_SCALE";
 
 /// The reserve's signals and counters.
 #[derive(Debug)]
@@ -97,6 +102,8 @@ pub(super) struct Reserve {
     misses: AtomicU64,
     fallbacks: AtomicU64,
     refusals: AtomicU64,
+    /// [`SCALE_ENV`]'s factor.
+    scale: u32,
 }
 
 impl Reserve {
@@ -119,6 +126,10 @@ impl Reserve {
             misses: AtomicU64::new(0),
             fallbacks: AtomicU64::new(0),
             refusals: AtomicU64::new(0),
+            scale: std::env::var(SCALE_ENV)
+                .ok()
+                .and_then(|v| v.parse::<u32>().ok())
+                .map_or(1, |n| n.clamp(1, 64)),
         }
     }
 
@@ -285,13 +296,17 @@ impl SlabAllocator {
     /// for and not served since the last fill if more, plus one zspage per
     /// 64 live ones, up to three.
     pub(super) fn reserve_want(&self, class: &SizeClass, st: &ClassState) -> usize {
-        if self.reserve.is_none() || (st.live_zspages == 0 && st.missed == 0) {
+        let Some(r) = &self.reserve else {
+            return 0;
+        };
+        if st.live_zspages == 0 && st.missed == 0 {
             return 0;
         }
         let per = class.spec.objs.max(1);
-        let objs = (RESERVE_BYTES / class.spec.size.max(1)).clamp(1, RESERVE_OBJECTS);
+        let objs =
+            (r.scale * RESERVE_BYTES / class.spec.size.max(1)).clamp(1, r.scale * RESERVE_OBJECTS);
         let base = objs.max(st.missed).div_ceil(per) as usize;
-        base + (st.live_zspages / 64).min(3) as usize
+        base + (st.live_zspages / 64).min(3 * u64::from(r.scale)) as usize
     }
 
     /// Places the objects `missed` of a bulk allocation whose classes had

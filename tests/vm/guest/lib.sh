@@ -128,6 +128,23 @@ proc_stacks() {
     done
 }
 
+# zadd with NAME=VALUE ($1; nothing when empty) in the daemon's
+# environment (an A/B of an engine setting read from the environment); the
+# script gets its own value (or none) back after it.
+zadd_env() {
+    ze=$1 zn=${1%%=*} zsaved=__unset__
+    shift
+    if [ -n "$ze" ]; then
+        case $zn in '' | [0-9]* | *[!A-Za-z0-9_]*) fail "bad variable name '$zn'" ;; esac
+        eval "zsaved=\${$zn-__unset__}"
+        export "${ze?}"
+    fi
+    zadd "$@"
+    if [ -n "$ze" ]; then
+        if [ "$zsaved" = __unset__ ]; then unset "$zn"; else export "$zn=$zsaved"; fi
+    fi
+}
+
 # The scheduling policy of the zblk-reserve threads (field 41 of their
 # stat: 0 normal, 1 FIFO), or "none".
 reserve_policy() {

@@ -165,19 +165,8 @@ bd_up() {
         zram_swap "$ZBLK_DEV_MB"
         ZBLK_ALGO=$algo0 ;;
     zblk)
-        # The daemon inherits the variable; the script gets its own value
-        # (or none) back after it.
-        ename=${env%%=*} esaved=__unset__
-        if [ -n "$env" ]; then
-            case $ename in '' | [0-9]* | *[!A-Za-z0-9_]*) fail "$1: bad variable name '$ename'" ;; esac
-            eval "esaved=\${$ename-__unset__}"
-            export "${env?}"
-        fi
         # shellcheck disable=SC2086 # timers is one word or none
-        zadd --size "${ZBLK_DEV_MB}M" --algo "$algo" --mode "$mode" $timers --swap
-        if [ -n "$env" ]; then
-            if [ "$esaved" = __unset__ ]; then unset "$ename"; else export "$ename=$esaved"; fi
-        fi
+        zadd_env "$env" --size "${ZBLK_DEV_MB}M" --algo "$algo" --mode "$mode" $timers --swap
         DPID=$(zdaemon_pid "$ZID") || fail "$1: no daemon holds /dev/ublkc$ZID" ;;
     *) fail "unknown configuration '$1'" ;;
     esac

@@ -20,6 +20,8 @@
 # zblk.wm_wsf (vm.watermark_scale_factor), zblk.wm_rt=0 (the provisioner
 # at normal priority, not SCHED_FIFO 1), zblk.wm_timers=1 (zblk's phase
 # timers on, and an "engine" line per zblk configuration: see wm_engine),
+# a zblk configuration ending in @NAME=VALUE has its daemon started with
+# that environment variable (zblk:lz4@ZBLK_RESERVE_SCALE=4: an A/B),
 # zblk.wm_rounds, zblk.wm_procs.
 #
 # Status (2026-12-01, 7.3): passes since the daemon keeps a memory reserve
@@ -61,7 +63,8 @@ log "vm.watermark_scale_factor=$(cat /proc/sys/vm/watermark_scale_factor) min_fr
 
 # Brings up the swap of configuration $1 (kind:algo[:mode]).
 wm_up() {
-    kind=${1%%:*} rest=${1#*:}
+    kind=${1%%:*} rest=${1#*:} env=""
+    case $rest in *@*=*) env=${rest#*@} rest=${rest%%@*} ;; esac
     algo=${rest%%:*} mode=per-page extra=""
     [ "$rest" != "$algo" ] && mode=${rest#*:}
     # zblk:ALGO:private: per-page, the store in private memory
@@ -69,6 +72,7 @@ wm_up() {
     [ "$mode" = private ] && mode=per-page extra=--no-recovery
     case $kind in
     zram)
+        [ -z "$env" ] || fail "$1: @NAME=VALUE is for zblk configurations"
         algo0=$ZBLK_ALGO
         ZBLK_ALGO=$algo
         zram_swap "$dev_mb"
@@ -85,7 +89,7 @@ wm_up() {
         # zblk.wm_timers=1: the engine's phase timers, read by wm_engine.
         [ "${ZBLK_WM_TIMERS:-0}" = 1 ] && extra="$extra --phase-timers"
         # shellcheck disable=SC2086 # extra is words or none
-        zadd --size "${dev_mb}M" --algo "$algo" --mode "$mode" $extra --swap
+        zadd_env "$env" --size "${dev_mb}M" --algo "$algo" --mode "$mode" $extra --swap
         # zblk.wm_wbt=USEC: the device's writeback throttling latency
         # (0: off; zram, a bio device, has none).
         if [ -n "${ZBLK_WM_WBT:-}" ]; then
@@ -93,6 +97,7 @@ wm_up() {
         fi
         log "${ZDEV#/dev/} wbt_lat_usec=$(cat "/sys/block/${ZDEV#/dev/}/queue/wbt_lat_usec" 2>/dev/null || echo none) provisioner_policy=$(reserve_policy)" ;;
     zswap)
+        [ -z "$env" ] || fail "$1: @NAME=VALUE is for zblk configurations"
         [ -d "$ZSW" ] || fail "no zswap in this kernel ($ZSW missing)"
         rmmod brd 2>/dev/null
         insmod /lib/zblk-vm/modules/brd.ko rd_nr=1 rd_size=$((dev_mb * 1024)) ||
@@ -214,7 +219,7 @@ while [ "$round" -le "$ZBLK_WM_ROUNDS" ]; do
         wm_down "$c"
         log "round $round $WM_FIGS"
         lines="$lines|$WM_FIGS"
-        key=$(echo "$c" | tr ':-' '__')
+        key=$(echo "$c" | tr -c 'A-Za-z0-9_\n' '_')
         eval "walls_$key=\"\${walls_$key:-} $WM_WALL\""
     done
     round=$((round + 1))
@@ -222,7 +227,7 @@ done
 
 # Median wall of configuration $1, "oom" if any round ran out of memory.
 med() {
-    key=$(echo "$1" | tr ':-' '__')
+    key=$(echo "$1" | tr -c 'A-Za-z0-9_\n' '_')
     eval "v=\${walls_$key:-}"
     case $v in *oom*) echo oom ;; '') echo - ;; *) echo "$v" | median ;; esac
 }
