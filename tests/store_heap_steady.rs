@@ -4,7 +4,10 @@
 //! in when memory has run out (seen on 6.12: both queue threads in direct
 //! reclaim from a write into a new page of zstd's workspace, 17 MB into
 //! their malloc arena). Measured with glibc's `mallinfo2` (the C codecs'
-//! allocations included): bytes the heap took from the system.
+//! allocations included): bytes the heap took from the system and bytes in
+//! use, each allowed 1 MB of slack for the store's own threads (the drain
+//! thread's batches), where a context that reallocates on the I/O path
+//! would take more with every change of input size.
 
 use zblk::{Algo, Mode, Store, StoreConfig, PAGE_SIZE};
 
@@ -77,7 +80,7 @@ fn a_long_mixed_load_does_not_grow_a_prefaulted_contexts_heap() {
         run(20_000, &mut rnd);
         let after = heap();
         assert!(
-            after.0 <= before.0 && after.1 <= before.1 + (256 << 10),
+            after.0 <= before.0 + (1 << 20) && after.1 <= before.1 + (1 << 20),
             "{algo} {mode:?}: heap from the system {} -> {}, in use {} -> {}",
             before.0,
             after.0,
