@@ -117,6 +117,7 @@ impl CtxState {
             crate::page::touch_pages(buf, 0);
         }
         crate::page::prefault_thread(ARENA_ROOM);
+        self.codec.prefault();
         let mut page = [0u8; PAGE_SIZE];
         let mut out = vec![0u8; 2 * PAGE_SIZE];
         for kind in 0..SAMPLE_KINDS {
@@ -188,8 +189,12 @@ impl CtxState {
     pub(crate) fn secondary_codec(&mut self) -> Option<&mut Box<dyn Codec>> {
         if self.secondary.is_none() {
             let algo = self.secondary_algo.get()?;
-            // Queue threads only decode with it: sized for one page.
-            self.secondary = Some(algo.new_codec_for(1));
+            // Queue threads only decode with it: no compression context.
+            // Made on first use (a read of a recompressed page), so its
+            // memory is faulted in then, all at once, not page by page.
+            let mut codec = algo.new_codec_for(0);
+            codec.prefault();
+            self.secondary = Some(codec);
         }
         self.secondary.as_mut()
     }

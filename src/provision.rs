@@ -20,12 +20,27 @@ const ARENA_ROOM: usize = 1 << 20;
 /// every zblk configuration finished (BENCHMARKS.md, "The whole machine at
 /// 1.5x RAM", sessions 14-15). It is one thread that sleeps between passes
 /// and faults pages in; the kernel's real-time throttling
-/// (`sched_rt_runtime_us`) bounds it if it ever spun.
+/// (`sched_rt_runtime_us`) bounds it if it ever spun, and without that
+/// throttling it stays at normal priority.
 const SCHED_ENV: &str = "ZBLK_RESERVE_SCHED";
 
-/// Whether the provisioner asks for `SCHED_FIFO` (see [`SCHED_ENV`]).
+/// Whether the provisioner asks for `SCHED_FIFO` (see [`SCHED_ENV`]): not
+/// when told `normal`, nor where the kernel's real-time throttling is off
+/// (`sched_rt_runtime_us` -1), since nothing would then bound a real-time
+/// thread that spun.
 fn wants_realtime() -> bool {
-    !std::env::var(SCHED_ENV).is_ok_and(|v| v == "normal")
+    if std::env::var(SCHED_ENV).is_ok_and(|v| v == "normal") {
+        return false;
+    }
+    let unthrottled = std::fs::read_to_string("/proc/sys/kernel/sched_rt_runtime_us")
+        .is_ok_and(|v| v.trim() == "-1");
+    if unthrottled {
+        log::warn!(
+            "memory reserve: real-time throttling is off (sched_rt_runtime_us -1), \
+             provisioner at normal priority"
+        );
+    }
+    !unthrottled
 }
 
 /// Makes the calling thread `SCHED_FIFO` 1 if allowed (`CAP_SYS_NICE` or

@@ -15,7 +15,8 @@ fn minor_faults() -> i64 {
     // SAFETY: getrusage writes one rusage into the zeroed local.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: as above; RUSAGE_THREAD is the calling thread.
-    unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
+    assert_eq!(rc, 0, "getrusage: {}", std::io::Error::last_os_error());
     ru.ru_minflt
 }
 

@@ -66,6 +66,11 @@ pub trait Codec: Send {
     /// that decodes to any other length is corrupt.
     fn decompress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<(), CodecError>;
 
+    /// Faults in the memory this codec's calls use that it allocated
+    /// itself (zstd's fixed workspaces), on the thread that will serve;
+    /// nothing for codecs without such memory. See `QueueCtx::prefault`.
+    fn prefault(&mut self) {}
+
     /// Compresses a compression group: `pages[i]` into
     /// `dst[i * PAGE_SIZE..i * PAGE_SIZE + budget]`, pushing one result per
     /// page onto `out` (as [`Codec::compress`]: `None` means "store raw").
@@ -145,7 +150,8 @@ impl Algo {
     }
 
     /// A fresh codec whose contexts are sized for inputs of up to `pages`
-    /// pages (zstd's; larger inputs still compress, less frugally).
+    /// pages (zstd's; larger inputs still compress, less frugally; 0 for a
+    /// codec that only decompresses).
     pub fn new_codec_for(&self, pages: usize) -> Box<dyn Codec> {
         match *self {
             Algo::Lz4 => Box::new(Lz4Codec::new()),

@@ -1,7 +1,8 @@
 //! Zstandard through the zstd crate's bulk API, with contexts kept per thread.
 //!
-//! The compression context lives in a workspace of its own, allocated and
-//! faulted in once, when the codec is made (`ZSTD_initStaticCCtx`), sized
+//! The compression context lives in a workspace of its own, allocated once,
+//! when the codec is made (`ZSTD_initStaticCCtx`), faulted in by the queue
+//! thread's prefault ([`Codec::prefault`]), sized
 //! for the largest input the store gives it; so does the decompression
 //! context (`ZSTD_initStaticDCtx`, see [`FixedDCtx`]). A context zstd allocates
 //! itself sizes its workspace to each input and reallocates it whenever an
@@ -43,7 +44,7 @@ pub struct ZstdCodec {
 struct FixedCCtx {
     ctx: NonNull<zstd_sys::ZSTD_CCtx>,
     max_src: usize,
-    _workspace: Box<[u64]>,
+    workspace: Workspace,
 }
 
 // SAFETY: the context is used only through `&mut ZstdCodec` and points into
@@ -64,16 +65,19 @@ impl FixedCCtx {
                 ))
             })
             .max()?;
-        let mut workspace = touched_workspace(bytes);
+        // SAFETY: ZSTD_isError only reads the code.
+        if unsafe { zstd_sys::ZSTD_isError(bytes) } != 0 {
+            return None;
+        }
+        let workspace = Workspace::new(bytes);
+        let (at, len) = workspace.raw();
         // SAFETY: the workspace is 8-byte aligned, `bytes` long at least,
         // and outlives the context (both live in the returned struct).
-        let ctx = unsafe {
-            zstd_sys::ZSTD_initStaticCCtx(workspace.as_mut_ptr().cast(), workspace.len() * 8)
-        };
+        let ctx = unsafe { zstd_sys::ZSTD_initStaticCCtx(at, len) };
         let fixed = FixedCCtx {
             ctx: NonNull::new(ctx)?,
             max_src: pages.max(1) * PAGE_SIZE,
-            _workspace: workspace,
+            workspace,
         };
         let ok = fixed.set(zstd_sys::ZSTD_cParameter::ZSTD_c_compressionLevel, level)
             && fixed.set(zstd_sys::ZSTD_cParameter::ZSTD_c_contentSizeFlag, 0)
@@ -116,15 +120,60 @@ impl FixedCCtx {
     }
 }
 
-/// `bytes` of 8-byte aligned memory (as zstd wants a static context's),
-/// faulted in now, page by page (a zeroed allocation is not).
-fn touched_workspace(bytes: usize) -> Box<[u64]> {
-    let mut workspace = vec![0u64; bytes.div_ceil(8)].into_boxed_slice();
-    for w in workspace.iter_mut().step_by(PAGE_SIZE / 8) {
-        // SAFETY: `w` is a valid, exclusive element of the workspace.
-        unsafe { std::ptr::write_volatile(w, 0) };
+/// Memory a static zstd context lives in: 8-byte aligned (as zstd asks),
+/// zeroed when made and not touched (so a store that never serves, a test,
+/// pays nothing for it), faulted in by [`Workspace::touch`] on the thread
+/// that will serve. Held as a raw pointer, not a `Box`, because zstd keeps
+/// pointers into it.
+struct Workspace {
+    ptr: NonNull<u64>,
+    words: usize,
+}
+
+impl Workspace {
+    /// A workspace of at least `bytes`.
+    fn new(bytes: usize) -> Workspace {
+        let b = vec![0u64; bytes.div_ceil(8).max(1)].into_boxed_slice();
+        let words = b.len();
+        let raw = Box::into_raw(b) as *mut u64;
+        Workspace {
+            // SAFETY: Box::into_raw never returns null.
+            ptr: unsafe { NonNull::new_unchecked(raw) },
+            words,
+        }
     }
-    workspace
+
+    /// The start, for `ZSTD_initStatic*`, and the length in bytes.
+    fn raw(&self) -> (*mut libc::c_void, usize) {
+        (self.ptr.as_ptr().cast(), self.words * 8)
+    }
+
+    /// Faults every page in by rewriting one word of it with its own
+    /// value: no byte changes under the context living there.
+    fn touch(&mut self) {
+        for i in (0..self.words).step_by(PAGE_SIZE / 8) {
+            // SAFETY: `i` is within the allocation; `&mut self` means no
+            // zstd call runs meanwhile, and the word is written back
+            // unchanged.
+            unsafe {
+                let w = self.ptr.as_ptr().add(i);
+                std::ptr::write_volatile(w, std::ptr::read_volatile(w));
+            }
+        }
+    }
+}
+
+impl Drop for Workspace {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` and `words` came from the boxed slice made in
+        // `new`, freed only here; the context in it goes with the struct.
+        unsafe {
+            drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+                self.ptr.as_ptr(),
+                self.words,
+            )));
+        }
+    }
 }
 
 /// A decompression context in a workspace this codec owns. zstd's own
@@ -135,7 +184,7 @@ fn touched_workspace(bytes: usize) -> Box<[u64]> {
 /// after the compression context had been fixed).
 struct FixedDCtx {
     ctx: NonNull<zstd_sys::ZSTD_DCtx>,
-    _workspace: Box<[u64]>,
+    workspace: Workspace,
 }
 
 // SAFETY: as for `FixedCCtx`.
@@ -146,15 +195,14 @@ impl FixedDCtx {
     fn new() -> Option<FixedDCtx> {
         // SAFETY: only computes a size.
         let bytes = unsafe { zstd_sys::ZSTD_estimateDCtxSize() };
-        let mut workspace = touched_workspace(bytes);
+        let workspace = Workspace::new(bytes);
+        let (at, len) = workspace.raw();
         // SAFETY: the workspace is 8-byte aligned, `bytes` long at least,
         // and outlives the context (both live in the returned struct).
-        let ctx = unsafe {
-            zstd_sys::ZSTD_initStaticDCtx(workspace.as_mut_ptr().cast(), workspace.len() * 8)
-        };
+        let ctx = unsafe { zstd_sys::ZSTD_initStaticDCtx(at, len) };
         let fixed = FixedDCtx {
             ctx: NonNull::new(ctx)?,
-            _workspace: workspace,
+            workspace,
         };
         // SAFETY: `ctx` is a live context the struct owns.
         let r = unsafe {
@@ -221,14 +269,19 @@ impl ZstdCodec {
     }
 
     /// Creates a zstd codec at `level` whose compression context is sized,
-    /// and faulted in, for inputs of up to `pages` pages.
+    /// and faulted in, for inputs of up to `pages` pages; 0 for a codec that
+    /// only decompresses (a compression, should one come, gets an ordinary
+    /// context on first use).
     pub fn for_pages(level: i32, pages: usize) -> Self {
         let dynamic = std::env::var(CCTX_ENV).is_ok_and(|v| v == "dynamic");
         let (fixed, fixed_d) = match dynamic {
             true => (None, None),
-            false => (FixedCCtx::new(level, pages), FixedDCtx::new()),
+            false => (
+                (pages > 0).then(|| FixedCCtx::new(level, pages)).flatten(),
+                FixedDCtx::new(),
+            ),
         };
-        if !dynamic && (fixed.is_none() || fixed_d.is_none()) {
+        if !dynamic && ((pages > 0 && fixed.is_none()) || fixed_d.is_none()) {
             log::warn!("zstd: no fixed context; zstd allocates its own");
         }
         ZstdCodec {
@@ -241,14 +294,28 @@ impl ZstdCodec {
     }
 }
 
+/// Whether zstd's result `code` is the error `e` (by code, not by name).
+fn is_error(code: usize, e: zstd_sys::ZSTD_ErrorCode) -> bool {
+    // SAFETY: ZSTD_getErrorCode only reads the code.
+    unsafe { zstd_sys::ZSTD_getErrorCode(code) == e }
+}
+
+/// Whether a static context lacked the memory for a call (it never
+/// allocates: it fails instead).
+fn out_of_room(code: usize) -> bool {
+    is_error(code, zstd_sys::ZSTD_ErrorCode::ZSTD_error_memory_allocation)
+}
+
 /// What a zstd error code means for a page: `Ok(None)` when the output did
 /// not fit the budget (the page does not compress enough), else a failure.
 fn refusal(code: usize) -> Result<Option<usize>, CodecError> {
-    let name = zstd_safe::get_error_name(code);
-    if name.contains("too small") {
+    if is_error(code, zstd_sys::ZSTD_ErrorCode::ZSTD_error_dstSize_tooSmall) {
         Ok(None)
     } else {
-        Err(CodecError::Internal(format!("zstd: {name}")))
+        Err(CodecError::Internal(format!(
+            "zstd: {}",
+            zstd_safe::get_error_name(code)
+        )))
     }
 }
 
@@ -257,16 +324,23 @@ impl Codec for ZstdCodec {
         Algo::Zstd(self.level)
     }
 
+    fn prefault(&mut self) {
+        if let Some(f) = self.fixed.as_mut() {
+            f.workspace.touch();
+        }
+        if let Some(f) = self.fixed_d.as_mut() {
+            f.workspace.touch();
+        }
+    }
+
     fn compress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<Option<usize>, CodecError> {
         if let Some(f) = self.fixed.as_mut().filter(|f| src.len() <= f.max_src) {
             match f.compress(src, dst) {
                 Ok(n) => return Ok(Some(n)),
-                // dstSize_tooSmall: the page does not compress into the budget.
-                Err(code) if !zstd_safe::get_error_name(code).contains("allocation") => {
-                    return refusal(code)
-                }
                 // Sized too small after all: the ordinary context below.
-                Err(_) => {}
+                Err(code) if out_of_room(code) => {}
+                // dstSize_tooSmall: the page does not compress into the budget.
+                Err(code) => return refusal(code),
             }
         }
         let level = self.level;
@@ -283,7 +357,7 @@ impl Codec for ZstdCodec {
         if let Some(f) = self.fixed_d.as_mut() {
             match f.decompress(src, dst) {
                 // Out of memory in a static context: the ordinary one below.
-                Err(code) if zstd_safe::get_error_name(code).contains("allocation") => {}
+                Err(code) if out_of_room(code) => {}
                 other => r = Some(other),
             }
         }
@@ -304,5 +378,64 @@ impl Codec for ZstdCodec {
                 zstd_safe::get_error_name(code)
             ))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn text(pages: usize) -> Vec<u8> {
+        let words: [&[u8]; 4] = [b"swap ", b"page ", b"memory ", b"zblk "];
+        let mut x = 7u32;
+        let mut v = Vec::new();
+        while v.len() < pages * PAGE_SIZE {
+            x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+            v.extend_from_slice(words[(x >> 16) as usize % 4]);
+            v.push(b'a' + (x >> 8) as u8 % 26);
+        }
+        v.truncate(pages * PAGE_SIZE);
+        v
+    }
+
+    #[test]
+    fn a_fixed_context_without_room_falls_back_and_frames_interchange() {
+        let data = text(8);
+        let mut out = vec![0u8; 2 * data.len()];
+        // A context sized for one page that claims to take eight: zstd
+        // runs out of room in it, and the ordinary context takes over.
+        let mut c = ZstdCodec::for_pages(1, 1);
+        if let Some(f) = c.fixed.as_mut() {
+            f.max_src = 8 * PAGE_SIZE;
+        }
+        let n = c
+            .compress(&data, &mut out)
+            .expect("compress")
+            .expect("fits");
+        assert!(c.cctx.is_some(), "the fallback context was not used");
+        // Frames of either context decode with the other's.
+        let mut back = vec![0u8; data.len()];
+        let mut dynamic = ZstdCodec {
+            fixed: None,
+            fixed_d: None,
+            dctx: Some(dynamic_dctx()),
+            ..ZstdCodec::for_pages(1, 8)
+        };
+        dynamic
+            .decompress(&out[..n], &mut back)
+            .expect("dynamic decode");
+        assert!(back == data);
+        let mut fixed = ZstdCodec::for_pages(1, 8);
+        let m = fixed
+            .compress(&data, &mut out)
+            .expect("compress")
+            .expect("fits");
+        assert!(fixed.cctx.is_none(), "a fitting input used the fallback");
+        assert_eq!(m, n, "the two contexts' frames differ");
+        back.fill(0);
+        dynamic.decompress(&out[..m], &mut back).expect("decode");
+        assert!(back == data);
+        // A budget the output does not fit is a refusal, not an error.
+        assert_eq!(fixed.compress(&data, &mut out[..64]), Ok(None));
     }
 }

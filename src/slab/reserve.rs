@@ -294,7 +294,7 @@ impl SlabAllocator {
     /// nothing and was not asked for; else room for [`RESERVE_BYTES`] of
     /// objects (1 to [`RESERVE_OBJECTS`] of them), or for the objects asked
     /// for and not served since the last fill if more, plus one zspage per
-    /// 64 live ones, up to three.
+    /// 64 live ones, up to three (each times [`SCALE_ENV`]'s factor).
     pub(super) fn reserve_want(&self, class: &SizeClass, st: &ClassState) -> usize {
         let Some(r) = &self.reserve else {
             return 0;
