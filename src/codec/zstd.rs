@@ -65,10 +65,7 @@ impl FixedCCtx {
                 ))
             })
             .max()?;
-        // SAFETY: ZSTD_isError only reads the code.
-        if unsafe { zstd_sys::ZSTD_isError(bytes) } != 0 {
-            return None;
-        }
+        checked(bytes).ok()?;
         let workspace = Workspace::new(bytes);
         let (at, len) = workspace.raw();
         // SAFETY: the workspace is 8-byte aligned, `bytes` long at least,
@@ -93,30 +90,13 @@ impl FixedCCtx {
     /// Sets one parameter; whether zstd took it.
     fn set(&self, p: zstd_sys::ZSTD_cParameter, v: i32) -> bool {
         // SAFETY: `ctx` is a live context this struct owns.
-        let r = unsafe { zstd_sys::ZSTD_CCtx_setParameter(self.ctx.as_ptr(), p, v) };
-        // SAFETY: ZSTD_isError only reads the code.
-        unsafe { zstd_sys::ZSTD_isError(r) == 0 }
+        checked(unsafe { zstd_sys::ZSTD_CCtx_setParameter(self.ctx.as_ptr(), p, v) }).is_ok()
     }
 
     /// `ZSTD_compress2`: the compressed size or zstd's error code.
     fn compress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<usize, usize> {
-        // SAFETY: `ctx` is a live context this struct owns; `dst` and `src`
-        // are valid for the lengths passed.
-        let r = unsafe {
-            zstd_sys::ZSTD_compress2(
-                self.ctx.as_ptr(),
-                dst.as_mut_ptr().cast(),
-                dst.len(),
-                src.as_ptr().cast(),
-                src.len(),
-            )
-        };
-        // SAFETY: ZSTD_isError only reads the code.
-        if unsafe { zstd_sys::ZSTD_isError(r) } == 0 {
-            Ok(r)
-        } else {
-            Err(r)
-        }
+        // SAFETY: `ctx` is a live compression context this struct owns.
+        unsafe { bulk(zstd_sys::ZSTD_compress2, self.ctx, src, dst) }
     }
 }
 
@@ -212,29 +192,13 @@ impl FixedDCtx {
                 zstd_sys::ZSTD_format_e::ZSTD_f_zstd1_magicless as i32,
             )
         };
-        // SAFETY: ZSTD_isError only reads the code.
-        (unsafe { zstd_sys::ZSTD_isError(r) } == 0).then_some(fixed)
+        checked(r).is_ok().then_some(fixed)
     }
 
     /// `ZSTD_decompressDCtx`: the decompressed size or zstd's error code.
     fn decompress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<usize, usize> {
-        // SAFETY: `ctx` is a live context this struct owns; `dst` and `src`
-        // are valid for the lengths passed.
-        let r = unsafe {
-            zstd_sys::ZSTD_decompressDCtx(
-                self.ctx.as_ptr(),
-                dst.as_mut_ptr().cast(),
-                dst.len(),
-                src.as_ptr().cast(),
-                src.len(),
-            )
-        };
-        // SAFETY: ZSTD_isError only reads the code.
-        if unsafe { zstd_sys::ZSTD_isError(r) } == 0 {
-            Ok(r)
-        } else {
-            Err(r)
-        }
+        // SAFETY: `ctx` is a live decompression context this struct owns.
+        unsafe { bulk(zstd_sys::ZSTD_decompressDCtx, self.ctx, src, dst) }
     }
 }
 
@@ -292,6 +256,42 @@ impl ZstdCodec {
             fixed_d,
         }
     }
+}
+
+/// A zstd function's result: `Ok` with its value, or `Err` with the error
+/// code.
+fn checked(r: usize) -> Result<usize, usize> {
+    // SAFETY: ZSTD_isError only reads the code.
+    if unsafe { zstd_sys::ZSTD_isError(r) } == 0 {
+        Ok(r)
+    } else {
+        Err(r)
+    }
+}
+
+/// One of zstd's bulk calls (`ZSTD_compress2`, `ZSTD_decompressDCtx`) of
+/// `ctx` from `src` into `dst`, checked.
+///
+/// # Safety
+/// `ctx` must be a live context of the kind `f` takes, used by no one else
+/// during the call.
+unsafe fn bulk<T>(
+    f: unsafe extern "C" fn(*mut T, *mut libc::c_void, usize, *const libc::c_void, usize) -> usize,
+    ctx: NonNull<T>,
+    src: &[u8],
+    dst: &mut [u8],
+) -> Result<usize, usize> {
+    // SAFETY: `ctx` as the caller promises; `dst` and `src` are valid for
+    // the lengths passed.
+    checked(unsafe {
+        f(
+            ctx.as_ptr(),
+            dst.as_mut_ptr().cast(),
+            dst.len(),
+            src.as_ptr().cast(),
+            src.len(),
+        )
+    })
 }
 
 /// Whether zstd's result `code` is the error `e` (by code, not by name).
