@@ -88,7 +88,7 @@ pub fn program_ranges(maps: &str) -> Vec<(usize, usize)> {
             let (a, b) = range.split_once('-')?;
             let a = usize::from_str_radix(a, 16).ok()?;
             let b = usize::from_str_radix(b, 16).ok()?;
-            (b > a).then_some((a, b - a))
+            (b > a).then(|| (a, b - a))
         })
         .collect()
 }
