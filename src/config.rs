@@ -16,8 +16,9 @@ use std::sync::Arc;
 /// save little memory and cost a decompression on every read.
 pub const DEFAULT_HUGE_THRESHOLD: usize = PAGE_SIZE * 3 / 4;
 
-/// Default pages per compression group (zswap's batch size).
-pub const DEFAULT_GROUP_PAGES: usize = 8;
+/// Default pages per compression group (zswap's batch size); a codec made
+/// without a store's shape is sized for it.
+pub const DEFAULT_GROUP_PAGES: usize = crate::codec::DEFAULT_CODEC_PAGES;
 
 /// Largest compression group.
 pub const MAX_GROUP_PAGES: usize = 64;

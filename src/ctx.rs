@@ -97,10 +97,10 @@ impl CtxState {
     /// Faults in the memory this state's requests use, on the thread that
     /// will serve them: every page of the scratch, gather and packed read
     /// buffers (zero-allocated, so never touched yet), the thread's stack
-    /// and malloc arena, and the codec's contexts, which size their
-    /// workspace to the input on a call: so one compression and
-    /// decompression of the largest input this store gives its codec (a
-    /// page; in packed mode a whole group, eight times that). In a swap
+    /// and malloc arena, the codec's own memory ([`Codec::prefault`]: zstd's
+    /// fixed workspaces), and what its calls touch as they go, by
+    /// compressing and decompressing sample pages of every kind
+    /// ([`sample_page`]) and, in packed mode, a whole group. In a swap
     /// device the first request comes when memory has run out: a queue
     /// thread that takes a fresh page then, with `PR_SET_IO_FLUSHER` (no I/O
     /// from its reclaim) and nothing reclaimable without I/O, loops in

@@ -9,27 +9,18 @@
 //! thread's batches), where a context that reallocates on the I/O path
 //! would take more with every change of input size.
 
+mod common;
+
+use common::{heap_bytes, Rng};
 use zblk::{Algo, Mode, Store, StoreConfig, PAGE_SIZE};
 
-/// Bytes every malloc arena took from the system, and bytes in use.
-fn heap() -> (usize, usize) {
-    // SAFETY: mallinfo2 only reads malloc's own counters.
-    let m = unsafe { libc::mallinfo2() };
-    (m.arena + m.hblkhd, m.uordblks)
-}
-
 fn page(seed: u64, kind: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut rng = Rng(seed | 1);
     (0..PAGE_SIZE)
-        .map(|i| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            match kind % 3 {
-                0 => (i / 64) as u8 ^ seed as u8,
-                1 => b"swap page of text "[(x % 18) as usize],
-                _ => x as u8,
-            }
+        .map(|i| match kind % 3 {
+            0 => (i / 64) as u8 ^ seed as u8,
+            1 => b"swap page of text "[rng.below(18) as usize],
+            _ => rng.next() as u8,
         })
         .collect()
 }
@@ -49,17 +40,11 @@ fn a_long_mixed_load_does_not_grow_a_prefaulted_contexts_heap() {
         let store = Store::new(cfg).expect("store");
         let mut ctx = store.new_ctx();
         ctx.prefault();
-        let mut x = 12345u64;
-        let mut rnd = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut rng = Rng(12345);
         let mut buf = vec![0u8; 8 * PAGE_SIZE];
-        let mut run = |n: usize, rnd: &mut dyn FnMut() -> u64| {
+        let mut run = |n: usize, rng: &mut Rng| {
             for _ in 0..n {
-                let r = rnd();
+                let r = rng.next();
                 let len = 1 + (r % 8) as usize;
                 let at = (r >> 8) % (pages - 8);
                 let off = at * PAGE_SIZE as u64;
@@ -75,10 +60,10 @@ fn a_long_mixed_load_does_not_grow_a_prefaulted_contexts_heap() {
                 }
             }
         };
-        run(20_000, &mut rnd);
-        let before = heap();
-        run(20_000, &mut rnd);
-        let after = heap();
+        run(20_000, &mut rng);
+        let before = heap_bytes();
+        run(20_000, &mut rng);
+        let after = heap_bytes();
         assert!(
             after.0 <= before.0 + (1 << 20) && after.1 <= before.1 + (1 << 20),
             "{algo} {mode:?}: heap from the system {} -> {}, in use {} -> {}",

@@ -8,34 +8,22 @@
 //! shows the faults this test exists to catch. One test in its own binary:
 //! it sets an environment variable.
 
-use zblk::{Algo, Mode, Store, StoreConfig, PAGE_SIZE};
+mod common;
 
-/// Minor page faults of the calling thread so far.
-fn minor_faults() -> i64 {
-    // SAFETY: getrusage writes one rusage into the zeroed local.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: as above; RUSAGE_THREAD is the calling thread.
-    let rc = unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut ru) };
-    assert_eq!(rc, 0, "getrusage: {}", std::io::Error::last_os_error());
-    ru.ru_minflt
-}
+use common::{thread_faults, Rng};
+use zblk::{Algo, Mode, Store, StoreConfig, PAGE_SIZE};
 
 /// Pages of random letters from a 16-letter alphabet: no matches, so all
 /// literals (a whole group's worth), Huffman-coded to half their size.
 fn letters(seed: u64, pages: usize) -> Vec<u8> {
-    let mut x = seed | 1;
+    let mut rng = Rng(seed);
     (0..pages * PAGE_SIZE)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            b'a' + (x >> 11) as u8 % 16
-        })
+        .map(|_| b'a' + rng.below(16) as u8)
         .collect()
 }
 
 /// Faults taken by reading back 64 packed groups written after a prefault.
-fn read_faults() -> i64 {
+fn read_faults() -> u64 {
     let mut cfg = StoreConfig::new(1024 * PAGE_SIZE as u64);
     cfg.algo = Algo::Zstd(1);
     cfg.mode = Mode::Packed;
@@ -48,13 +36,13 @@ fn read_faults() -> i64 {
         ctx.write((i * g * PAGE_SIZE) as u64, d).expect("write");
     }
     let mut back = vec![1u8; g * PAGE_SIZE];
-    let before = minor_faults();
+    let before = thread_faults();
     for (i, d) in groups.iter().enumerate() {
         ctx.read((i * g * PAGE_SIZE) as u64, &mut back)
             .expect("read");
         assert!(back == *d, "group {i} read back wrong");
     }
-    minor_faults() - before
+    thread_faults() - before
 }
 
 #[test]

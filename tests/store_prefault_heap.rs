@@ -9,13 +9,10 @@
 //! grew zstd's workspace, which now has a fixed size; what is left is the
 //! store's own bookkeeping, a few hundred bytes.)
 
-use zblk::{Algo, Mode, Store, StoreConfig, PAGE_SIZE};
+mod common;
 
-/// Bytes the heap has handed out and not had back (every arena).
-fn heap_in_use() -> usize {
-    // SAFETY: mallinfo2 only reads malloc's own counters.
-    unsafe { libc::mallinfo2() }.uordblks
-}
+use common::heap_bytes;
+use zblk::{Algo, Mode, Store, StoreConfig, PAGE_SIZE};
 
 fn group(seed: u8, pages: usize) -> Vec<u8> {
     (0..pages * PAGE_SIZE)
@@ -33,7 +30,7 @@ fn a_prefaulted_context_writes_and_reads_packed_groups_of_any_size_without_new_h
         let g = store.config().group_pages;
         let mut ctx = store.new_ctx();
         ctx.prefault();
-        let before = heap_in_use();
+        let before = heap_bytes().1;
         // Every group size: zstd's workspace for 3-4 pages is larger than
         // for 8 (213 against 177 KB at level 1).
         let mut at = 0u64;
@@ -45,7 +42,7 @@ fn a_prefaulted_context_writes_and_reads_packed_groups_of_any_size_without_new_h
             assert!(back == data, "{algo}: group of {k} read back wrong");
             at += (k * PAGE_SIZE) as u64;
         }
-        let grown = heap_in_use().saturating_sub(before);
+        let grown = heap_bytes().1.saturating_sub(before);
         assert!(
             grown < 16 << 10,
             "{algo}: groups after the prefault took {grown} more bytes of heap"

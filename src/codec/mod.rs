@@ -141,12 +141,16 @@ pub enum Algo {
 pub const ZSTD_DEFAULT_LEVEL: i32 = 1;
 /// libdeflate's level for `deflate`: the fast end, like the kernel's.
 pub const DEFLATE_DEFAULT_LEVEL: i32 = 1;
+/// The largest input, in pages, a codec made without a store's shape is
+/// sized for: a default compression group.
+pub const DEFAULT_CODEC_PAGES: usize = 8;
 
 impl Algo {
     /// Creates a fresh codec instance (own context and scratch) for `self`,
-    /// sized for inputs of up to 8 pages (see [`Algo::new_codec_for`]).
+    /// sized for inputs of up to [`DEFAULT_CODEC_PAGES`] pages (see
+    /// [`Algo::new_codec_for`]).
     pub fn new_codec(&self) -> Box<dyn Codec> {
-        self.new_codec_for(8)
+        self.new_codec_for(DEFAULT_CODEC_PAGES)
     }
 
     /// A fresh codec whose contexts are sized for inputs of up to `pages`

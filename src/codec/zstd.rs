@@ -16,7 +16,7 @@
 //! workspace, 17 MB into their malloc arena). An input larger than the
 //! workspace was sized for goes to an ordinary context, made on first use.
 
-use super::{Algo, Codec, CodecError};
+use super::{Algo, Codec, CodecError, DEFAULT_CODEC_PAGES};
 use crate::page::PAGE_SIZE;
 use std::ptr::NonNull;
 use zstd::zstd_safe;
@@ -226,10 +226,11 @@ fn dynamic_cctx(level: i32) -> zstd_safe::CCtx<'static> {
 }
 
 impl ZstdCodec {
-    /// Creates a zstd codec at `level` for inputs of up to 8 pages (larger
-    /// ones are compressed too, by a context made on first use).
+    /// Creates a zstd codec at `level` for inputs of up to
+    /// [`DEFAULT_CODEC_PAGES`] pages (larger ones are compressed too, by a
+    /// context made on first use).
     pub fn new(level: i32) -> Self {
-        Self::for_pages(level, 8)
+        Self::for_pages(level, DEFAULT_CODEC_PAGES)
     }
 
     /// Creates a zstd codec at `level` whose compression context is sized,
@@ -353,21 +354,16 @@ impl Codec for ZstdCodec {
 
     fn decompress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<(), CodecError> {
         let want = dst.len();
-        let mut r = None;
-        if let Some(f) = self.fixed_d.as_mut() {
-            match f.decompress(src, dst) {
-                // Out of memory in a static context: the ordinary one below.
-                Err(code) if out_of_room(code) => {}
-                other => r = Some(other),
-            }
-        }
-        let r = match r {
-            Some(r) => r,
-            None => self
-                .dctx
-                .get_or_insert_with(dynamic_dctx)
-                .decompress(dst, src),
+        let r = match self.fixed_d.as_mut().map(|f| f.decompress(src, dst)) {
+            // Out of memory in a static context: the ordinary one below.
+            Some(Err(code)) if out_of_room(code) => None,
+            r => r,
         };
+        let r = r.unwrap_or_else(|| {
+            self.dctx
+                .get_or_insert_with(dynamic_dctx)
+                .decompress(dst, src)
+        });
         match r {
             Ok(n) if n == want => Ok(()),
             Ok(n) => Err(CodecError::Corrupt(format!(

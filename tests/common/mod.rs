@@ -81,3 +81,11 @@ pub fn thread_faults() -> u64 {
     assert_eq!(r, 0, "getrusage: {}", std::io::Error::last_os_error());
     u.ru_minflt as u64
 }
+
+/// glibc's `mallinfo2`, every arena: (bytes the heap took from the
+/// system, bytes in use). Sees the C codecs' allocations too.
+pub fn heap_bytes() -> (usize, usize) {
+    // SAFETY: mallinfo2 only reads malloc's own counters.
+    let m = unsafe { libc::mallinfo2() };
+    (m.arena + m.hblkhd, m.uordblks)
+}
