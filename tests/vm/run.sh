@@ -37,7 +37,9 @@
 #                       no cgroup, on zram, zblk and zswap over brd: time
 #                       to completion; see the scenario's header) and
 #                       breakdown (where a swapped page's time goes: CPU
-#                       by consumer and zblk's phase timers, BREAKDOWN lines))
+#                       by consumer and zblk's phase timers, BREAKDOWN lines)
+#                       and thp (the swap workload in 4 KB pages, 64 KB mTHP
+#                       and 2 MB THP folios, zram then zblk per size))
 #   --mem SIZE          guest memory (qemu -m syntax, default 2G)
 #   --cpus N            guest vCPUs (default 2)
 #   --keep              keep the work folder (initramfs, console log) and print it
@@ -109,7 +111,7 @@ WORK=${ZBLK_VM_WORK:-$REPO/tests/vm/work}
 # swapkill runs last: it leaves a dead swap area the kernel cannot remove.
 DEFAULT_SCENARIOS="swap munmap blockio stat lifecycle zram-compare recompress exhaust soak filesystem crash upgrade security swapkill"
 # bench measures and is slow: run by name only (tools/scripts/bench-device.sh).
-ALL_SCENARIOS="$DEFAULT_SCENARIOS bench recovery-cost transport-ab tiering wholemachine breakdown"
+ALL_SCENARIOS="$DEFAULT_SCENARIOS bench recovery-cost transport-ab tiering wholemachine breakdown thp"
 SCENARIOS=""
 MEM=2G
 CPUS=2

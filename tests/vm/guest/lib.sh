@@ -363,7 +363,8 @@ swap_workload() {
     out0=$(vmstat pswpout); in0=$(vmstat pswpin)
     rm -f /tmp/zblk-vm.peak
     t0=$(now)
-    in_cg usemem --mb "$ZBLK_USEMEM_MB" --procs "$ZBLK_USEMEM_PROCS" --sleep 2 >/tmp/zblk-vm.usemem 2>&1 &
+    # USEMEM_FLAGS: more usemem flags (word-split), e.g. --thp.
+    in_cg usemem --mb "$ZBLK_USEMEM_MB" --procs "$ZBLK_USEMEM_PROCS" --sleep 2 ${USEMEM_FLAGS:-} >/tmp/zblk-vm.usemem 2>&1 &
     upid=$!
     track $upid
     sample_peak $upid "$kind"

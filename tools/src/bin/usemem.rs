@@ -67,6 +67,12 @@ struct Args {
     /// Verify the pages in a scattered order, not in address order.
     #[arg(long)]
     scatter: bool,
+    /// madvise(MADV_HUGEPAGE) each mapping before writing it, so that the
+    /// sizes set to `madvise` in /sys/kernel/mm/transparent_hugepage
+    /// (`enabled` for 2 MB, `hugepages-<N>kB/enabled` for mTHP) fault in
+    /// as large folios, and are swapped out as such.
+    #[arg(long)]
+    thp: bool,
     /// Internal: run as worker process number N and print its JSON line.
     #[arg(long, hide = true)]
     worker: Option<u32>,
@@ -157,6 +163,9 @@ fn run_thread(args: &Args, pat: &Pattern, stream: u64) -> std::io::Result<Thread
     let len = usize::try_from(args.mb * 1024 * 1024)
         .map_err(|_| std::io::Error::other("size does not fit in memory"))?;
     let mut map = Mapping::new(len)?;
+    if args.thp {
+        map.advise(libc::MADV_HUGEPAGE)?;
+    }
     let mut res = ThreadResult {
         pages: (len / PAGE) as u64,
         ..Default::default()
@@ -287,6 +296,7 @@ fn run_procs(args: &Args) -> Result<Vec<Value>, String> {
                     .flat_map(|m| [std::ffi::OsStr::new("--mark"), m.as_os_str()]),
             )
             .args(args.scatter.then_some("--scatter"))
+            .args(args.thp.then_some("--thp"))
             .stdout(Stdio::piped())
             .spawn()
             .map_err(|e| format!("spawn worker {p}: {e}"))?;
@@ -339,7 +349,7 @@ fn report(args: &Args, pat: &Pattern, procs: &[Value], wall: Duration) -> (Value
         "mb_per_worker": args.mb, "total_mb": total_mb, "pages": pages,
         "write_s": r3(write_s), "write_mb_s": per_s(write_s),
         "verify_s": r3(verify_s), "verify_mb_s": per_s(verify_s * f64::from(args.passes.max(1)).recip()),
-        "passes": args.passes, "bad_pages": bad, "first_bad": first_bad,
+        "passes": args.passes, "thp": args.thp, "bad_pages": bad, "first_bad": first_bad,
         "errors": errors, "wall_s": r3(wall.as_secs_f64()),
     });
     (v, ok)
