@@ -21,6 +21,11 @@ T=/sys/kernel/mm/transparent_hugepage
 [ -r $T/enabled ] || fail "no $T: kernel without transparent hugepages"
 [ -d $T/hugepages-64kB ] || fail "no $T/hugepages-64kB: kernel without mTHP (6.8+)"
 
+# The boot's settings, put back at the end: "path value" lines.
+thp_saved=$(for f in $T/enabled $T/hugepages-*kB/enabled; do
+    echo "$f $(sed 's/.*\[\(.*\)\].*/\1/' "$f")"
+done)
+
 # Sets every per-size control to never, then size $1's to madvise.
 thp_set() {
     echo never >$T/enabled
@@ -97,7 +102,8 @@ while [ "$round" -le "$ZBLK_THP_ROUNDS" ]; do
     done
     round=$((round + 1))
 done
-thp_set 4k
+echo "$thp_saved" | while read -r f v; do echo "$v" >"$f"; done
+log "THP settings restored: $(cat $T/enabled), 64 kB: $(cat $T/hugepages-64kB/enabled)"
 res="algo=$ZBLK_ALGO${ZBLK_THP_ZADD:+ zadd='$ZBLK_THP_ZADD'} rounds=$ZBLK_THP_ROUNDS zblk/zram medians:"
 for size in $ZBLK_THP_SIZES; do
     eval "w=\$w_$size o=\$o_$size i=\$i_$size p=\$ppw_$size"
