@@ -20,7 +20,9 @@
 //!   object, another position of its group, or a cache entry a corrupted
 //!   header names);
 //! - compaction over corrupt groups does not crash; overwriting every page
-//!   afterwards gives a clean store, and discarding it frees every byte.
+//!   afterwards (a touched object's pages with new text, the others with
+//!   same-filled words) gives a clean store, and discarding it frees every
+//!   byte.
 #![no_main]
 
 use arbitrary::Arbitrary;
