@@ -231,16 +231,15 @@ fn learn(
             .map(|i| owner + i)
             .collect();
         if !pages.is_empty() && live & !orig == 0 {
-            let decoded = decode_object(holds, bytes, codec);
-            let decodes = |p: &u64| {
-                model.get(*p as usize).is_some_and(|m| {
-                    decoded
-                        .as_deref()
-                        .is_some_and(|d| page_in(holds, d, *p) == &m[..])
-                })
-            };
-            if pages.iter().all(decodes) {
-                return (holds, pages);
+            if let Some(decoded) = decode_object(holds, bytes, codec) {
+                let decodes = |p: &u64| {
+                    model
+                        .get(*p as usize)
+                        .is_some_and(|m| page_in(holds, &decoded, *p) == &m[..])
+                };
+                if pages.iter().all(decodes) {
+                    return (holds, pages);
+                }
             }
         }
     }
