@@ -43,13 +43,11 @@ fn rewrite_if_sparse(
     let (e, id) = {
         let guard = table.lock(page);
         let e = guard.entry();
-        // SAFETY: we hold the lock of the slot `e` was read from.
-        if !unsafe { packed::is_sparse(alloc, &e) } {
+        if !packed::is_sparse(alloc, &guard) {
             return Ok(());
         }
         read_entry(table, st, page, &e, buf)?;
-        // SAFETY: as above.
-        (e, unsafe { packed::object_id(alloc, &e) })
+        (e, packed::object_id(alloc, &guard))
     };
     st.plan.clear();
     plan_per_page(cfg, st, alloc, page, buf)?;
@@ -62,8 +60,7 @@ fn rewrite_if_sparse(
         idle: cur.idle,
         ..st.plan.entries[0]
     };
-    // SAFETY: we hold the lock of the slot `cur` was read from.
-    if !cur.same_object(&e) || unsafe { packed::object_id(alloc, &cur) } != id {
+    if !cur.same_object(&e) || packed::object_id(alloc, &guard) != id {
         drop(guard);
         alloc.free_bulk(&st.plan.handles);
         return Ok(());

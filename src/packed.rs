@@ -40,7 +40,7 @@ use crate::codec::CodecError;
 use crate::ctx::CtxState;
 use crate::error::{Error, Result};
 use crate::page::{same_filled, MAX_PAGES, PAGE_SIZE};
-use crate::slot::{Entry, Kind};
+use crate::slot::{Entry, Kind, SlotGuard};
 use crate::stats::{Counter, Phase};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -356,22 +356,39 @@ fn decode_group(
     codec.decompress(blob, buf).map_err(|err| err.to_string())
 }
 
-/// The first page of the group the packed page `e` was stored with.
-///
-/// # Safety
-/// The caller holds the lock of the slot `e` was read from.
-pub(crate) unsafe fn base(alloc: &dyn ObjAllocator, e: &Entry) -> u64 {
-    // SAFETY: the caller's contract.
-    unsafe { PackHeader::read(alloc, e.val) }.base
+/// Where the packed page a locked slot holds lies in its object.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Place {
+    /// The first page of the group the page was stored with.
+    pub(crate) base: u64,
+    /// The page's position in the blob.
+    pub(crate) pos: usize,
+    /// The object's id.
+    pub(crate) id: u64,
+    /// How many of the object's pages are live.
+    pub(crate) live: u32,
 }
 
-/// The position in its blob of the packed page `e`.
-///
-/// # Safety
-/// The caller holds the lock of the slot `e` was read from.
-pub(crate) unsafe fn position(alloc: &dyn ObjAllocator, e: &Entry) -> usize {
-    // SAFETY: the caller's contract.
-    unsafe { PackHeader::read(alloc, e.val) }.position(e.idx)
+/// Where the packed page the slot `guard` holds lies, or None for any
+/// other entry. The guard (the caller's slot lock) keeps the object alive
+/// and in place while its header is read.
+pub(crate) fn place(alloc: &dyn ObjAllocator, guard: &SlotGuard<'_>) -> Option<Place> {
+    let e = packed_entry(guard)?;
+    // SAFETY: the guard keeps the slot locked, and the slot references the
+    // packed object `e` names: it is live and stays put.
+    let hdr = unsafe { PackHeader::read(alloc, e.val) };
+    Some(Place {
+        base: hdr.base,
+        pos: hdr.position(e.idx),
+        id: hdr.id,
+        live: live_count(alloc, guard)?,
+    })
+}
+
+/// The entry the slot `guard` holds, if it is a packed page.
+fn packed_entry(guard: &SlotGuard<'_>) -> Option<Entry> {
+    let e = guard.entry();
+    (e.kind == Kind::Packed).then_some(e)
 }
 
 /// The live mask of the packed object at `h`.
@@ -489,36 +506,32 @@ unsafe fn write_base_word(alloc: &dyn ObjAllocator, h: Handle, word: u64) {
     }
 }
 
-/// Pages still live in the object.
-///
-/// # Safety
-/// As [`live_mask`].
-pub(crate) unsafe fn live_count(alloc: &dyn ObjAllocator, h: Handle) -> u32 {
-    // SAFETY: the caller's contract.
-    unsafe { live_mask(alloc, h) }
-        .load(Ordering::Acquire)
-        .count_ones()
+/// Pages still live in the packed object the slot `guard` holds, or None
+/// for any other entry.
+pub(crate) fn live_count(alloc: &dyn ObjAllocator, guard: &SlotGuard<'_>) -> Option<u32> {
+    let e = packed_entry(guard)?;
+    // SAFETY: the guard keeps the slot locked, and the slot references the
+    // packed object: it is live, stays put, and was checked aligned when
+    // it was stored.
+    let live = unsafe { live_mask(alloc, e.val) }.load(Ordering::Acquire);
+    Some(live.count_ones())
 }
 
-/// Whether `e` is a page of a packed group with fewer than half its pages
-/// live, which the compactor stores again on its own.
-///
-/// # Safety
-/// The caller holds the lock of the slot `e` was read from.
-pub(crate) unsafe fn is_sparse(alloc: &dyn ObjAllocator, e: &Entry) -> bool {
-    // SAFETY: the caller's contract.
-    e.kind == Kind::Packed && unsafe { live_count(alloc, e.val) } * 2 < e.n as u32
+/// Whether the slot `guard` holds a page of a packed group with fewer than
+/// half its pages live, which the compactor stores again on its own.
+pub(crate) fn is_sparse(alloc: &dyn ObjAllocator, guard: &SlotGuard<'_>) -> bool {
+    let n = u32::from(guard.entry().n);
+    live_count(alloc, guard).is_some_and(|live| live * 2 < n)
 }
 
-/// The id of the packed object `e` references (0 for anything else).
-///
-/// # Safety
-/// The caller holds the lock of the slot `e` was read from.
-pub(crate) unsafe fn object_id(alloc: &dyn ObjAllocator, e: &Entry) -> u64 {
-    if e.kind != Kind::Packed {
+/// The id of the packed object the slot `guard` holds (0 for anything
+/// else).
+pub(crate) fn object_id(alloc: &dyn ObjAllocator, guard: &SlotGuard<'_>) -> u64 {
+    let Some(e) = packed_entry(guard) else {
         return 0;
-    }
-    // SAFETY: the caller's contract.
+    };
+    // SAFETY: the guard keeps the slot locked, and the slot references the
+    // packed object: it is live and stays put.
     unsafe { PackHeader::read(alloc, e.val) }.id
 }
 

@@ -253,14 +253,10 @@ struct Member {
     live: u32,
 }
 
-/// Whether the slot entry `cur` still holds the object member `m` was
-/// read from (for a packed one, the very same object: same id).
-///
-/// # Safety
-/// The caller holds the lock of the slot `cur` was read from.
-unsafe fn unchanged(table: &SlotTable, cur: &Entry, m: &Member) -> bool {
-    // SAFETY: the caller's contract.
-    cur.same_object(&m.e) && unsafe { packed::object_id(table.allocator(), cur) } == m.id
+/// Whether the slot `guard` holds (locked) still holds the object member
+/// `m` was read from (for a packed one, the very same object: same id).
+fn unchanged(table: &SlotTable, guard: &SlotGuard<'_>, m: &Member) -> bool {
+    guard.entry().same_object(&m.e) && packed::object_id(table.allocator(), guard) == m.id
 }
 
 /// Packed stores: gathers the selected pages window by window and stores
@@ -345,23 +341,19 @@ fn gather(
     }
     read_entry(table, st, page, &e, buf)?;
     let alloc = table.allocator();
-    let (window, id, old, live) = match e.kind {
-        // SAFETY: we hold the lock of the slot `e` was read from.
-        Kind::Packed => unsafe {
-            let pos = packed::position(alloc, &e);
-            let old = packed::share(e.len, e.n, pos) as u64;
+    let (window, id, old, live) = match packed::place(alloc, &guard) {
+        Some(at) => {
+            let old = packed::share(e.len, e.n, at.pos) as u64;
             // A base that cannot be this page's (a corrupt header) makes
             // the window start at the page itself.
-            let base = packed::base(alloc, &e);
-            let window = if base <= page && page - base < span {
-                base
+            let window = if at.base <= page && page - at.base < span {
+                at.base
             } else {
                 page
             };
-            let live = packed::live_count(alloc, e.val);
-            (window, packed::object_id(alloc, &e), old, live)
-        },
-        _ => (page, 0, u64::from(e.len), 1),
+            (window, at.id, old, at.live)
+        }
+        None => (page, 0, u64::from(e.len), 1),
     };
     Ok(Some(Member {
         page,
@@ -488,8 +480,7 @@ fn install_member(
 ) -> bool {
     let mut guard = table.lock(m.page);
     let cur = guard.entry();
-    // SAFETY: we hold the lock of the slot `cur` was read from.
-    if !unsafe { unchanged(table, &cur, m) } {
+    if !unchanged(table, &guard, m) {
         drop(guard);
         abandon(table, st, &new, pos);
         return false;

@@ -276,17 +276,14 @@ impl Relocate for SlotTable {
         if holders.is_empty() {
             return false;
         }
-        if guards[holders[0]].entry().kind == Kind::Packed {
-            // A group is installed slot by slot: until every live page
-            // references the object, moving it would leave the pages still
-            // to be installed pointing at the freed copy. Live bits are only
-            // cleared by holders under their lock, so equal counts mean the
-            // install is complete.
-            // SAFETY: the holders reference `old` and we hold their locks.
-            let live = unsafe { packed::live_count(&*self.alloc, old) };
-            if live as usize != holders.len() {
-                return false;
-            }
+        // A packed group is installed slot by slot: until every live page
+        // references the object, moving it would leave the pages still to
+        // be installed pointing at the freed copy. Live bits are only
+        // cleared by holders under their lock, so equal counts mean the
+        // install is complete.
+        let live = packed::live_count(&*self.alloc, &guards[holders[0]]);
+        if live.is_some_and(|live| live as usize != holders.len()) {
+            return false;
         }
         let Some(new) = mv() else {
             return false;
