@@ -12,9 +12,8 @@ use crate::error::Result;
 use crate::packed;
 use crate::page::PAGE_SIZE;
 use crate::read::read_entry;
-use crate::slot::Entry;
 use crate::stats::Counter;
-use crate::table::SlotTable;
+use crate::table::{Held, MovePoints, SlotTable};
 use crate::write::plan_per_page;
 
 /// Rewrites every page of every sparse packed group, with the compactor's
@@ -52,25 +51,15 @@ fn rewrite_if_sparse(
     st.plan.clear();
     plan_per_page(cfg, st, alloc, page, buf)?;
     crate::inject::point("rewrite:planned");
-    let mut guard = table.lock(page);
-    let cur = guard.entry();
-    // Moving is no access: the page keeps its time and idle mark.
-    let new = Entry {
-        atime: cur.atime,
-        idle: cur.idle,
-        ..st.plan.entries[0]
+    let points = MovePoints {
+        locked: "rewrite:locked",
+        released: Some("rewrite:released"),
     };
-    if !cur.same_object(&e) || packed::object_id(alloc, &guard) != id {
-        drop(guard);
+    let new = st.plan.entries[0];
+    if !table.move_page(st, page, Held::PackedId(e, id), new, 0, points) {
         alloc.free_bulk(&st.plan.handles);
         return Ok(());
     }
-    let released = table.take_locked(&mut guard, new);
-    crate::inject::point("rewrite:locked");
-    drop(guard);
-    table.entered(st, &new, 0);
-    table.release(st, released);
-    crate::inject::point("rewrite:released");
     st.shard.add(Counter::PackedPagesRewritten, 1);
     Ok(())
 }

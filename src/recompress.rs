@@ -36,7 +36,7 @@ use crate::page::PAGE_SIZE;
 use crate::read::read_entry;
 use crate::slot::{Entry, Kind, SlotGuard, ATIME_MASK, INCOMPRESSIBLE};
 use crate::stats::Counter;
-use crate::table::SlotTable;
+use crate::table::{Held, MovePoints, SlotTable};
 use serde::Serialize;
 
 /// A recompressed page is kept only if it is at least this share (percent)
@@ -207,29 +207,21 @@ fn recompress_page(
     // SAFETY: the object is fresh, of `n` bytes, and in no slot yet.
     unsafe { alloc.write_fresh(h, 0, &dst[..n]) };
     crate::inject::point("recompress:planned");
-    let mut guard = table.lock(page);
-    let cur = guard.entry();
-    // The same entry may be a new object at a reused handle: the bytes tell.
-    if !cur.same_object(&e) || !table.holds_object(&guard, &was[..was_len]) {
-        drop(guard);
-        alloc.free_bulk(&st.plan.handles);
-        return Ok(Outcome::Tried);
-    }
     let new = Entry {
         kind: Kind::Compressed,
         len: n as u32,
         val: h,
         algo: 1,
-        idle: cur.idle,
-        atime: cur.atime,
         ..Entry::EMPTY
     };
-    let released = table.take_locked(&mut guard, new);
-    crate::inject::point("recompress:locked");
-    drop(guard);
-    table.entered(st, &new, 0);
-    table.release(st, released);
-    crate::inject::point("recompress:released");
+    let points = MovePoints {
+        locked: "recompress:locked",
+        released: Some("recompress:released"),
+    };
+    if !table.move_page(st, page, Held::Bytes(e, &was[..was_len]), new, 0, points) {
+        alloc.free_bulk(&st.plan.handles);
+        return Ok(Outcome::Tried);
+    }
     let saved = (old - n) as u64;
     st.shard.add(Counter::RecompressSavedBytes, saved as i64);
     Ok(Outcome::Kept(saved))
@@ -251,12 +243,6 @@ struct Member {
     old: u64,
     /// Pages live in its packed object when it was read (1 per page).
     live: u32,
-}
-
-/// Whether the slot `guard` holds (locked) still holds the object member
-/// `m` was read from (for a packed one, the very same object: same id).
-fn unchanged(table: &SlotTable, guard: &SlotGuard<'_>, m: &Member) -> bool {
-    guard.entry().same_object(&m.e) && packed::object_id(table.allocator(), guard) == m.id
 }
 
 /// Packed stores: gathers the selected pages window by window and stores
@@ -478,24 +464,14 @@ fn install_member(
     new: Entry,
     pos: usize,
 ) -> bool {
-    let mut guard = table.lock(m.page);
-    let cur = guard.entry();
-    if !unchanged(table, &guard, m) {
-        drop(guard);
+    let points = MovePoints {
+        locked: "recompress:group-locked",
+        released: None,
+    };
+    if !table.move_page(st, m.page, Held::PackedId(m.e, m.id), new, pos, points) {
         abandon(table, st, &new, pos);
         return false;
     }
-    // Moving is no access: the page keeps its time and idle mark.
-    let new = Entry {
-        idle: cur.idle,
-        atime: cur.atime,
-        ..new
-    };
-    let released = table.take_locked(&mut guard, new);
-    crate::inject::point("recompress:group-locked");
-    drop(guard);
-    table.entered(st, &new, pos);
-    table.release(st, released);
     true
 }
 
