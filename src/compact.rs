@@ -48,18 +48,19 @@ fn rewrite_if_sparse(
         read_entry(table, st, page, &e, buf)?;
         (e, packed::object_id(alloc, &guard))
     };
-    st.plan.clear();
-    plan_per_page(cfg, st, alloc, page, buf)?;
-    crate::inject::point("rewrite:planned");
-    let points = MovePoints {
-        locked: "rewrite:locked",
-        released: Some("rewrite:released"),
-    };
-    let new = st.plan.entries[0];
-    if !table.move_page(st, page, Held::PackedId(e, id), new, 0, points) {
-        alloc.free_bulk(&st.plan.handles);
-        return Ok(());
-    }
-    st.shard.add(Counter::PackedPagesRewritten, 1);
-    Ok(())
+    let held = Held::PackedId(e, id);
+    st.with_plan(|st, plan| {
+        plan_per_page(cfg, st, plan, alloc, page, buf)?;
+        crate::inject::point("rewrite:planned");
+        let points = MovePoints {
+            locked: "rewrite:locked",
+            released: Some("rewrite:released"),
+        };
+        if !table.move_page(st, page, held, plan.entries[0], 0, points) {
+            alloc.free_bulk(&plan.handles);
+            return Ok(());
+        }
+        st.shard.add(Counter::PackedPagesRewritten, 1);
+        Ok(())
+    })
 }

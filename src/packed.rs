@@ -37,7 +37,7 @@
 
 use crate::alloc::{Handle, ObjAllocator};
 use crate::codec::CodecError;
-use crate::ctx::CtxState;
+use crate::ctx::{CtxState, GroupPlan};
 use crate::error::{Error, Result};
 use crate::page::{same_filled, MAX_PAGES, PAGE_SIZE};
 use crate::slot::{Entry, Kind, SlotGuard};
@@ -178,19 +178,20 @@ unsafe fn aligned(alloc: &dyn ObjAllocator, h: Handle) -> bool {
 
 /// Packs the group `data` (pages from `first`): classifies every page,
 /// compresses the pages that are not same-filled together, allocates one
-/// object and writes header and blob into it, leaving in `st.plan.entries`
-/// what each slot of the group is to hold. Returns false, having allocated
+/// object and writes header and blob into it, leaving in `plan.entries`
+/// (empty before) what each slot of the group is to hold. Returns false, having allocated
 /// nothing, when packing does not apply (fewer than two such pages, or they
 /// do not compress below the huge threshold together): the caller then
 /// stores the group page by page.
 pub(crate) fn pack_group(
     st: &mut CtxState,
+    plan: &mut GroupPlan,
     alloc: &dyn ObjAllocator,
     huge_threshold: usize,
     first: u64,
     data: &[u8],
 ) -> Result<bool> {
-    let (orig, k) = gather(st, data);
+    let (orig, k) = gather(st, plan, data);
     if k < 2 {
         return Ok(false);
     }
@@ -207,7 +208,7 @@ pub(crate) fn pack_group(
         return Err(Error::Codec(CodecError::overflow(clen, budget)));
     }
     st.shard.add(Counter::SwPages, k as i64);
-    let Some(h) = allocate(st, alloc, first, clen)? else {
+    let Some(h) = allocate(&mut plan.handles, alloc, first, clen)? else {
         return Ok(false);
     };
     let t = st.lap(Phase::Alloc, t);
@@ -217,7 +218,7 @@ pub(crate) fn pack_group(
     // handle is in no slot yet.
     unsafe { write_object(alloc, h, orig, first, id, &st.scratch[..clen]) };
     st.lap(Phase::Copy, t);
-    for (i, e) in st.plan.entries.iter_mut().enumerate() {
+    for (i, e) in plan.entries.iter_mut().enumerate() {
         if orig & (1 << i) != 0 {
             *e = Entry {
                 kind: Kind::Packed,
@@ -232,17 +233,18 @@ pub(crate) fn pack_group(
     Ok(true)
 }
 
-/// Plans same-filled pages as such and gathers the others contiguously.
-/// Returns the mask of gathered group offsets and their count.
-fn gather(st: &mut CtxState, data: &[u8]) -> (u64, usize) {
+/// Plans same-filled pages as such (into `plan`) and gathers the others
+/// contiguously. Returns the mask of gathered group offsets and their
+/// count.
+fn gather(st: &mut CtxState, plan: &mut GroupPlan, data: &[u8]) -> (u64, usize) {
     let mut orig = 0u64;
     let mut k = 0;
     for (i, page) in data.chunks_exact(PAGE_SIZE).enumerate() {
         if let Some(word) = same_filled(page) {
-            st.plan.entries.push(Entry::new(Kind::Same, 0, word));
+            plan.entries.push(Entry::new(Kind::Same, 0, word));
         } else {
             st.gather[k * PAGE_SIZE..(k + 1) * PAGE_SIZE].copy_from_slice(page);
-            st.plan.entries.push(Entry::EMPTY);
+            plan.entries.push(Entry::EMPTY);
             orig |= 1 << i;
             k += 1;
         }
@@ -274,23 +276,20 @@ pub(crate) unsafe fn write_object(
 }
 
 /// Allocates a packed object of `PACK_HEADER + clen` bytes owned by page
-/// `first`; `None` (object freed again) if the allocator handed out memory
-/// not aligned for the header's atomic live mask.
+/// `first`, its handle left in `handles` (emptied first, a reused buffer);
+/// `None` (object freed again) if the allocator handed out memory not
+/// aligned for the header's atomic live mask.
 pub(crate) fn allocate(
-    st: &mut CtxState,
+    handles: &mut Vec<Handle>,
     alloc: &dyn ObjAllocator,
     first: u64,
     clen: usize,
 ) -> Result<Option<Handle>> {
-    st.plan.handles.clear();
+    handles.clear();
     alloc
-        .alloc_bulk(
-            &[(PACK_HEADER + clen) as u32],
-            &[first],
-            &mut st.plan.handles,
-        )
+        .alloc_bulk(&[(PACK_HEADER + clen) as u32], &[first], handles)
         .map_err(|e| Error::NoSpace { limit: e.limit })?;
-    let h = st.plan.handles[0];
+    let h = handles[0];
     // SAFETY: the object is fresh and this thread's alone.
     if unsafe { aligned(alloc, h) } {
         return Ok(Some(h));

@@ -37,6 +37,7 @@ use crate::read::read_entry;
 use crate::slot::{Entry, Kind, SlotGuard, ATIME_MASK, INCOMPRESSIBLE};
 use crate::stats::Counter;
 use crate::table::{Held, MovePoints, SlotTable};
+use crate::write::{allocate_group, copy_objects};
 use serde::Serialize;
 
 /// A recompressed page is kept only if it is at least this share (percent)
@@ -194,37 +195,50 @@ fn recompress_page(
             return Ok(Outcome::Tried);
         }
     };
-    let alloc = table.allocator();
-    st.plan.clear();
-    st.plan.sizes.push(n as u32);
-    st.plan.owners.push(page);
-    alloc
-        .alloc_bulk(&st.plan.sizes, &st.plan.owners, &mut st.plan.handles)
-        .map_err(|e| Error::NoSpace { limit: e.limit })?;
-    let Some(&h) = st.plan.handles.first() else {
-        unreachable!("alloc_bulk returned one handle per size")
-    };
-    // SAFETY: the object is fresh, of `n` bytes, and in no slot yet.
-    unsafe { alloc.write_fresh(h, 0, &dst[..n]) };
-    crate::inject::point("recompress:planned");
-    let new = Entry {
-        kind: Kind::Compressed,
-        len: n as u32,
-        val: h,
-        algo: 1,
-        ..Entry::EMPTY
-    };
-    let points = MovePoints {
-        locked: "recompress:locked",
-        released: Some("recompress:released"),
-    };
-    if !table.move_page(st, page, Held::Bytes(e, &was[..was_len]), new, 0, points) {
-        alloc.free_bulk(&st.plan.handles);
+    let held = Held::Bytes(e, &was[..was_len]);
+    if !install_compressed(table, st, page, held, &dst[..n], buf)? {
         return Ok(Outcome::Tried);
     }
     let saved = (old - n) as u64;
     st.shard.add(Counter::RecompressSavedBytes, saved as i64);
     Ok(Outcome::Kept(saved))
+}
+
+/// Stores page `page` (`data`) again as `compressed`, the secondary's
+/// output, and puts it into the slot if the slot still holds what `held`
+/// says was read; otherwise frees the new object. Returns whether it was
+/// installed.
+fn install_compressed(
+    table: &SlotTable,
+    st: &mut CtxState,
+    page: u64,
+    held: Held<'_>,
+    compressed: &[u8],
+    data: &[u8],
+) -> Result<bool> {
+    let alloc = table.allocator();
+    st.with_plan(|st, plan| {
+        let len = compressed.len() as u32;
+        plan.entries.push(Entry::new(Kind::Compressed, len, 0));
+        plan.sizes.push(len);
+        plan.owners.push(page);
+        allocate_group(plan, alloc)?;
+        copy_objects(plan, alloc, compressed, data);
+        crate::inject::point("recompress:planned");
+        let new = Entry {
+            algo: 1,
+            ..plan.entries[0]
+        };
+        let points = MovePoints {
+            locked: "recompress:locked",
+            released: Some("recompress:released"),
+        };
+        if !table.move_page(st, page, held, new, 0, points) {
+            alloc.free_bulk(&plan.handles);
+            return Ok(false);
+        }
+        Ok(true)
+    })
 }
 
 /// A page read for a recompressed group: what its slot held, and the
@@ -425,7 +439,8 @@ fn pack_and_install(
     }
     let alloc = table.allocator();
     let base = group[0].window;
-    let Some(h) = packed::allocate(st, alloc, base, clen)? else {
+    let allocated = st.with_plan(|_, plan| packed::allocate(&mut plan.handles, alloc, base, clen));
+    let Some(h) = allocated? else {
         return Ok((0, 0));
     };
     let orig = group.iter().fold(0u64, |o, m| o | 1 << (m.page - base));

@@ -201,12 +201,12 @@ impl SlotTable {
         self.slots[page as usize].lock()
     }
 
-    /// Installs the group planned in `st.plan.entries` from page `first`:
-    /// each slot takes its new entry, and what it held is released.
-    pub(crate) fn install_group(&self, st: &mut CtxState, first: u64) {
+    /// Installs the group planned as `entries` (one per page) from page
+    /// `first`: each slot takes its new entry, and what it held is
+    /// released.
+    pub(crate) fn install_group(&self, st: &mut CtxState, entries: &[Entry], first: u64) {
         let mut pos = 0;
-        for i in 0..st.plan.entries.len() {
-            let new = st.plan.entries[i];
+        for (i, &new) in entries.iter().enumerate() {
             self.install(st, first + i as u64, new, pos);
             if new.kind == Kind::Packed {
                 pos += 1;
