@@ -175,7 +175,7 @@ fn recompress_page(
     dst: &mut [u8],
 ) -> Result<Outcome> {
     // The object as it was, to tell at the switch whether the slot still
-    // holds it (`SlotTable::holds_object`).
+    // holds it (`Held::Bytes`).
     let mut was = [0u8; PAGE_SIZE];
     let (e, was_len) = {
         let guard = table.lock(page);

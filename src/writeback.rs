@@ -13,8 +13,8 @@
 //! held: reserving blocks in the free map, the `pwrite` of the batch (one
 //! per run of contiguous blocks), the CRCs. Then each slot is locked once
 //! more, only to switch it: if it still holds the very object that was
-//! copied (the same entry and the same bytes, `SlotTable::holds_object`,
-//! as recompression checks), it becomes a
+//! copied (the same entry and the same bytes, `SlotTable::move_page`'s
+//! `Held::Bytes`, as recompression checks), it becomes a
 //! written-back entry (kind 5) with its access time and idle mark, and the
 //! RAM object is released to the free batch; if a write or discard came in
 //! between, that write wins and the object's place in the backing store is
