@@ -12,9 +12,8 @@ use crate::error::Result;
 use crate::packed;
 use crate::page::PAGE_SIZE;
 use crate::read::read_entry;
-use crate::slot::Entry;
 use crate::stats::Counter;
-use crate::table::SlotTable;
+use crate::table::{Held, MovePoints, SlotTable};
 use crate::write::plan_per_page;
 
 /// Rewrites every page of every sparse packed group, with the compactor's
@@ -43,37 +42,25 @@ fn rewrite_if_sparse(
     let (e, id) = {
         let guard = table.lock(page);
         let e = guard.entry();
-        // SAFETY: we hold the lock of the slot `e` was read from.
-        if !unsafe { packed::is_sparse(alloc, &e) } {
+        if !packed::is_sparse(alloc, &guard) {
             return Ok(());
         }
         read_entry(table, st, page, &e, buf)?;
-        // SAFETY: as above.
-        (e, unsafe { packed::object_id(alloc, &e) })
+        (e, packed::object_id(alloc, &guard))
     };
-    st.plan.clear();
-    plan_per_page(cfg, st, alloc, page, buf)?;
-    crate::inject::point("rewrite:planned");
-    let mut guard = table.lock(page);
-    let cur = guard.entry();
-    // Moving is no access: the page keeps its time and idle mark.
-    let new = Entry {
-        atime: cur.atime,
-        idle: cur.idle,
-        ..st.plan.entries[0]
-    };
-    // SAFETY: we hold the lock of the slot `cur` was read from.
-    if !cur.same_object(&e) || unsafe { packed::object_id(alloc, &cur) } != id {
-        drop(guard);
-        alloc.free_bulk(&st.plan.handles);
-        return Ok(());
-    }
-    let released = table.take_locked(&mut guard, new);
-    crate::inject::point("rewrite:locked");
-    drop(guard);
-    table.entered(st, &new, 0);
-    table.release(st, released);
-    crate::inject::point("rewrite:released");
-    st.shard.add(Counter::PackedPagesRewritten, 1);
-    Ok(())
+    let held = Held::PackedId(e, id);
+    st.with_plan(|st, plan| {
+        plan_per_page(cfg, st, plan, alloc, page, buf)?;
+        crate::inject::point("rewrite:planned");
+        let points = MovePoints {
+            locked: "rewrite:locked",
+            released: Some("rewrite:released"),
+        };
+        if !table.move_page(st, page, held, plan.entries[0], 0, points) {
+            alloc.free_bulk(&plan.handles);
+            return Ok(());
+        }
+        st.shard.add(Counter::PackedPagesRewritten, 1);
+        Ok(())
+    })
 }

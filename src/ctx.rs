@@ -29,8 +29,9 @@ pub(crate) struct CtxState {
     pub(crate) scratch: Vec<u8>,
     pub(crate) shard: Arc<StatsShard>,
     pub(crate) free: FreeBatch,
-    /// Reused per-group vectors, so a write allocates nothing on the heap.
-    pub(crate) plan: GroupPlan,
+    /// Reused per-group vectors, so a write allocates nothing on the heap
+    /// (lent out by [`CtxState::with_plan`]).
+    plan: GroupPlan,
     /// Packed mode: the input pages of a group gathered contiguously.
     pub(crate) gather: Vec<u8>,
     /// Packed mode: the last group decompressed by a read.
@@ -92,6 +93,19 @@ impl CtxState {
                     }
                 }),
         }
+    }
+
+    /// Runs `f` with this thread's group plan, emptied, taken out of the
+    /// state so that both can be borrowed at once: planning fills the plan
+    /// while it uses the codec, scratch and shard, installing reads it
+    /// while it accounts. Taking it out and putting it back moves its
+    /// vectors: no allocation, no copy.
+    pub(crate) fn with_plan<R>(&mut self, f: impl FnOnce(&mut CtxState, &mut GroupPlan) -> R) -> R {
+        let mut plan = std::mem::take(&mut self.plan);
+        plan.clear();
+        let r = f(self, &mut plan);
+        self.plan = plan;
+        r
     }
 
     /// Faults in the memory this state's requests use, on the thread that

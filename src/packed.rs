@@ -37,10 +37,10 @@
 
 use crate::alloc::{Handle, ObjAllocator};
 use crate::codec::CodecError;
-use crate::ctx::CtxState;
+use crate::ctx::{CtxState, GroupPlan};
 use crate::error::{Error, Result};
 use crate::page::{same_filled, MAX_PAGES, PAGE_SIZE};
-use crate::slot::{Entry, Kind};
+use crate::slot::{Entry, Kind, SlotGuard};
 use crate::stats::{Counter, Phase};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -178,19 +178,20 @@ unsafe fn aligned(alloc: &dyn ObjAllocator, h: Handle) -> bool {
 
 /// Packs the group `data` (pages from `first`): classifies every page,
 /// compresses the pages that are not same-filled together, allocates one
-/// object and writes header and blob into it, leaving in `st.plan.entries`
-/// what each slot of the group is to hold. Returns false, having allocated
+/// object and writes header and blob into it, leaving in `plan.entries`
+/// (empty before) what each slot of the group is to hold. Returns false, having allocated
 /// nothing, when packing does not apply (fewer than two such pages, or they
 /// do not compress below the huge threshold together): the caller then
 /// stores the group page by page.
 pub(crate) fn pack_group(
     st: &mut CtxState,
+    plan: &mut GroupPlan,
     alloc: &dyn ObjAllocator,
     huge_threshold: usize,
     first: u64,
     data: &[u8],
 ) -> Result<bool> {
-    let (orig, k) = gather(st, data);
+    let (orig, k) = gather(st, plan, data);
     if k < 2 {
         return Ok(false);
     }
@@ -207,7 +208,7 @@ pub(crate) fn pack_group(
         return Err(Error::Codec(CodecError::overflow(clen, budget)));
     }
     st.shard.add(Counter::SwPages, k as i64);
-    let Some(h) = allocate(st, alloc, first, clen)? else {
+    let Some(h) = allocate(&mut plan.handles, alloc, first, clen)? else {
         return Ok(false);
     };
     let t = st.lap(Phase::Alloc, t);
@@ -217,7 +218,7 @@ pub(crate) fn pack_group(
     // handle is in no slot yet.
     unsafe { write_object(alloc, h, orig, first, id, &st.scratch[..clen]) };
     st.lap(Phase::Copy, t);
-    for (i, e) in st.plan.entries.iter_mut().enumerate() {
+    for (i, e) in plan.entries.iter_mut().enumerate() {
         if orig & (1 << i) != 0 {
             *e = Entry {
                 kind: Kind::Packed,
@@ -232,17 +233,18 @@ pub(crate) fn pack_group(
     Ok(true)
 }
 
-/// Plans same-filled pages as such and gathers the others contiguously.
-/// Returns the mask of gathered group offsets and their count.
-fn gather(st: &mut CtxState, data: &[u8]) -> (u64, usize) {
+/// Plans same-filled pages as such (into `plan`) and gathers the others
+/// contiguously. Returns the mask of gathered group offsets and their
+/// count.
+fn gather(st: &mut CtxState, plan: &mut GroupPlan, data: &[u8]) -> (u64, usize) {
     let mut orig = 0u64;
     let mut k = 0;
     for (i, page) in data.chunks_exact(PAGE_SIZE).enumerate() {
         if let Some(word) = same_filled(page) {
-            st.plan.entries.push(Entry::new(Kind::Same, 0, word));
+            plan.entries.push(Entry::new(Kind::Same, 0, word));
         } else {
             st.gather[k * PAGE_SIZE..(k + 1) * PAGE_SIZE].copy_from_slice(page);
-            st.plan.entries.push(Entry::EMPTY);
+            plan.entries.push(Entry::EMPTY);
             orig |= 1 << i;
             k += 1;
         }
@@ -274,23 +276,20 @@ pub(crate) unsafe fn write_object(
 }
 
 /// Allocates a packed object of `PACK_HEADER + clen` bytes owned by page
-/// `first`; `None` (object freed again) if the allocator handed out memory
-/// not aligned for the header's atomic live mask.
+/// `first`, its handle left in `handles` (emptied first, a reused buffer);
+/// `None` (object freed again) if the allocator handed out memory not
+/// aligned for the header's atomic live mask.
 pub(crate) fn allocate(
-    st: &mut CtxState,
+    handles: &mut Vec<Handle>,
     alloc: &dyn ObjAllocator,
     first: u64,
     clen: usize,
 ) -> Result<Option<Handle>> {
-    st.plan.handles.clear();
+    handles.clear();
     alloc
-        .alloc_bulk(
-            &[(PACK_HEADER + clen) as u32],
-            &[first],
-            &mut st.plan.handles,
-        )
+        .alloc_bulk(&[(PACK_HEADER + clen) as u32], &[first], handles)
         .map_err(|e| Error::NoSpace { limit: e.limit })?;
-    let h = st.plan.handles[0];
+    let h = handles[0];
     // SAFETY: the object is fresh and this thread's alone.
     if unsafe { aligned(alloc, h) } {
         return Ok(Some(h));
@@ -356,22 +355,39 @@ fn decode_group(
     codec.decompress(blob, buf).map_err(|err| err.to_string())
 }
 
-/// The first page of the group the packed page `e` was stored with.
-///
-/// # Safety
-/// The caller holds the lock of the slot `e` was read from.
-pub(crate) unsafe fn base(alloc: &dyn ObjAllocator, e: &Entry) -> u64 {
-    // SAFETY: the caller's contract.
-    unsafe { PackHeader::read(alloc, e.val) }.base
+/// Where the packed page a locked slot holds lies in its object.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Place {
+    /// The first page of the group the page was stored with.
+    pub(crate) base: u64,
+    /// The page's position in the blob.
+    pub(crate) pos: usize,
+    /// The object's id.
+    pub(crate) id: u64,
+    /// How many of the object's pages are live.
+    pub(crate) live: u32,
 }
 
-/// The position in its blob of the packed page `e`.
-///
-/// # Safety
-/// The caller holds the lock of the slot `e` was read from.
-pub(crate) unsafe fn position(alloc: &dyn ObjAllocator, e: &Entry) -> usize {
-    // SAFETY: the caller's contract.
-    unsafe { PackHeader::read(alloc, e.val) }.position(e.idx)
+/// Where the packed page the slot `guard` holds lies, or None for any
+/// other entry. The guard (the caller's slot lock) keeps the object alive
+/// and in place while its header is read.
+pub(crate) fn place(alloc: &dyn ObjAllocator, guard: &SlotGuard<'_>) -> Option<Place> {
+    let e = packed_entry(guard)?;
+    // SAFETY: the guard keeps the slot locked, and the slot references the
+    // packed object `e` names: it is live and stays put.
+    let hdr = unsafe { PackHeader::read(alloc, e.val) };
+    Some(Place {
+        base: hdr.base,
+        pos: hdr.position(e.idx),
+        id: hdr.id,
+        live: live_count(alloc, guard)?,
+    })
+}
+
+/// The entry the slot `guard` holds, if it is a packed page.
+fn packed_entry(guard: &SlotGuard<'_>) -> Option<Entry> {
+    let e = guard.entry();
+    (e.kind == Kind::Packed).then_some(e)
 }
 
 /// The live mask of the packed object at `h`.
@@ -489,36 +505,32 @@ unsafe fn write_base_word(alloc: &dyn ObjAllocator, h: Handle, word: u64) {
     }
 }
 
-/// Pages still live in the object.
-///
-/// # Safety
-/// As [`live_mask`].
-pub(crate) unsafe fn live_count(alloc: &dyn ObjAllocator, h: Handle) -> u32 {
-    // SAFETY: the caller's contract.
-    unsafe { live_mask(alloc, h) }
-        .load(Ordering::Acquire)
-        .count_ones()
+/// Pages still live in the packed object the slot `guard` holds, or None
+/// for any other entry.
+pub(crate) fn live_count(alloc: &dyn ObjAllocator, guard: &SlotGuard<'_>) -> Option<u32> {
+    let e = packed_entry(guard)?;
+    // SAFETY: the guard keeps the slot locked, and the slot references the
+    // packed object: it is live, stays put, and was checked aligned when
+    // it was stored.
+    let live = unsafe { live_mask(alloc, e.val) }.load(Ordering::Acquire);
+    Some(live.count_ones())
 }
 
-/// Whether `e` is a page of a packed group with fewer than half its pages
-/// live, which the compactor stores again on its own.
-///
-/// # Safety
-/// The caller holds the lock of the slot `e` was read from.
-pub(crate) unsafe fn is_sparse(alloc: &dyn ObjAllocator, e: &Entry) -> bool {
-    // SAFETY: the caller's contract.
-    e.kind == Kind::Packed && unsafe { live_count(alloc, e.val) } * 2 < e.n as u32
+/// Whether the slot `guard` holds a page of a packed group with fewer than
+/// half its pages live, which the compactor stores again on its own.
+pub(crate) fn is_sparse(alloc: &dyn ObjAllocator, guard: &SlotGuard<'_>) -> bool {
+    let n = u32::from(guard.entry().n);
+    live_count(alloc, guard).is_some_and(|live| live * 2 < n)
 }
 
-/// The id of the packed object `e` references (0 for anything else).
-///
-/// # Safety
-/// The caller holds the lock of the slot `e` was read from.
-pub(crate) unsafe fn object_id(alloc: &dyn ObjAllocator, e: &Entry) -> u64 {
-    if e.kind != Kind::Packed {
+/// The id of the packed object the slot `guard` holds (0 for anything
+/// else).
+pub(crate) fn object_id(alloc: &dyn ObjAllocator, guard: &SlotGuard<'_>) -> u64 {
+    let Some(e) = packed_entry(guard) else {
         return 0;
-    }
-    // SAFETY: the caller's contract.
+    };
+    // SAFETY: the guard keeps the slot locked, and the slot references the
+    // packed object: it is live and stays put.
     unsafe { PackHeader::read(alloc, e.val) }.id
 }
 

@@ -36,7 +36,8 @@ use crate::page::PAGE_SIZE;
 use crate::read::read_entry;
 use crate::slot::{Entry, Kind, SlotGuard, ATIME_MASK, INCOMPRESSIBLE};
 use crate::stats::Counter;
-use crate::table::SlotTable;
+use crate::table::{Held, MovePoints, SlotTable};
+use crate::write::{allocate_group, copy_objects};
 use serde::Serialize;
 
 /// A recompressed page is kept only if it is at least this share (percent)
@@ -174,7 +175,7 @@ fn recompress_page(
     dst: &mut [u8],
 ) -> Result<Outcome> {
     // The object as it was, to tell at the switch whether the slot still
-    // holds it (`SlotTable::holds_object`).
+    // holds it (`Held::Bytes`).
     let mut was = [0u8; PAGE_SIZE];
     let (e, was_len) = {
         let guard = table.lock(page);
@@ -194,45 +195,50 @@ fn recompress_page(
             return Ok(Outcome::Tried);
         }
     };
-    let alloc = table.allocator();
-    st.plan.clear();
-    st.plan.sizes.push(n as u32);
-    st.plan.owners.push(page);
-    alloc
-        .alloc_bulk(&st.plan.sizes, &st.plan.owners, &mut st.plan.handles)
-        .map_err(|e| Error::NoSpace { limit: e.limit })?;
-    let Some(&h) = st.plan.handles.first() else {
-        unreachable!("alloc_bulk returned one handle per size")
-    };
-    // SAFETY: the object is fresh, of `n` bytes, and in no slot yet.
-    unsafe { alloc.write_fresh(h, 0, &dst[..n]) };
-    crate::inject::point("recompress:planned");
-    let mut guard = table.lock(page);
-    let cur = guard.entry();
-    // The same entry may be a new object at a reused handle: the bytes tell.
-    if !cur.same_object(&e) || !table.holds_object(&guard, &was[..was_len]) {
-        drop(guard);
-        alloc.free_bulk(&st.plan.handles);
+    let held = Held::Bytes(e, &was[..was_len]);
+    if !install_compressed(table, st, page, held, &dst[..n], buf)? {
         return Ok(Outcome::Tried);
     }
-    let new = Entry {
-        kind: Kind::Compressed,
-        len: n as u32,
-        val: h,
-        algo: 1,
-        idle: cur.idle,
-        atime: cur.atime,
-        ..Entry::EMPTY
-    };
-    let released = table.take_locked(&mut guard, new);
-    crate::inject::point("recompress:locked");
-    drop(guard);
-    table.entered(st, &new, 0);
-    table.release(st, released);
-    crate::inject::point("recompress:released");
     let saved = (old - n) as u64;
     st.shard.add(Counter::RecompressSavedBytes, saved as i64);
     Ok(Outcome::Kept(saved))
+}
+
+/// Stores page `page` (`data`) again as `compressed`, the secondary's
+/// output, and puts it into the slot if the slot still holds what `held`
+/// says was read; otherwise frees the new object. Returns whether it was
+/// installed.
+fn install_compressed(
+    table: &SlotTable,
+    st: &mut CtxState,
+    page: u64,
+    held: Held<'_>,
+    compressed: &[u8],
+    data: &[u8],
+) -> Result<bool> {
+    let alloc = table.allocator();
+    st.with_plan(|st, plan| {
+        let len = compressed.len() as u32;
+        plan.entries.push(Entry::new(Kind::Compressed, len, 0));
+        plan.sizes.push(len);
+        plan.owners.push(page);
+        allocate_group(plan, alloc)?;
+        copy_objects(plan, alloc, compressed, data);
+        crate::inject::point("recompress:planned");
+        let new = Entry {
+            algo: 1,
+            ..plan.entries[0]
+        };
+        let points = MovePoints {
+            locked: "recompress:locked",
+            released: Some("recompress:released"),
+        };
+        if !table.move_page(st, page, held, new, 0, points) {
+            alloc.free_bulk(&plan.handles);
+            return Ok(false);
+        }
+        Ok(true)
+    })
 }
 
 /// A page read for a recompressed group: what its slot held, and the
@@ -251,16 +257,6 @@ struct Member {
     old: u64,
     /// Pages live in its packed object when it was read (1 per page).
     live: u32,
-}
-
-/// Whether the slot entry `cur` still holds the object member `m` was
-/// read from (for a packed one, the very same object: same id).
-///
-/// # Safety
-/// The caller holds the lock of the slot `cur` was read from.
-unsafe fn unchanged(table: &SlotTable, cur: &Entry, m: &Member) -> bool {
-    // SAFETY: the caller's contract.
-    cur.same_object(&m.e) && unsafe { packed::object_id(table.allocator(), cur) } == m.id
 }
 
 /// Packed stores: gathers the selected pages window by window and stores
@@ -345,23 +341,19 @@ fn gather(
     }
     read_entry(table, st, page, &e, buf)?;
     let alloc = table.allocator();
-    let (window, id, old, live) = match e.kind {
-        // SAFETY: we hold the lock of the slot `e` was read from.
-        Kind::Packed => unsafe {
-            let pos = packed::position(alloc, &e);
-            let old = packed::share(e.len, e.n, pos) as u64;
+    let (window, id, old, live) = match packed::place(alloc, &guard) {
+        Some(at) => {
+            let old = packed::share(e.len, e.n, at.pos) as u64;
             // A base that cannot be this page's (a corrupt header) makes
             // the window start at the page itself.
-            let base = packed::base(alloc, &e);
-            let window = if base <= page && page - base < span {
-                base
+            let window = if at.base <= page && page - at.base < span {
+                at.base
             } else {
                 page
             };
-            let live = packed::live_count(alloc, e.val);
-            (window, packed::object_id(alloc, &e), old, live)
-        },
-        _ => (page, 0, u64::from(e.len), 1),
+            (window, at.id, old, at.live)
+        }
+        None => (page, 0, u64::from(e.len), 1),
     };
     Ok(Some(Member {
         page,
@@ -447,7 +439,8 @@ fn pack_and_install(
     }
     let alloc = table.allocator();
     let base = group[0].window;
-    let Some(h) = packed::allocate(st, alloc, base, clen)? else {
+    let allocated = st.with_plan(|_, plan| packed::allocate(&mut plan.handles, alloc, base, clen));
+    let Some(h) = allocated? else {
         return Ok((0, 0));
     };
     let orig = group.iter().fold(0u64, |o, m| o | 1 << (m.page - base));
@@ -486,25 +479,14 @@ fn install_member(
     new: Entry,
     pos: usize,
 ) -> bool {
-    let mut guard = table.lock(m.page);
-    let cur = guard.entry();
-    // SAFETY: we hold the lock of the slot `cur` was read from.
-    if !unsafe { unchanged(table, &cur, m) } {
-        drop(guard);
+    let points = MovePoints {
+        locked: "recompress:group-locked",
+        released: None,
+    };
+    if !table.move_page(st, m.page, Held::PackedId(m.e, m.id), new, pos, points) {
         abandon(table, st, &new, pos);
         return false;
     }
-    // Moving is no access: the page keeps its time and idle mark.
-    let new = Entry {
-        idle: cur.idle,
-        atime: cur.atime,
-        ..new
-    };
-    let released = table.take_locked(&mut guard, new);
-    crate::inject::point("recompress:group-locked");
-    drop(guard);
-    table.entered(st, &new, pos);
-    table.release(st, released);
     true
 }
 

@@ -3,10 +3,11 @@
 //!
 //! The table is zram's `zram->table` with the few operations every path
 //! shares, so that each is written once: [`SlotTable::install`] puts a new
-//! entry into a slot and gives back the old one, [`SlotTable::take_locked`]
-//! does the same for a caller that already holds the lock, and
-//! [`SlotTable::release`] accounts for an entry that left its slot and hands
-//! its object, once nothing references it, to the queue's free batch. The
+//! entry into a slot and releases the old one, [`SlotTable::move_page`]
+//! does the same only if the slot still holds the object a maintenance
+//! pass read (compaction, recompression, writeback), and `release`
+//! accounts for an entry that left its slot and hands its object, once
+//! nothing references it, to the queue's free batch. The
 //! table also owns the objects' allocator and the deferred-free machinery,
 //! because they are where a slot's objects come from and go to, and it
 //! answers the allocator's compaction ([`Relocate`]), which must lock slots.
@@ -28,6 +29,30 @@ use crate::slot::{Entry, Kind, Slot, SlotGuard};
 use crate::stats::{Counter, StatsShard};
 use std::sync::Arc;
 
+/// What a slot must still hold for [`SlotTable::move_page`] to move its
+/// page: the entry that was read, and the very object behind it. An
+/// unchanged entry is not enough, since the page may have been overwritten
+/// meanwhile and its new object, of the same size, given the old object's
+/// freed handle (seen: a page read back one version old).
+#[derive(Clone, Copy)]
+pub(crate) enum Held<'a> {
+    /// A per-page RAM object of exactly these bytes: equal bytes are the
+    /// same page, whatever happened in between.
+    Bytes(Entry, &'a [u8]),
+    /// The packed object of this id (0: a per-page object, which the entry
+    /// alone identifies).
+    PackedId(Entry, u64),
+}
+
+/// The crash points a slot move passes, named by the pass that moves.
+#[derive(Clone, Copy)]
+pub(crate) struct MovePoints {
+    /// Passed with the slot switched and still locked.
+    pub(crate) locked: &'static str,
+    /// Passed once the old entry was released (None: no point there).
+    pub(crate) released: Option<&'static str>,
+}
+
 /// The slot table, the allocator behind it and its deferred free.
 pub(crate) struct SlotTable {
     slots: SlotMem,
@@ -42,7 +67,7 @@ pub(crate) struct SlotTable {
 
 /// What leaving a slot gave back: the old entry, its position in its packed
 /// blob, and whether its object is now unreferenced and must be freed.
-pub(crate) struct Released {
+struct Released {
     old: Entry,
     pos: usize,
     free: bool,
@@ -143,15 +168,22 @@ impl SlotTable {
     }
 
     /// Whether the slot `guard` holds (locked by the caller) keeps its page
-    /// in a RAM object of exactly `bytes`. Writeback and recompression copy
-    /// an object, work on the copy off the lock, then switch the slot only
-    /// if this holds: an unchanged entry is not enough, since the page may
-    /// have been overwritten meanwhile and its new object, of the same
-    /// size, given the old object's freed handle (seen: a page read back
-    /// one version old). Equal bytes are the same page, whatever happened
-    /// in between.
-    pub(crate) fn holds_object(&self, guard: &SlotGuard<'_>, bytes: &[u8]) -> bool {
+    /// in a RAM object of exactly `bytes` (see [`Held::Bytes`]).
+    fn holds_object(&self, guard: &SlotGuard<'_>, bytes: &[u8]) -> bool {
         self.object_bytes(guard) == Some(bytes)
+    }
+
+    /// Whether the slot `guard` holds (locked by the caller) still holds
+    /// what `held` says was read.
+    fn still_holds(&self, guard: &SlotGuard<'_>, held: Held<'_>) -> bool {
+        match held {
+            Held::Bytes(e, bytes) => {
+                guard.entry().same_object(&e) && self.holds_object(guard, bytes)
+            }
+            Held::PackedId(e, id) => {
+                guard.entry().same_object(&e) && packed::object_id(&*self.alloc, guard) == id
+            }
+        }
     }
 
     /// The allocator, shared (for a thread that outlives a borrow).
@@ -169,12 +201,12 @@ impl SlotTable {
         self.slots[page as usize].lock()
     }
 
-    /// Installs the group planned in `st.plan.entries` from page `first`:
-    /// each slot takes its new entry, and what it held is released.
-    pub(crate) fn install_group(&self, st: &mut CtxState, first: u64) {
+    /// Installs the group planned as `entries` (one per page) from page
+    /// `first`: each slot takes its new entry, and what it held is
+    /// released.
+    pub(crate) fn install_group(&self, st: &mut CtxState, entries: &[Entry], first: u64) {
         let mut pos = 0;
-        for i in 0..st.plan.entries.len() {
-            let new = st.plan.entries[i];
+        for (i, &new) in entries.iter().enumerate() {
             self.install(st, first + i as u64, new, pos);
             if new.kind == Kind::Packed {
                 pos += 1;
@@ -205,16 +237,56 @@ impl SlotTable {
         inject::point("install:released");
     }
 
+    /// Moves the page of `page` to `new` (at position `pos` of its packed
+    /// blob, if packed) if its slot still holds what `held` says was read,
+    /// then accounts for `new` and releases the old entry, passing the
+    /// crash points `points` names. Moving is no access: `new` takes the
+    /// slot's access time and idle mark. Returns false, having changed
+    /// nothing, if the slot holds something else (a write or discard came
+    /// in between and wins): the caller then lets go of what it made for
+    /// `new`.
+    pub(crate) fn move_page(
+        &self,
+        st: &mut CtxState,
+        page: u64,
+        held: Held<'_>,
+        new: Entry,
+        pos: usize,
+        points: MovePoints,
+    ) -> bool {
+        let (new, released) = {
+            let mut guard = self.lock(page);
+            if !self.still_holds(&guard, held) {
+                return false;
+            }
+            let cur = guard.entry();
+            let new = Entry {
+                atime: cur.atime,
+                idle: cur.idle,
+                ..new
+            };
+            let released = self.take_locked(&mut guard, new);
+            inject::point(points.locked);
+            (new, released)
+        };
+        self.entered(st, &new, pos);
+        self.release(st, released);
+        if let Some(point) = points.released {
+            inject::point(point);
+        }
+        true
+    }
+
     /// Accounts for `new`, just put into a slot at position `pos` of its
     /// packed blob.
-    pub(crate) fn entered(&self, st: &CtxState, new: &Entry, pos: usize) {
+    fn entered(&self, st: &CtxState, new: &Entry, pos: usize) {
         account(&st.shard, new, pos, 1);
     }
 
     /// Replaces the content of a locked slot with `new` and takes out what
     /// it held. A packed page's live bit is cleared under the slot lock, so
     /// that the object cannot move or be freed in between.
-    pub(crate) fn take_locked(&self, guard: &mut SlotGuard<'_>, new: Entry) -> Released {
+    fn take_locked(&self, guard: &mut SlotGuard<'_>, new: Entry) -> Released {
         let old = guard.replace(new);
         if old.kind == Kind::Packed {
             // SAFETY: the slot referenced the object until now and we hold
@@ -234,7 +306,7 @@ impl SlotTable {
     /// unreferenced, to the queue's free batch; a written-back page's
     /// object gives its place in the backing store back. Called after the
     /// slot lock was dropped: nothing references the old object any more.
-    pub(crate) fn release(&self, st: &mut CtxState, r: Released) {
+    fn release(&self, st: &mut CtxState, r: Released) {
         let old = &r.old;
         account(&st.shard, old, r.pos, -1);
         if old.kind == Kind::Backed {
@@ -276,17 +348,14 @@ impl Relocate for SlotTable {
         if holders.is_empty() {
             return false;
         }
-        if guards[holders[0]].entry().kind == Kind::Packed {
-            // A group is installed slot by slot: until every live page
-            // references the object, moving it would leave the pages still
-            // to be installed pointing at the freed copy. Live bits are only
-            // cleared by holders under their lock, so equal counts mean the
-            // install is complete.
-            // SAFETY: the holders reference `old` and we hold their locks.
-            let live = unsafe { packed::live_count(&*self.alloc, old) };
-            if live as usize != holders.len() {
-                return false;
-            }
+        // A packed group is installed slot by slot: until every live page
+        // references the object, moving it would leave the pages still to
+        // be installed pointing at the freed copy. Live bits are only
+        // cleared by holders under their lock, so equal counts mean the
+        // install is complete.
+        let live = packed::live_count(&*self.alloc, &guards[holders[0]]);
+        if live.is_some_and(|live| live as usize != holders.len()) {
+            return false;
         }
         let Some(new) = mv() else {
             return false;

@@ -13,7 +13,7 @@
 use crate::alloc::ObjAllocator;
 use crate::codec::CodecError;
 use crate::config::{Mode, StoreConfig, MAX_GROUP_PAGES};
-use crate::ctx::CtxState;
+use crate::ctx::{CtxState, GroupPlan};
 use crate::error::{Error, Result};
 use crate::packed;
 use crate::page::{same_filled, PAGE_SIZE};
@@ -29,37 +29,39 @@ pub(crate) fn write_group(
     first: u64,
     data: &[u8],
 ) -> Result<()> {
-    st.plan.clear();
-    let alloc = table.allocator();
-    let packed =
-        cfg.mode == Mode::Packed && packed::pack_group(st, alloc, cfg.huge_threshold, first, data)?;
-    if !packed {
-        st.plan.clear();
-        plan_per_page(cfg, st, alloc, first, data)?;
-    }
-    crate::inject::point("write:planned");
-    let t = st.clock();
-    table.install_group(st, first);
-    st.lap(Phase::Install, t);
-    st.shard.add(Counter::Groups, 1);
-    Ok(())
+    st.with_plan(|st, plan| {
+        let alloc = table.allocator();
+        let packed = cfg.mode == Mode::Packed
+            && packed::pack_group(st, plan, alloc, cfg.huge_threshold, first, data)?;
+        if !packed {
+            plan.clear();
+            plan_per_page(cfg, st, plan, alloc, first, data)?;
+        }
+        crate::inject::point("write:planned");
+        let t = st.clock();
+        table.install_group(st, &plan.entries, first);
+        st.lap(Phase::Install, t);
+        st.shard.add(Counter::Groups, 1);
+        Ok(())
+    })
 }
 
-/// Plans `data` (pages from `first`) as one object per page, allocated and
-/// filled but not yet installed: `st.plan.entries` says what each slot is
-/// to hold, `st.plan.handles` lists the new objects.
+/// Plans `data` (pages from `first`) into the empty `plan` as one object
+/// per page, allocated and filled but not yet installed: `plan.entries`
+/// says what each slot is to hold, `plan.handles` lists the new objects.
 pub(crate) fn plan_per_page(
     cfg: &StoreConfig,
     st: &mut CtxState,
+    plan: &mut GroupPlan,
     alloc: &dyn ObjAllocator,
     first: u64,
     data: &[u8],
 ) -> Result<()> {
-    compress_group(cfg, st, first, data)?;
+    compress_group(cfg, st, plan, first, data)?;
     let t = st.clock();
-    allocate_group(st, alloc)?;
+    allocate_group(plan, alloc)?;
     let t = st.lap(Phase::Alloc, t);
-    copy_objects(st, alloc, data);
+    copy_objects(plan, alloc, &st.scratch, data);
     st.lap(Phase::Copy, t);
     Ok(())
 }
@@ -67,27 +69,33 @@ pub(crate) fn plan_per_page(
 /// Classifies each page, then compresses those that are not same-filled
 /// in one batch call to the queue's codec (an accelerator keeps them all in
 /// flight at once), each into its own page-sized area of the scratch buffer.
-fn compress_group(cfg: &StoreConfig, st: &mut CtxState, first: u64, data: &[u8]) -> Result<()> {
+fn compress_group(
+    cfg: &StoreConfig,
+    st: &mut CtxState,
+    plan: &mut GroupPlan,
+    first: u64,
+    data: &[u8],
+) -> Result<()> {
     let budget = cfg.huge_threshold - 1;
     let mut pages: [&[u8]; MAX_GROUP_PAGES] = [&[]; MAX_GROUP_PAGES];
     let mut k = 0;
     for (i, page) in data.chunks_exact(PAGE_SIZE).enumerate() {
         if let Some(word) = same_filled(page) {
-            st.plan.entries.push(Entry::new(Kind::Same, 0, word));
+            plan.entries.push(Entry::new(Kind::Same, 0, word));
         } else {
             pages[k] = page;
             k += 1;
-            st.plan.entries.push(Entry::EMPTY);
-            st.plan.owners.push(first + i as u64);
+            plan.entries.push(Entry::EMPTY);
+            plan.owners.push(first + i as u64);
         }
     }
     let t = st.clock();
-    let accel =
-        st.codec
-            .compress_batch(&pages[..k], &mut st.scratch, budget, &mut st.plan.results)?;
+    let accel = st
+        .codec
+        .compress_batch(&pages[..k], &mut st.scratch, budget, &mut plan.results)?;
     st.lap(Phase::Compress, t);
-    let mut results = st.plan.results.iter();
-    for e in st.plan.entries.iter_mut().filter(|e| e.kind == Kind::Empty) {
+    let mut results = plan.results.iter();
+    for e in plan.entries.iter_mut().filter(|e| e.kind == Kind::Empty) {
         *e = match results.next() {
             Some(Some(n)) if *n <= budget => Entry::new(Kind::Compressed, *n as u32, 0),
             Some(Some(n)) => return Err(Error::Codec(CodecError::overflow(*n, budget))),
@@ -98,33 +106,40 @@ fn compress_group(cfg: &StoreConfig, st: &mut CtxState, first: u64, data: &[u8])
                 )))
             }
         };
-        st.plan.sizes.push(e.len);
+        plan.sizes.push(e.len);
     }
     st.shard.add(Counter::SwPages, (k - accel) as i64);
     st.shard.add(Counter::AccelPages, accel as i64);
     Ok(())
 }
 
-/// One bulk allocation for every object of the group.
-fn allocate_group(st: &mut CtxState, alloc: &dyn ObjAllocator) -> Result<()> {
-    if st.plan.sizes.is_empty() {
+/// One bulk allocation for every object `plan.sizes` lists, into
+/// `plan.handles`.
+pub(crate) fn allocate_group(plan: &mut GroupPlan, alloc: &dyn ObjAllocator) -> Result<()> {
+    if plan.sizes.is_empty() {
         return Ok(());
     }
     alloc
-        .alloc_bulk(&st.plan.sizes, &st.plan.owners, &mut st.plan.handles)
+        .alloc_bulk(&plan.sizes, &plan.owners, &mut plan.handles)
         .map_err(|e| Error::NoSpace { limit: e.limit })
 }
 
 /// Copies compressed (or raw) bytes into the new objects and records each
-/// handle in its entry. The j-th page that is not same-filled was
-/// compressed into the j-th area of the scratch buffer.
-fn copy_objects(st: &mut CtxState, alloc: &dyn ObjAllocator, data: &[u8]) {
-    let mut handles = st.plan.handles.iter();
+/// handle in its entry. The j-th page of `data` that is not same-filled
+/// was compressed (if it is not huge) into the j-th page-sized area of
+/// `compressed`.
+pub(crate) fn copy_objects(
+    plan: &mut GroupPlan,
+    alloc: &dyn ObjAllocator,
+    compressed: &[u8],
+    data: &[u8],
+) {
+    let mut handles = plan.handles.iter();
     let mut j = 0;
-    for (i, e) in st.plan.entries.iter_mut().enumerate() {
+    for (i, e) in plan.entries.iter_mut().enumerate() {
         let area = j * PAGE_SIZE;
         let src = match e.kind {
-            Kind::Compressed => &st.scratch[area..area + e.len as usize],
+            Kind::Compressed => &compressed[area..area + e.len as usize],
             Kind::Huge => &data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE],
             Kind::Empty | Kind::Same | Kind::Packed | Kind::Backed => continue,
         };

@@ -13,8 +13,8 @@
 //! held: reserving blocks in the free map, the `pwrite` of the batch (one
 //! per run of contiguous blocks), the CRCs. Then each slot is locked once
 //! more, only to switch it: if it still holds the very object that was
-//! copied (the same entry and the same bytes, `SlotTable::holds_object`,
-//! as recompression checks), it becomes a
+//! copied (the same entry and the same bytes, `SlotTable::move_page`'s
+//! `Held::Bytes`, as recompression checks), it becomes a
 //! written-back entry (kind 5) with its access time and idle mark, and the
 //! RAM object is released to the free batch; if a write or discard came in
 //! between, that write wins and the object's place in the backing store is
@@ -46,7 +46,7 @@ use crate::error::{Error, Result};
 use crate::page::PAGE_SIZE;
 use crate::slot::{BackedAt, Entry, Kind, INCOMPRESSIBLE};
 use crate::stats::{Counter, Op};
-use crate::table::SlotTable;
+use crate::table::{Held, MovePoints, SlotTable};
 use serde::Serialize;
 use std::time::Instant;
 
@@ -297,28 +297,17 @@ fn switch(
         off: it.off,
         crc,
     };
-    let mut guard = table.lock(it.page);
-    let cur = guard.entry();
-    // The same entry is not enough (a reused handle): the bytes tell.
-    if !cur.same_object(&it.entry)
-        || !table.holds_object(&guard, &batch.buf.as_slice()[at..at + len])
-    {
-        drop(guard);
+    let held = Held::Bytes(it.entry, &batch.buf.as_slice()[at..at + len]);
+    let new = Entry::backed(place, len as u32, it.entry.algo);
+    let points = MovePoints {
+        locked: "writeback:locked",
+        released: Some("writeback:released"),
+    };
+    if !table.move_page(st, it.page, held, new, 0, points) {
         backing.release(block);
         r.raced += 1;
         return;
     }
-    let new = Entry {
-        idle: cur.idle,
-        atime: cur.atime,
-        ..Entry::backed(place, len as u32, it.entry.algo)
-    };
-    let released = table.take_locked(&mut guard, new);
-    crate::inject::point("writeback:locked");
-    drop(guard);
-    table.entered(st, &new, 0);
-    table.release(st, released);
-    crate::inject::point("writeback:released");
     st.shard.add(Counter::BdWrites, 1);
     r.written += 1;
     r.bytes += len as u64;
