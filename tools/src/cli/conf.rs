@@ -31,9 +31,6 @@ use std::path::Path;
 use toml::Spanned;
 use zblk_ublk::swap::Discard;
 
-/// Where `zblk setup` reads its devices from by default.
-pub const DEFAULT_PATH: &str = "/etc/zblk/zblk.conf";
-
 /// One 4 KB page: sizes are rounded down to it.
 const PAGE: u64 = 4096;
 
