@@ -63,20 +63,15 @@ log "vm.watermark_scale_factor=$(cat /proc/sys/vm/watermark_scale_factor) min_fr
 
 # Brings up the swap of configuration $1 (kind:algo[:mode]).
 wm_up() {
-    kind=${1%%:*} rest=${1#*:} env=""
-    case $rest in *@*=*) env=${rest#*@} rest=${rest%%@*} ;; esac
-    algo=${rest%%:*} mode=per-page extra=""
-    [ "$rest" != "$algo" ] && mode=${rest#*:}
+    cfg_parse "$1"
+    kind=$CFG_KIND env=$CFG_ENV algo=$CFG_ALGO mode=$CFG_MODE extra=""
     # zblk:ALGO:private: per-page, the store in private memory
     # (--no-recovery) rather than the memfd.
     [ "$mode" = private ] && mode=per-page extra=--no-recovery
     case $kind in
     zram)
         [ -z "$env" ] || fail "$1: @NAME=VALUE is for zblk configurations"
-        algo0=$ZBLK_ALGO
-        ZBLK_ALGO=$algo
-        zram_swap "$dev_mb"
-        ZBLK_ALGO=$algo0 ;;
+        zram_swap_with "$algo" "$dev_mb" ;;
     zblk)
         # zblk.wm_rt=0: the reserve's provisioner at normal priority
         # (ZBLK_RESERVE_SCHED=normal, src/provision.rs) instead of the
