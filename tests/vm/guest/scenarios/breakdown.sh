@@ -1,4 +1,4 @@
-# breakdown: where a swapped page's time goes (issue 13), zblk against
+# breakdown: where a swapped page's time goes, zblk against
 # kernel zram in the same boot. One usemem process writes ZBLK_BD_MB of
 # pages in a cgroup whose memory.high is ZBLK_LIMIT_MB (so most of them go
 # out to swap), then verifies every one (so they come back in). The
@@ -46,8 +46,8 @@
 #                             configurations after it in the round (zblk's
 #                             store is shmem: "always" gives it large
 #                             folios; "advise" only a build that asks,
-#                             MADV_HUGEPAGE, which zblk does not: tried in
-#                             session 9, no gain, see BENCHMARKS.md)
+#                             MADV_HUGEPAGE, which zblk does not: a build
+#                             that asked gained nothing, see BENCHMARKS.md)
 #   hogs=N                    runs N busy loops (outside the workload's
 #                             cgroup, nice 0) during the configurations
 #                             after it in the round: swap under CPU
