@@ -52,6 +52,7 @@ impl Clock {
     }
 
     /// Moves the clock `secs` forward (tests).
+    #[cfg(any(test, feature = "test-support"))]
     pub(crate) fn advance(&self, secs: u64) {
         self.offset.fetch_add(secs, Relaxed);
     }

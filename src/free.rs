@@ -313,6 +313,7 @@ impl Freer {
     /// Stops the drain where it is, freeing nothing more, as a crash of the
     /// process would: for tests that recover a store from its shared
     /// memory while the crashed store's objects are leaked, not freed.
+    #[cfg(feature = "test-support")]
     pub fn abandon(&self) {
         self.shared.abandoned.store(true, Ordering::SeqCst);
         let Some(t) = &self.drain_thread else {

@@ -8,19 +8,31 @@
 //!
 //! # Layers
 //!
-//! Modules import only from the layers below them:
+//! The nine layers of `docs/architecture.md`, top first. A module imports
+//! only modules of its own layer or of the layers below it, never above
+//! (`tools/scripts/engine-dag.py` checks that the imports form no cycle):
 //!
-//! 1. `store`: [`Store`] and [`QueueCtx`], the four operations and stats;
-//! 2. `compact` (packed groups), `recompress` (idle marking and
-//!    recompression), `writeback` (to the backing store), then `write` and
-//!    `read`, the two paths;
-//! 3. `table`: the slot table and what entering or leaving a slot does;
-//! 4. `packed`: the packed object format, packing and unpacking a group;
-//! 5. `ctx`: one queue thread's state; `config`: how a store is built;
-//! 6. the parts: `slot` (entry encoding and lock), `codec` (with the IAA
-//!    codec), `accel` (the IAA device interface), `alloc` and `slab` (the
-//!    object allocator), `free` (deferred free), `backing` (the backing
-//!    store and its free map), `stats`, `error`, `page`.
+//! 1. `store`: [`Store`] and [`QueueCtx`], the four operations (write,
+//!    read, discard, write-zeroes) over byte ranges, compaction, stats;
+//! 2. `compact` (rewriting the pages of sparse packed groups),
+//!    `recompress` (idle marking and recompression with the secondary
+//!    algorithm), `writeback` (compressed objects out to the backing
+//!    store), `recover` (taking over a dead process's store);
+//! 3. `write` and `read`: the two paths;
+//! 4. `table`: the slot table and what entering or leaving a slot does;
+//! 5. `packed`: the packed object format, packing and unpacking a group;
+//! 6. `ctx`: one queue thread's state;
+//! 7. `config`: how a store is built;
+//! 8. `backing` (the backing store and its free map), `slot` (entry
+//!    encoding and lock), `free` (deferred free), `error`, `codec` (with
+//!    the IAA codec), `provision` (the memory reserve's provisioner);
+//! 9. `accel` (the IAA device interface), `alloc` and `slab` (the object
+//!    allocator), `stats`, `page`, `shm` (the memfd a recoverable store
+//!    lives in), `inject` and `fault` (crash and allocation-failure
+//!    points for tests), `clock` (the coarse clock of access times).
+//!
+//! `testing` (test doubles, with the `test-support` feature) sits beside
+//! them, used by tests only.
 
 #![warn(missing_docs)]
 
@@ -62,8 +74,8 @@ pub use error::{Error, Result};
 pub use page::{PAGE_SIZE, PAGE_SIZE_U64};
 pub use recompress::{Recompress, RecompressReport, RecompressType, MIN_SAVING_PERCENT};
 pub use stats::{Counters, Latencies, Latency, PhaseTimes};
-pub use store::{
-    debug_as_layout3, debug_corrupt_object, debug_crash, debug_flip_object_byte, QueueCtx, Store,
-    StoreStats,
-};
+pub use store::{QueueCtx, Store, StoreStats};
+// Hooks for tests: corrupting objects, crashing, older layouts.
+#[cfg(feature = "test-support")]
+pub use store::{debug_as_layout3, debug_corrupt_object, debug_crash, debug_flip_object_byte};
 pub use writeback::{Writeback, WritebackReport, WritebackType};

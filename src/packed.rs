@@ -481,6 +481,7 @@ unsafe fn seal_in_place(alloc: &dyn ObjAllocator, h: Handle, hdr: PackHeader) {
 /// # Safety
 /// The caller holds the lock of the slot `e` was read from, and no other
 /// thread uses the store.
+#[cfg(feature = "test-support")]
 pub(crate) unsafe fn debug_unseal(alloc: &dyn ObjAllocator, e: &Entry) {
     // SAFETY: the caller's contract.
     let hdr = unsafe { PackHeader::read(alloc, e.val) };

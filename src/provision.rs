@@ -18,7 +18,7 @@ const ARENA_ROOM: usize = 1 << 20;
 /// workload at 1.5x RAM ran the spares dry under the min watermark and
 /// ended in a flood of refused writes in every one of 12 runs; with it,
 /// every zblk configuration finished (BENCHMARKS.md, "The whole machine at
-/// 1.5x RAM", sessions 14-15). It is one thread that sleeps between passes
+/// 1.5x RAM"). It is one thread that sleeps between passes
 /// and faults pages in; the kernel's real-time throttling
 /// (`sched_rt_runtime_us`) bounds it if it ever spun, and without that
 /// throttling it stays at normal priority.

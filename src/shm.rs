@@ -321,6 +321,7 @@ impl SharedMem {
     /// Rewrites the header as a build of layout `layout` (with its
     /// fingerprint) would have written it: how a test makes an older
     /// zblk's file.
+    #[cfg(feature = "test-support")]
     pub(crate) fn debug_write_layout(&self, layout: u64, fingerprint: u64) -> Result<()> {
         let _held = self.header_lock.lock().unwrap_or_else(|e| e.into_inner());
         let mut words = [0u8; 16];

@@ -34,7 +34,10 @@ use crate::provision::Provisioner;
 use crate::recompress::{Recompress, RecompressReport};
 use crate::shm::{Live, SharedMem, NOTE_BYTES};
 use crate::slab::{SlabAllocator, SlabConfig};
-use crate::slot::{Entry, Kind, ATIME_MASK};
+use crate::slot::{Entry, ATIME_MASK};
+// The object-corrupting hooks tell packed objects by their kind.
+#[cfg(feature = "test-support")]
+use crate::slot::Kind;
 use crate::stats::{self, Counter, Counters, Latencies, Op, Phase, PhaseTimes, StatsShard};
 use crate::table::SlotTable;
 use crate::writeback::{Writeback, WritebackReport};
@@ -515,6 +518,7 @@ impl Store {
 
     /// Moves the store's clock `secs` seconds forward, so that tests of
     /// idle marking need not sleep.
+    #[cfg(feature = "test-support")]
     #[doc(hidden)]
     pub fn debug_advance_clock(&self, secs: u64) {
         self.clock.advance(secs);
@@ -931,6 +935,7 @@ impl Drop for QueueCtx {
 /// # Safety
 /// No other thread uses the store meanwhile: the object is published, and
 /// readers of other slots of its packed group would see the bytes change.
+#[cfg(feature = "test-support")]
 #[doc(hidden)]
 pub unsafe fn debug_corrupt_object(store: &Store, page: u64, at: usize, byte: u8) -> bool {
     // SAFETY: `p` points at `n` bytes of the object (the helper's
@@ -944,6 +949,7 @@ pub unsafe fn debug_corrupt_object(store: &Store, page: u64, at: usize, byte: u8
 ///
 /// # Safety
 /// As [`debug_corrupt_object`].
+#[cfg(feature = "test-support")]
 #[doc(hidden)]
 pub unsafe fn debug_flip_object_byte(store: &Store, page: u64, at: usize, mask: u8) -> bool {
     // SAFETY: `p` points at a byte of the object (the helper's contract).
@@ -957,6 +963,7 @@ pub unsafe fn debug_flip_object_byte(store: &Store, page: u64, at: usize, mask: 
 /// # Safety
 /// As [`debug_corrupt_object`]; `f` touches no byte outside the ones it
 /// is given.
+#[cfg(feature = "test-support")]
 unsafe fn with_object_bytes(
     store: &Store,
     page: u64,
@@ -992,6 +999,7 @@ unsafe fn with_object_bytes(
 ///
 /// # Safety
 /// No other thread uses the store meanwhile.
+#[cfg(feature = "test-support")]
 #[doc(hidden)]
 pub unsafe fn debug_as_layout3(store: &Store) -> Option<u64> {
     let shm = store.table.shared()?;
@@ -1025,6 +1033,7 @@ fn slab_config(cfg: &StoreConfig) -> SlabConfig {
 /// so that a test can recover the store from [`Store::memory_fd`] (dup it
 /// first) as a new process would. Queue contexts must be leaked too
 /// (`std::mem::forget`), as a crash would leave them.
+#[cfg(feature = "test-support")]
 #[doc(hidden)]
 pub fn debug_crash(store: Arc<Store>) {
     store.table.frees().abandon();

@@ -1,28 +1,18 @@
 //! Model-based test: random operation sequences against the store, checked
-//! page by page against a plain `Vec<Option<page>>`.
+//! page by page against the model of `common::model`.
 
 mod common;
 
-use common::{page, real_pages, Content};
+use common::model::{self, Model, Op};
+use common::real_pages;
 use proptest::prelude::*;
-use zblk::{Algo, Error, Mode, Store, StoreConfig, PAGE_SIZE};
+use zblk::{Algo, Error, Mode, QueueCtx, Store, StoreConfig, PAGE_SIZE};
 
 const PAGES: u64 = 48;
 
+/// This test's own operations, besides writes, reads and discards.
 #[derive(Debug, Clone)]
-enum Op {
-    Write {
-        page: u64,
-        contents: Vec<Content>,
-    },
-    Read {
-        page: u64,
-        n: u64,
-    },
-    Discard {
-        page: u64,
-        n: u64,
-    },
+enum Own {
     WriteZeroes {
         page: u64,
         n: u64,
@@ -40,27 +30,16 @@ enum Op {
     Compact,
 }
 
-fn content() -> impl Strategy<Value = Content> {
+fn op() -> impl Strategy<Value = Op<Own>> {
+    let range = model::range(PAGES, 20);
     prop_oneof![
-        Just(Content::Zeros),
-        any::<u64>().prop_map(Content::SameWord),
-        any::<u64>().prop_map(Content::Text),
-        (0usize..96).prop_map(Content::Real),
-        any::<u64>().prop_map(Content::Random),
-    ]
-}
-
-fn op() -> impl Strategy<Value = Op> {
-    let range = (0..PAGES).prop_flat_map(|p| (Just(p), 1..=(PAGES - p).min(20)));
-    prop_oneof![
-        4 => (0..PAGES).prop_flat_map(|p| (Just(p), prop::collection::vec(content(), 1..=((PAGES - p).min(20) as usize))))
-            .prop_map(|(page, contents)| Op::Write { page, contents }),
+        4 => model::write(PAGES, 20),
         3 => range.clone().prop_map(|(page, n)| Op::Read { page, n }),
         1 => range.clone().prop_map(|(page, n)| Op::Discard { page, n }),
-        1 => range.prop_map(|(page, n)| Op::WriteZeroes { page, n }),
-        1 => (1u64..PAGES * 8).prop_filter("not page aligned", |s| s % 8 != 0).prop_map(|sector| Op::Misaligned { sector }),
-        1 => (0..PAGES).prop_map(|page| Op::OutOfRange { page, n: PAGES - page + 1 }),
-        1 => Just(Op::Compact),
+        1 => range.prop_map(|(page, n)| Op::Own(Own::WriteZeroes { page, n })),
+        1 => (1u64..PAGES * 8).prop_filter("not page aligned", |s| s % 8 != 0).prop_map(|sector| Op::Own(Own::Misaligned { sector })),
+        1 => (0..PAGES).prop_map(|page| Op::Own(Own::OutOfRange { page, n: PAGES - page + 1 })),
+        1 => Just(Op::Own(Own::Compact)),
     ]
 }
 
@@ -84,66 +63,59 @@ proptest! {
         cfg.mode = mode;
         let store = Store::new(cfg).unwrap();
         let mut ctx = store.new_ctx();
-        let mut model: Vec<Option<Vec<u8>>> = vec![None; PAGES as usize];
-        let off = |p: u64| p * PAGE_SIZE as u64;
+        let mut m = Model::new(PAGES);
         for op in ops {
-            match op {
-                Op::Write { page: p, contents } => {
-                    let data: Vec<u8> = contents.iter().flat_map(|&c| page(c, &real)).collect();
-                    ctx.write(off(p), &data).unwrap();
-                    for (i, pg) in data.chunks(PAGE_SIZE).enumerate() {
-                        model[p as usize + i] = Some(pg.to_vec());
-                    }
-                }
-                Op::Read { page: p, n } => {
-                    let mut buf = vec![0xAAu8; (n as usize) * PAGE_SIZE];
-                    ctx.read(off(p), &mut buf).unwrap();
-                    for (i, got) in buf.chunks(PAGE_SIZE).enumerate() {
-                        let want = model[p as usize + i].clone().unwrap_or_else(|| vec![0; PAGE_SIZE]);
-                        prop_assert!(got == &want[..], "page {} differs", p as usize + i);
-                    }
-                }
-                Op::Discard { page: p, n } | Op::WriteZeroes { page: p, n } => {
-                    if matches!(op, Op::Discard { .. }) {
-                        ctx.discard(off(p), n * PAGE_SIZE as u64).unwrap();
-                    } else {
-                        ctx.write_zeroes(off(p), n * PAGE_SIZE as u64).unwrap();
-                    }
-                    for m in &mut model[p as usize..(p + n) as usize] {
-                        *m = None;
-                    }
-                }
-                Op::Misaligned { sector } => {
-                    let mut buf = vec![0u8; PAGE_SIZE];
-                    let e = ctx.read(sector * 512, &mut buf).unwrap_err();
-                    prop_assert!(matches!(e, Error::Misaligned { .. }), "{e:?}");
-                    prop_assert!(ctx.write(sector * 512, &buf).is_err());
-                    prop_assert!(ctx.discard(sector * 512, 512).is_err());
-                }
-                Op::OutOfRange { page: p, n } => {
-                    let buf = vec![1u8; (n as usize) * PAGE_SIZE];
-                    let e = ctx.write(off(p), &buf).unwrap_err();
-                    prop_assert!(matches!(e, Error::OutOfRange { .. }), "{e:?}");
-                    prop_assert!(ctx.discard(off(p), n * PAGE_SIZE as u64).is_err());
-                }
-                Op::Compact => {
-                    store.compact();
-                }
+            if let Some(own) = model::apply(&store, &mut ctx, &mut m, op, &real)? {
+                apply_own(&store, &mut ctx, &mut m, own)?;
             }
-            check_counters(&store, &model)?;
+            check_counters(&store, &m)?;
         }
     }
 }
 
+/// Applies one of this test's own operations to the store and the model.
+fn apply_own(
+    store: &Store,
+    ctx: &mut QueueCtx,
+    m: &mut Model,
+    own: Own,
+) -> Result<(), TestCaseError> {
+    let off = |p: u64| p * PAGE_SIZE as u64;
+    match own {
+        Own::WriteZeroes { page: p, n } => {
+            ctx.write_zeroes(off(p), n * PAGE_SIZE as u64).unwrap();
+            m.clear(p, n);
+        }
+        Own::Misaligned { sector } => {
+            let mut buf = vec![0u8; PAGE_SIZE];
+            let e = ctx.read(sector * 512, &mut buf).unwrap_err();
+            prop_assert!(matches!(e, Error::Misaligned { .. }), "{e:?}");
+            prop_assert!(ctx.write(sector * 512, &buf).is_err());
+            prop_assert!(ctx.discard(sector * 512, 512).is_err());
+        }
+        Own::OutOfRange { page: p, n } => {
+            let buf = vec![1u8; (n as usize) * PAGE_SIZE];
+            let e = ctx.write(off(p), &buf).unwrap_err();
+            prop_assert!(matches!(e, Error::OutOfRange { .. }), "{e:?}");
+            prop_assert!(ctx.discard(off(p), n * PAGE_SIZE as u64).is_err());
+        }
+        Own::Compact => {
+            store.compact();
+        }
+    }
+    Ok(())
+}
+
 /// The gauges follow from the model: every stored page counted once, same
 /// pages separately, orig_data_size 4 KB per stored page (same-filled too, as in zram).
-fn check_counters(store: &Store, model: &[Option<Vec<u8>>]) -> Result<(), TestCaseError> {
+fn check_counters(store: &Store, m: &Model) -> Result<(), TestCaseError> {
     let s = store.stats();
-    let stored = model.iter().flatten().count() as u64;
-    let same = model
+    let stored = m.stored();
+    let same = m
+        .pages
         .iter()
         .flatten()
-        .filter(|p| common::same_filled(p))
+        .filter(|p| common::same_filled(&p.data))
         .count() as u64;
     prop_assert_eq!(s.counters.stored_pages, stored);
     prop_assert_eq!(s.counters.same_pages, same);

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{page, real_pages, Content, Rng};
+use common::{crash, page, real_pages, Content, Rng};
 use std::os::fd::OwnedFd;
 use zblk::{Mode, QueueCtx, Store, StoreConfig, PAGE_SIZE};
 
@@ -72,19 +72,6 @@ fn verify(ctx: &mut QueueCtx, model: &[Vec<u8>]) {
             &want[..16]
         );
     }
-}
-
-/// Kills the store (leaking its context with its unflushed free batch)
-/// and returns its memory.
-fn crash(store: std::sync::Arc<Store>, ctx: QueueCtx) -> OwnedFd {
-    let fd = store
-        .memory_fd()
-        .expect("a shared store has a memfd")
-        .try_clone_to_owned()
-        .unwrap();
-    std::mem::forget(ctx);
-    zblk::debug_crash(store);
-    fd
 }
 
 fn recovers_everything(mode: Mode) {

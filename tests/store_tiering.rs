@@ -7,7 +7,8 @@
 
 mod common;
 
-use common::{page, real_pages, Content};
+use common::model::{self, check_model_gauges, verify_all, Model, Op, STEP};
+use common::{crash_and_recover, page, real_pages, Content};
 use proptest::prelude::*;
 use zblk::{
     Algo, Mode, QueueCtx, Recompress, RecompressType, Store, StoreConfig, MIN_SAVING_PERCENT,
@@ -16,53 +17,18 @@ use zblk::{
 
 const PAGES: u64 = 40;
 const P: u64 = PAGE_SIZE as u64;
-/// The clock moves in steps of this many seconds and idle ages sit half
-/// a step off them: the real seconds a case takes (far fewer) cannot move
-/// a page across an age.
-const STEP: u64 = 100;
 
+/// This test's own operation: a recompression with the case's secondary
+/// algorithm.
 #[derive(Debug, Clone)]
-enum Op {
-    Write {
-        page: u64,
-        contents: Vec<Content>,
-    },
-    Read {
-        page: u64,
-        n: u64,
-    },
-    Discard {
-        page: u64,
-        n: u64,
-    },
-    /// The clock moves `steps` steps forward.
-    Tick {
-        steps: u64,
-    },
-    /// Marks idle every page, or those not accessed for `steps` steps and
-    /// a half.
-    MarkIdle {
-        steps: Option<u64>,
-    },
-    Recompress {
-        kind: RecompressType,
-        threshold: usize,
-        max_pages: u64,
-    },
+struct Recompression {
+    kind: RecompressType,
+    threshold: usize,
+    max_pages: u64,
 }
 
-fn content() -> impl Strategy<Value = Content> {
-    prop_oneof![
-        Just(Content::Zeros),
-        any::<u64>().prop_map(Content::SameWord),
-        any::<u64>().prop_map(Content::Text),
-        (0usize..96).prop_map(Content::Real),
-        any::<u64>().prop_map(Content::Random),
-    ]
-}
-
-fn op() -> impl Strategy<Value = Op> {
-    let range = (0..PAGES).prop_flat_map(|p| (Just(p), 1..=(PAGES - p).min(12)));
+fn op() -> impl Strategy<Value = Op<Recompression>> {
+    let range = model::range(PAGES, 12);
     let kind = prop_oneof![
         Just(RecompressType::All),
         Just(RecompressType::Idle),
@@ -70,36 +36,14 @@ fn op() -> impl Strategy<Value = Op> {
         Just(RecompressType::HugeIdle),
     ];
     prop_oneof![
-        4 => (0..PAGES).prop_flat_map(|p| (Just(p), prop::collection::vec(content(), 1..=((PAGES - p).min(12) as usize))))
-            .prop_map(|(page, contents)| Op::Write { page, contents }),
+        4 => model::write(PAGES, 12),
         3 => range.clone().prop_map(|(page, n)| Op::Read { page, n }),
         1 => range.prop_map(|(page, n)| Op::Discard { page, n }),
         2 => (1u64..4).prop_map(|steps| Op::Tick { steps }),
         2 => prop::option::of(0u64..4).prop_map(|steps| Op::MarkIdle { steps }),
         2 => (kind, prop_oneof![Just(0usize), Just(200), Just(3000)], prop_oneof![Just(0u64), Just(3)])
-            .prop_map(|(kind, threshold, max_pages)| Op::Recompress { kind, threshold, max_pages }),
+            .prop_map(|(kind, threshold, max_pages)| Op::Own(Recompression { kind, threshold, max_pages })),
     ]
-}
-
-/// What the model knows of a stored page.
-#[derive(Debug, Clone)]
-struct Page {
-    data: Vec<u8>,
-    /// Model clock at the last access, in steps.
-    atime: u64,
-    idle: bool,
-}
-
-struct Model {
-    pages: Vec<Option<Page>>,
-    /// The clock, in steps.
-    now: u64,
-}
-
-impl Model {
-    fn idle(&self) -> u64 {
-        self.pages.iter().flatten().filter(|p| p.idle).count() as u64
-    }
 }
 
 fn config(primary: Algo, shared: bool) -> StoreConfig {
@@ -115,125 +59,62 @@ fn config_in(primary: Algo, shared: bool, mode: Mode) -> StoreConfig {
     cfg
 }
 
+/// Applies `op` to the store and the model; a recompression with
+/// `secondary`.
 fn apply(
     store: &Store,
     ctx: &mut QueueCtx,
     secondary: Algo,
     m: &mut Model,
-    op: Op,
+    op: Op<Recompression>,
     real: &[u8],
 ) -> Result<(), TestCaseError> {
-    match op {
-        Op::Write { page: p, contents } => {
-            let data: Vec<u8> = contents.iter().flat_map(|&c| page(c, real)).collect();
-            ctx.write(p * P, &data).unwrap();
-            for (i, pg) in data.chunks(PAGE_SIZE).enumerate() {
-                m.pages[p as usize + i] = Some(Page {
-                    data: pg.to_vec(),
-                    atime: m.now,
-                    idle: false,
-                });
-            }
-        }
-        Op::Read { page: p, n } => {
-            let mut buf = vec![0xAAu8; (n * P) as usize];
-            ctx.read(p * P, &mut buf).unwrap();
-            for (i, got) in buf.chunks(PAGE_SIZE).enumerate() {
-                let slot = &mut m.pages[p as usize + i];
-                match slot {
-                    Some(pg) => {
-                        prop_assert!(got == &pg.data[..], "page {} differs", p as usize + i);
-                        pg.atime = m.now;
-                        pg.idle = false;
-                    }
-                    None => prop_assert!(got.iter().all(|&b| b == 0)),
-                }
-            }
-        }
-        Op::Discard { page: p, n } => {
-            ctx.discard(p * P, n * P).unwrap();
-            for s in &mut m.pages[p as usize..(p + n) as usize] {
-                *s = None;
-            }
-        }
-        Op::Tick { steps } => {
-            store.debug_advance_clock(steps * STEP);
-            m.now += steps;
-        }
-        Op::MarkIdle { steps } => {
-            let age = steps.map(|s| s * STEP + STEP / 2);
-            let marked = store.mark_idle(age).unwrap();
-            let mut want = 0;
-            for pg in m.pages.iter_mut().flatten() {
-                let old = steps.map_or(true, |s| m.now - pg.atime > s);
-                if old && !pg.idle {
-                    pg.idle = true;
-                    want += 1;
-                }
-            }
-            prop_assert_eq!(marked, want);
-        }
-        Op::Recompress {
+    let Some(Recompression {
+        kind,
+        threshold,
+        max_pages,
+    }) = model::apply(store, ctx, m, op, real)?
+    else {
+        return Ok(());
+    };
+    let before = store.stats().counters;
+    let r = store
+        .recompress(&Recompress {
+            algo: secondary,
             kind,
             threshold,
             max_pages,
-        } => {
-            let before = store.stats().counters;
-            let r = store
-                .recompress(&Recompress {
-                    algo: secondary,
-                    kind,
-                    threshold,
-                    max_pages,
-                })
-                .unwrap();
-            let after = store.stats().counters;
-            prop_assert!(r.recompressed <= r.tried);
-            if max_pages > 0 {
-                prop_assert!(r.tried <= max_pages);
-            }
-            let idle = m.idle();
-            if kind == RecompressType::Idle {
-                prop_assert!(r.tried <= idle, "only idle pages are tried");
-            }
-            prop_assert_eq!(
-                after.recompressed_pages,
-                before.recompressed_pages + r.recompressed
-            );
-            prop_assert_eq!(
-                before.compr_data_size - after.compr_data_size,
-                r.saved_bytes,
-                "compr_data_size drops by what was saved"
-            );
-            // Every page kept is at least MIN_SAVING_PERCENT smaller.
-            prop_assert!(
-                r.saved_bytes * 100 >= r.recompressed * MIN_SAVING_PERCENT as u64,
-                "{r:?}"
-            );
-        }
+        })
+        .unwrap();
+    let after = store.stats().counters;
+    prop_assert!(r.recompressed <= r.tried);
+    if max_pages > 0 {
+        prop_assert!(r.tried <= max_pages);
     }
+    let idle = m.idle();
+    if kind == RecompressType::Idle {
+        prop_assert!(r.tried <= idle, "only idle pages are tried");
+    }
+    prop_assert_eq!(
+        after.recompressed_pages,
+        before.recompressed_pages + r.recompressed
+    );
+    prop_assert_eq!(
+        before.compr_data_size - after.compr_data_size,
+        r.saved_bytes,
+        "compr_data_size drops by what was saved"
+    );
+    // Every page kept is at least MIN_SAVING_PERCENT smaller.
+    prop_assert!(
+        r.saved_bytes * 100 >= r.recompressed * MIN_SAVING_PERCENT as u64,
+        "{r:?}"
+    );
     Ok(())
 }
 
 fn check_gauges(store: &Store, m: &Model) -> Result<(), TestCaseError> {
-    let c = store.stats().counters;
-    prop_assert_eq!(c.idle_pages, m.idle(), "idle_pages follows the model");
-    prop_assert_eq!(c.stored_pages, m.pages.iter().flatten().count() as u64);
+    let c = check_model_gauges(store, m)?.counters;
     prop_assert!(c.recompressed_pages <= c.stored_pages - c.same_pages);
-    Ok(())
-}
-
-fn verify_all(ctx: &mut QueueCtx, m: &Model) -> Result<(), TestCaseError> {
-    let mut buf = vec![0u8; PAGE_SIZE];
-    for (p, want) in m.pages.iter().enumerate() {
-        // A read is an access: it would clear idle marks, so the check
-        // happens after the gauges were compared.
-        ctx.read(p as u64 * P, &mut buf).unwrap();
-        match want {
-            Some(pg) => prop_assert!(buf == pg.data, "page {p} differs"),
-            None => prop_assert!(buf.iter().all(|&b| b == 0), "page {p} not zero"),
-        }
-    }
     Ok(())
 }
 
@@ -259,17 +140,14 @@ proptest! {
         let real = real_pages();
         let store = Store::new(config_in(primary, shared, mode)).unwrap();
         let mut ctx = store.new_ctx();
-        let mut m = Model { pages: vec![None; PAGES as usize], now: 0 };
+        let mut m = Model::new(PAGES);
         for op in ops {
             apply(&store, &mut ctx, secondary, &mut m, op, &real)?;
             check_gauges(&store, &m)?;
         }
         if shared {
             let before = store.stats().counters;
-            let fd = store.memory_fd().unwrap().try_clone_to_owned().unwrap();
-            std::mem::forget(ctx);
-            zblk::debug_crash(store);
-            let store = Store::recover(config_in(primary, true, mode), fd).unwrap();
+            let store = crash_and_recover(store, ctx, config_in(primary, true, mode));
             let after = store.stats();
             prop_assert_eq!(after.recovery_dropped, 0);
             prop_assert_eq!(after.counters.recompressed_pages, before.recompressed_pages);
@@ -484,10 +362,7 @@ fn packed_recompression_of_real_pages_saves_memory_and_survives_recovery() {
     let again = store.recompress(&all).unwrap();
     assert_eq!(again.recompressed, 0, "{again:?}");
 
-    let fd = store.memory_fd().unwrap().try_clone_to_owned().unwrap();
-    std::mem::forget(ctx);
-    zblk::debug_crash(store);
-    let store = Store::recover(cfg, fd).unwrap();
+    let store = crash_and_recover(store, ctx, cfg);
     let st = store.stats();
     assert_eq!(st.recovery_dropped, 0);
     assert_eq!(st.counters.recompressed_pages, r.recompressed);

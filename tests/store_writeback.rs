@@ -8,7 +8,8 @@
 
 mod common;
 
-use common::{page, real_pages, Content, Rng};
+use common::model::{self, check_model_gauges, Model, Op};
+use common::{crash_and_recover, page, real_pages, Content, Rng};
 use proptest::prelude::*;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,7 +24,6 @@ const P: u64 = PAGE_SIZE as u64;
 /// Blocks of the model test's backing file: fewer than the pages, so
 /// that a writeback sometimes finds it full.
 const BD_BLOCKS: u64 = 12;
-const STEP: u64 = 100;
 
 /// A backing file of `blocks` blocks in a fresh temporary directory.
 fn backing_file(blocks: u64) -> (tempfile::TempDir, PathBuf) {
@@ -43,30 +43,17 @@ fn config(pages: u64, backing: &Path, shared: bool) -> StoreConfig {
     cfg
 }
 
+/// This test's own operations, besides writes, reads, discards, clock
+/// steps and idle marks.
 #[derive(Debug, Clone)]
-enum Op {
-    Write { page: u64, contents: Vec<Content> },
-    Read { page: u64, n: u64 },
-    Discard { page: u64, n: u64 },
-    Tick,
-    MarkIdle { all: bool },
+enum Own {
     Writeback { kind: WritebackType, limit: u64 },
     Recompress { kind: RecompressType },
     SetLimit { pages: u64 },
 }
 
-fn content() -> impl Strategy<Value = Content> {
-    prop_oneof![
-        Just(Content::Zeros),
-        any::<u64>().prop_map(Content::SameWord),
-        any::<u64>().prop_map(Content::Text),
-        (0usize..96).prop_map(Content::Real),
-        any::<u64>().prop_map(Content::Random),
-    ]
-}
-
-fn op() -> impl Strategy<Value = Op> {
-    let range = (0..PAGES).prop_flat_map(|p| (Just(p), 1..=(PAGES - p).min(12)));
+fn op() -> impl Strategy<Value = Op<Own>> {
+    let range = model::range(PAGES, 12);
     let wb = prop_oneof![
         Just(WritebackType::Idle),
         Just(WritebackType::Huge),
@@ -75,91 +62,31 @@ fn op() -> impl Strategy<Value = Op> {
     ];
     let rc = prop_oneof![Just(RecompressType::All), Just(RecompressType::Huge)];
     prop_oneof![
-        4 => (0..PAGES).prop_flat_map(|p| (Just(p), prop::collection::vec(content(), 1..=((PAGES - p).min(12) as usize))))
-            .prop_map(|(page, contents)| Op::Write { page, contents }),
+        4 => model::write(PAGES, 12),
         3 => range.clone().prop_map(|(page, n)| Op::Read { page, n }),
         1 => range.prop_map(|(page, n)| Op::Discard { page, n }),
-        1 => Just(Op::Tick),
-        2 => any::<bool>().prop_map(|all| Op::MarkIdle { all }),
-        3 => (wb, prop_oneof![Just(0u64), Just(1), Just(5)]).prop_map(|(kind, limit)| Op::Writeback { kind, limit }),
-        1 => rc.prop_map(|kind| Op::Recompress { kind }),
-        1 => prop_oneof![Just(0u64), Just(3), Just(20)].prop_map(|pages| Op::SetLimit { pages }),
+        1 => Just(Op::Tick { steps: 1 }),
+        // Every page, or those not accessed since the last clock step.
+        2 => any::<bool>().prop_map(|all| Op::MarkIdle { steps: (!all).then_some(0) }),
+        3 => (wb, prop_oneof![Just(0u64), Just(1), Just(5)]).prop_map(|(kind, limit)| Op::Own(Own::Writeback { kind, limit })),
+        1 => rc.prop_map(|kind| Op::Own(Own::Recompress { kind })),
+        1 => prop_oneof![Just(0u64), Just(3), Just(20)].prop_map(|pages| Op::Own(Own::SetLimit { pages })),
     ]
 }
 
-#[derive(Debug, Clone)]
-struct Page {
-    data: Vec<u8>,
-    atime: u64,
-    idle: bool,
-}
-
-struct Model {
-    pages: Vec<Option<Page>>,
-    now: u64,
-    /// The device's writeback limit: pages left (`None`: off).
-    limit: Option<u64>,
-}
-
-impl Model {
-    fn idle(&self) -> u64 {
-        self.pages.iter().flatten().filter(|p| p.idle).count() as u64
-    }
-}
-
+/// Applies `op` to the store and the model.
 fn apply(
     store: &Store,
     ctx: &mut QueueCtx,
     m: &mut Model,
-    op: Op,
+    op: Op<Own>,
     real: &[u8],
 ) -> Result<(), TestCaseError> {
-    match op {
-        Op::Write { page: p, contents } => {
-            let data: Vec<u8> = contents.iter().flat_map(|&c| page(c, real)).collect();
-            ctx.write(p * P, &data).unwrap();
-            for (i, pg) in data.chunks(PAGE_SIZE).enumerate() {
-                m.pages[p as usize + i] = Some(Page {
-                    data: pg.to_vec(),
-                    atime: m.now,
-                    idle: false,
-                });
-            }
-        }
-        Op::Read { page: p, n } => {
-            let mut buf = vec![0xAAu8; (n * P) as usize];
-            ctx.read(p * P, &mut buf).unwrap();
-            for (i, got) in buf.chunks(PAGE_SIZE).enumerate() {
-                match &mut m.pages[p as usize + i] {
-                    Some(pg) => {
-                        prop_assert!(got == &pg.data[..], "page {} differs", p as usize + i);
-                        pg.atime = m.now;
-                        pg.idle = false;
-                    }
-                    None => prop_assert!(got.iter().all(|&b| b == 0)),
-                }
-            }
-        }
-        Op::Discard { page: p, n } => {
-            ctx.discard(p * P, n * P).unwrap();
-            for s in &mut m.pages[p as usize..(p + n) as usize] {
-                *s = None;
-            }
-        }
-        Op::Tick => {
-            store.debug_advance_clock(STEP);
-            m.now += 1;
-        }
-        Op::MarkIdle { all } => {
-            let age = if all { None } else { Some(STEP / 2) };
-            store.mark_idle(age).unwrap();
-            for pg in m.pages.iter_mut().flatten() {
-                if all || m.now > pg.atime {
-                    pg.idle = true;
-                }
-            }
-        }
-        Op::Writeback { kind, limit } => {
+    let Some(own) = model::apply(store, ctx, m, op, real)? else {
+        return Ok(());
+    };
+    match own {
+        Own::Writeback { kind, limit } => {
             let before = store.stats();
             let r = store.writeback(&Writeback { kind, limit }).unwrap();
             let after = store.stats();
@@ -187,7 +114,7 @@ fn apply(
                 prop_assert!(r.full || r.limited, "{r:?}");
             }
         }
-        Op::Recompress { kind } => {
+        Own::Recompress { kind } => {
             store
                 .recompress(&Recompress {
                     algo: Algo::Zstd(9),
@@ -197,7 +124,7 @@ fn apply(
                 })
                 .unwrap();
         }
-        Op::SetLimit { pages } => {
+        Own::SetLimit { pages } => {
             store.set_writeback_limit(pages);
             m.limit = (pages > 0).then_some(pages);
             let s = store.stats();
@@ -208,10 +135,8 @@ fn apply(
 }
 
 fn check_gauges(store: &Store, m: &Model) -> Result<(), TestCaseError> {
-    let s = store.stats();
+    let s = check_model_gauges(store, m)?;
     let c = &s.counters;
-    prop_assert_eq!(c.idle_pages, m.idle());
-    prop_assert_eq!(c.stored_pages, m.pages.iter().flatten().count() as u64);
     prop_assert!(c.bd_count <= c.stored_pages - c.same_pages);
     // Every used block holds at least one object, and objects fill at
     // most their blocks.
@@ -226,14 +151,7 @@ fn check_gauges(store: &Store, m: &Model) -> Result<(), TestCaseError> {
 /// page is one backing read, so `bd_reads` recounts `bd_count`.
 fn verify_all(store: &Store, ctx: &mut QueueCtx, m: &Model) -> Result<(), TestCaseError> {
     let before = store.stats().counters;
-    let mut buf = vec![0u8; PAGE_SIZE];
-    for (p, want) in m.pages.iter().enumerate() {
-        ctx.read(p as u64 * P, &mut buf).unwrap();
-        match want {
-            Some(pg) => prop_assert!(buf == pg.data, "page {p} differs"),
-            None => prop_assert!(buf.iter().all(|&b| b == 0), "page {p} not zero"),
-        }
-    }
+    model::verify_all(ctx, m)?;
     let after = store.stats().counters;
     prop_assert_eq!(after.bd_reads - before.bd_reads, before.bd_count);
     Ok(())
@@ -262,17 +180,14 @@ proptest! {
         let (_dir, bd) = backing_file(BD_BLOCKS);
         let store = Store::new(config(PAGES, &bd, shared)).unwrap();
         let mut ctx = store.new_ctx();
-        let mut m = Model { pages: vec![None; PAGES as usize], now: 0, limit: None };
+        let mut m = Model::new(PAGES);
         for op in ops {
             apply(&store, &mut ctx, &mut m, op, &real)?;
             check_gauges(&store, &m)?;
         }
         let (store, mut ctx) = if shared {
             let before = store.stats();
-            let fd = store.memory_fd().unwrap().try_clone_to_owned().unwrap();
-            std::mem::forget(ctx);
-            zblk::debug_crash(store);
-            let store = Store::recover(config(PAGES, &bd, true), fd).unwrap();
+            let store = crash_and_recover(store, ctx, config(PAGES, &bd, true));
             let after = store.stats();
             prop_assert_eq!(after.recovery_dropped, 0);
             prop_assert_eq!(after.counters.bd_count, before.counters.bd_count);
@@ -413,10 +328,7 @@ fn recovery_rebuilds_the_free_map_from_written_back_slots() {
     let n = 120;
     let (store, ctx, data) = written_back(n, &bd, true);
     let before = store.stats();
-    let fd = store.memory_fd().unwrap().try_clone_to_owned().unwrap();
-    std::mem::forget(ctx);
-    zblk::debug_crash(store);
-    let store = Store::recover(config(n, &bd, true), fd).unwrap();
+    let store = crash_and_recover(store, ctx, config(n, &bd, true));
     let after = store.stats();
     assert_eq!(after.recovery_dropped, 0);
     assert_eq!(after.counters.bd_count, before.counters.bd_count);
@@ -447,12 +359,9 @@ fn recovery_without_the_backing_device_empties_only_written_back_slots() {
     let (_d, bd) = backing_file(256);
     let (store, ctx, _) = written_back(20, &bd, true);
     let backed = store.stats().counters.bd_count;
-    let fd = store.memory_fd().unwrap().try_clone_to_owned().unwrap();
-    std::mem::forget(ctx);
-    zblk::debug_crash(store);
     let mut cfg = config(20, &bd, true);
     cfg.backing = None;
-    let store = Store::recover(cfg, fd).unwrap();
+    let store = crash_and_recover(store, ctx, cfg);
     assert_eq!(store.stats().recovery_dropped, backed);
 }
 

@@ -23,8 +23,9 @@ use zstd::zstd_safe;
 use zstd::zstd_safe::zstd_sys;
 
 /// An experiment's switch: `ZBLK_ZSTD_CCTX=dynamic` gives every codec made
-/// afterwards zstd's own contexts instead of the fixed ones (an A/B of the
-/// two in one boot; see BENCHMARKS.md, session 15).
+/// afterwards zstd's own contexts instead of the fixed ones, so that the
+/// two can be compared in one boot (BENCHMARKS.md, "The whole machine at
+/// 1.5x RAM", has the comparison).
 const CCTX_ENV: &str = "ZBLK_ZSTD_CCTX";
 
 /// Zstandard codec holding its own compression and decompression contexts,

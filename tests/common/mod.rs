@@ -1,7 +1,12 @@
-//! Page generators shared by the engine's integration tests.
+//! Page generators shared by the engine's integration tests, and the
+//! model the model-based ones check a store against.
 #![allow(dead_code)]
 
-use zblk::PAGE_SIZE;
+pub mod model;
+
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use zblk::{QueueCtx, Store, StoreConfig, PAGE_SIZE};
 
 /// The fixture of real memory pages shipped with the tests.
 pub fn real_pages() -> Vec<u8> {
@@ -88,4 +93,24 @@ pub fn heap_bytes() -> (usize, usize) {
     // SAFETY: mallinfo2 only reads malloc's own counters.
     let m = unsafe { libc::mallinfo2() };
     (m.arena + m.hblkhd, m.uordblks)
+}
+
+/// Kills the process serving `store` as a crash would, its queue context
+/// `ctx` leaked with it (and its unflushed free batch), and returns the
+/// store's shared memory.
+pub fn crash(store: Arc<Store>, ctx: QueueCtx) -> OwnedFd {
+    let fd = store
+        .memory_fd()
+        .expect("a shared store has a memfd")
+        .try_clone_to_owned()
+        .unwrap();
+    std::mem::forget(ctx);
+    zblk::debug_crash(store);
+    fd
+}
+
+/// Kills the process serving `store` as [`crash`] does and recovers the
+/// store with `cfg` from its shared memory, as a new process would.
+pub fn crash_and_recover(store: Arc<Store>, ctx: QueueCtx, cfg: StoreConfig) -> Arc<Store> {
+    Store::recover(cfg, crash(store, ctx)).unwrap()
 }

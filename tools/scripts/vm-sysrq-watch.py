@@ -8,7 +8,7 @@ l (every CPU's backtrace) and m (memory) through the monitor socket, and
 again every 5 minutes while the silence lasts (stuck or slow?): the guest
 prints them on its console, so they land in console.log beside the
 scenario's last words. A guest stuck in reclaim often cannot run its own
-watchdog (session 11's stall: even `sleep 1` made no progress), which is
+watchdog (in such a stall even `sleep 1` can make no progress), which is
 why this is done from the host.
 
 Usage: vm-sysrq-watch.py CONSOLE_LOG MONITOR_SOCKET SECS QEMU_PID

@@ -145,6 +145,17 @@ zadd_env() {
     fi
 }
 
+# Splits a configuration of a scenario's list, KIND:ALGO[:MODE][@NAME=VALUE]
+# ($1), into CFG_KIND, CFG_ALGO, CFG_MODE (all after ALGO's colon, further
+# colons included; per-page when there is none) and CFG_ENV (NAME=VALUE,
+# for zadd_env; empty when there is none).
+cfg_parse() {
+    CFG_KIND=${1%%:*} cfg_rest=${1#*:} CFG_ENV=""
+    case $cfg_rest in *@*=*) CFG_ENV=${cfg_rest#*@} cfg_rest=${cfg_rest%%@*} ;; esac
+    CFG_ALGO=${cfg_rest%%:*} CFG_MODE=per-page
+    if [ "$cfg_rest" != "$CFG_ALGO" ]; then CFG_MODE=${cfg_rest#*:}; fi
+}
+
 # The scheduling policy of the zblk-reserve threads (field 41 of their
 # stat: 0 normal, 1 FIFO), or "none".
 reserve_policy() {
@@ -293,6 +304,15 @@ zram_swap() {
     must mkswap /dev/zram0 >/dev/null
     must swapon --discard --priority 100 /dev/zram0
     is_swap /dev/zram0 || fail "zram0 is not in /proc/swaps"
+}
+
+# zram_swap of $2 MB with algorithm $1 instead of ZBLK_ALGO (which keeps
+# its value).
+zram_swap_with() {
+    zs_algo0=$ZBLK_ALGO
+    ZBLK_ALGO=$1
+    zram_swap "$2"
+    ZBLK_ALGO=$zs_algo0
 }
 
 # zram's mm_stat: orig_data_size compr_data_size mem_used_total mem_limit

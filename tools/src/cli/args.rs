@@ -91,11 +91,15 @@ pub struct AddArgs {
     pub json: bool,
 }
 
+/// Where `zblk setup` reads its devices from by default (the format is
+/// `conf`'s).
+pub const DEFAULT_CONF_PATH: &str = "/etc/zblk/zblk.conf";
+
 /// `zblk setup`.
 #[derive(Debug, Args)]
 pub struct SetupArgs {
     /// The configuration file: one [ublkbN] section per device.
-    #[arg(short, long, value_name = "FILE", default_value = super::conf::DEFAULT_PATH)]
+    #[arg(short, long, value_name = "FILE", default_value = DEFAULT_CONF_PATH)]
     pub config: PathBuf,
     /// Print what would be done, with each evaluated size; change nothing.
     #[arg(long)]

@@ -31,9 +31,6 @@ use std::path::Path;
 use toml::Spanned;
 use zblk_ublk::swap::Discard;
 
-/// Where `zblk setup` reads its devices from by default.
-pub const DEFAULT_PATH: &str = "/etc/zblk/zblk.conf";
-
 /// One 4 KB page: sizes are rounded down to it.
 const PAGE: u64 = 4096;
 
@@ -451,8 +448,8 @@ mod tests {
         );
         let e = eval_size("rom / 2", 8.0).unwrap_err();
         assert!(e.starts_with("bad size expression 'rom / 2'"), "{e}");
-        // Found by setup_conf (session 6): evalexpr's own message quoted
-        // a backslash and the newline after it.
+        // An input the setup_conf fuzz target found: evalexpr's own
+        // message quotes a backslash and the newline after it.
         let e = eval_size("\"a\\\n\"", 8.0).unwrap_err();
         assert!(e.contains("escape"), "{e}");
         assert!(!e.contains(['\n', '\r']), "{e:?}");

@@ -1,4 +1,4 @@
-# breakdown: where a swapped page's time goes (issue 13), zblk against
+# breakdown: where a swapped page's time goes, zblk against
 # kernel zram in the same boot. One usemem process writes ZBLK_BD_MB of
 # pages in a cgroup whose memory.high is ZBLK_LIMIT_MB (so most of them go
 # out to swap), then verifies every one (so they come back in). The
@@ -46,8 +46,8 @@
 #                             configurations after it in the round (zblk's
 #                             store is shmem: "always" gives it large
 #                             folios; "advise" only a build that asks,
-#                             MADV_HUGEPAGE, which zblk does not: tried in
-#                             session 9, no gain, see BENCHMARKS.md)
+#                             MADV_HUGEPAGE, which zblk does not: a build
+#                             that asked gained nothing, see BENCHMARKS.md)
 #   hogs=N                    runs N busy loops (outside the workload's
 #                             cgroup, nice 0) during the configurations
 #                             after it in the round: swap under CPU
@@ -152,18 +152,13 @@ $3" | awk -v phase="$1" -v cfg="$CFG" -v r="$R" -v hz=100 -v pc="$(cat /proc/sys
 
 # Brings up configuration $1; sets KIND and, for zblk, DPID.
 bd_up() {
-    KIND=${1%%:*} rest=${1#*:} env=""
-    case $rest in *@*=*) env=${rest#*@} rest=${rest%%@*} ;; esac
-    algo=${rest%%:*} mode=per-page timers=--phase-timers
-    [ "$rest" != "$algo" ] && mode=${rest#*:}
+    cfg_parse "$1"
+    KIND=$CFG_KIND env=$CFG_ENV algo=$CFG_ALGO mode=$CFG_MODE timers=--phase-timers
     case $mode in *:off) mode=${mode%:off} timers="" ;; esac
     case $KIND in
     zram)
         [ -z "$env" ] || fail "$1: @NAME=VALUE is for zblk configurations"
-        algo0=$ZBLK_ALGO
-        ZBLK_ALGO=$algo
-        zram_swap "$ZBLK_DEV_MB"
-        ZBLK_ALGO=$algo0 ;;
+        zram_swap_with "$algo" "$ZBLK_DEV_MB" ;;
     zblk)
         # shellcheck disable=SC2086 # timers is one word or none
         zadd_env "$env" --size "${ZBLK_DEV_MB}M" --algo "$algo" --mode "$mode" $timers --swap

@@ -1,5 +1,6 @@
-# wholemachine: the user's question (issue 13). The whole guest, no memory
-# cgroup, runs a workload of ZBLK_WM_FACTOR (default 1.5) times its RAM:
+# wholemachine: which compressed swap serves a machine short of RAM best.
+# The whole guest, no memory cgroup, runs a workload of ZBLK_WM_FACTOR
+# (default 1.5) times its RAM:
 # every system's compressed memory competes for the same RAM as on a real
 # machine, so a better ratio means less swapping. usemem writes the pages
 # from the real-memory corpus when it was carried in (--data
@@ -13,7 +14,7 @@
 # each of them sized at twice the RAM. Result: time to completion, MB
 # swapped out, and OOM kills per configuration (a configuration whose
 # workload the OOM killer ended gets "oom" instead of a time), every page
-# verified where it finished, and the ratios the issue's target names:
+# verified where it finished, and the ratios zblk's targets are set in:
 # zblk:zstd:packed against zram:lz4 and zram:zstd, zswap:lzo-rle against
 # it. ZBLK_WM_ROUNDS (default 1) repeats the list; the ratios are medians.
 # Knobs: zblk.wm_configs=zram:lz4,zblk:zstd:packed (commas), zblk.wm_factor,
@@ -64,20 +65,15 @@ log "vm.watermark_scale_factor=$(cat /proc/sys/vm/watermark_scale_factor) min_fr
 
 # Brings up the swap of configuration $1 (kind:algo[:mode]).
 wm_up() {
-    kind=${1%%:*} rest=${1#*:} env=""
-    case $rest in *@*=*) env=${rest#*@} rest=${rest%%@*} ;; esac
-    algo=${rest%%:*} mode=per-page extra=""
-    [ "$rest" != "$algo" ] && mode=${rest#*:}
+    cfg_parse "$1"
+    kind=$CFG_KIND env=$CFG_ENV algo=$CFG_ALGO mode=$CFG_MODE extra=""
     # zblk:ALGO:private: per-page, the store in private memory
     # (--no-recovery) rather than the memfd.
     [ "$mode" = private ] && mode=per-page extra=--no-recovery
     case $kind in
     zram)
         [ -z "$env" ] || fail "$1: @NAME=VALUE is for zblk configurations"
-        algo0=$ZBLK_ALGO
-        ZBLK_ALGO=$algo
-        zram_swap "$dev_mb"
-        ZBLK_ALGO=$algo0 ;;
+        zram_swap_with "$algo" "$dev_mb" ;;
     zblk)
         # zblk.wm_rt=0: the reserve's provisioner at normal priority
         # (ZBLK_RESERVE_SCHED=normal, src/provision.rs) instead of the
