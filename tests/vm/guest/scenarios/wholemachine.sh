@@ -25,12 +25,10 @@
 # that environment variable (zblk:lz4@ZBLK_RESERVE_SCALE=4: an A/B),
 # zblk.wm_rounds, zblk.wm_procs.
 #
-# Status (2026-12-01, 7.3): passes since the daemon keeps a memory reserve
-# (docs/daemon.md, "Swapping when the machine is out of memory"): zblk
-# lz4 92-112 s, zblk zstd packed 108-120 s, zram lz4 50-55 s
-# (BENCHMARKS.md). Before it
-# zblk wedged; a configuration stuck past ZBLK_WM_LIMIT_S fails the
-# scenario with where its processes wait.
+# zblk serves this load through its memory reserve (docs/daemon.md,
+# "Swapping when the machine is out of memory"); times are in
+# BENCHMARKS.md, "The whole machine at 1.5x RAM". A configuration stuck
+# past ZBLK_WM_LIMIT_S fails the scenario with where its processes wait.
 #
 # Opt-in, by name; it takes about 1-2 minutes of TCG time per
 # configuration with a 2 GB guest, so give it time:
