@@ -43,7 +43,8 @@ struct Section {
     compression_algorithm: Option<Spanned<String>>,
     mode: Option<Spanned<String>>,
     group_pages: Option<Spanned<i64>>,
-    /// Like `--mem-limit`: a size with a suffix, or bytes.
+    /// Like `--mem-limit` (a size with a suffix, or bytes), or an
+    /// expression of `ram` in MB ([`is_expression`]).
     mem_limit: Option<Spanned<toml::Value>>,
     swap_priority: Option<Spanned<i64>>,
     /// swapon options, as in fstab (`discard`, `discard=pages`).
@@ -67,6 +68,8 @@ pub struct Entry {
     pub name: String,
     /// The `size` as written.
     pub size_expr: String,
+    /// The `mem-limit` as written when it is an expression of `ram`.
+    pub mem_limit_expr: Option<String>,
     /// What `zblk add` would have parsed its flags into (`swap` set).
     pub add: AddArgs,
     /// The discard policy from `options`.
@@ -94,9 +97,9 @@ pub fn parse(file: &Path, text: &str, ram_mb: f64) -> Result<Vec<Entry>, String>
     Ok(entries)
 }
 
-/// Evaluates a `size` expression: MB, with `ram` the machine's memory in
-/// MB; the bytes rounded down to 4 KB, at least one page.
-pub fn eval_size(expr: &str, ram_mb: f64) -> Result<u64, String> {
+/// Evaluates an expression of `ram` in MB into bytes (not yet rounded);
+/// an error unless a size: finite, not negative, below 2^64 bytes.
+fn eval_bytes(expr: &str, ram_mb: f64) -> Result<f64, String> {
     use evalexpr::{ContextWithMutableVariables, DefaultNumericTypes, HashMapContext, Value};
     let mut ctx = HashMapContext::<DefaultNumericTypes>::new();
     ctx.set_value("ram".into(), Value::Float(ram_mb))
@@ -117,7 +120,33 @@ pub fn eval_size(expr: &str, ram_mb: f64) -> Result<u64, String> {
             super::escape_controls(expr)
         ));
     }
-    Ok(((bytes as u64) / PAGE * PAGE).max(PAGE))
+    Ok(bytes)
+}
+
+/// Evaluates a `size` expression: MB, with `ram` the machine's memory in
+/// MB; the bytes rounded down to 4 KB, at least one page.
+pub fn eval_size(expr: &str, ram_mb: f64) -> Result<u64, String> {
+    eval_bytes(expr, ram_mb).map(|b| (b as u64 / PAGE * PAGE).max(PAGE))
+}
+
+/// Evaluates a `mem-limit` expression as [`eval_size`] does, except that
+/// 0 stays 0 (no limit), as zram-generator's `zram-resident-limit`.
+pub fn eval_mem_limit(expr: &str, ram_mb: f64) -> Result<u64, String> {
+    let bytes = eval_bytes(expr, ram_mb)?;
+    // Below one page but above 0 is still a limit: the smallest one.
+    Ok(if bytes <= 0.0 {
+        0
+    } else {
+        (bytes as u64 / PAGE * PAGE).max(PAGE)
+    })
+}
+
+/// Whether a `mem-limit` string is an expression of `ram` in MB rather
+/// than a size as `--mem-limit` takes it (`"2G"`, `"4096"`: bytes): it is
+/// when it names `ram` or holds an operator or a parenthesis, none of
+/// which a size has.
+pub fn is_expression(text: &str) -> bool {
+    text.contains("ram") || text.contains(['+', '-', '*', '/', '%', '^', '(', ')'])
 }
 
 /// The machine's memory in MB, from `/proc/meminfo`.
@@ -217,7 +246,7 @@ impl Doc<'_> {
             ("--id", id.to_string(), name.span(), format!("[{sect}]")),
             ("--size", bytes.to_string(), s.size.span(), key("size")),
         ];
-        let mut opt = |flag, v: Option<(String, Range<usize>)>, k: &str| {
+        let mut opt = |flag, v: Option<FlagValue>, k: &str| {
             if let Some((v, span)) = v {
                 flags.push((flag, v, span, key(k)));
             }
@@ -229,7 +258,11 @@ impl Doc<'_> {
         );
         opt("--mode", text(s.mode), "mode");
         opt("--group-pages", num(s.group_pages), "group-pages");
-        opt("--mem-limit", value(s.mem_limit), "mem-limit");
+        let (mem_limit, mem_limit_expr) = match s.mem_limit {
+            Some(v) => self.mem_limit(v, ram_mb, &key("mem-limit"))?,
+            None => (None, None),
+        };
+        opt("--mem-limit", mem_limit, "mem-limit");
         opt("--priority", num(s.swap_priority), "swap-priority");
         opt("--backing-dev", text(s.backing_dev), "backing-dev");
         opt(
@@ -263,11 +296,34 @@ impl Doc<'_> {
         Ok(Entry {
             name: sect,
             size_expr,
+            mem_limit_expr,
             add,
             discard,
         })
     }
+
+    /// `mem-limit` as `--mem-limit` takes it, with its expression when it
+    /// is one: evaluated here, since the flag takes bytes.
+    fn mem_limit(
+        &self,
+        v: Spanned<toml::Value>,
+        ram_mb: f64,
+        key: &str,
+    ) -> Result<(Option<FlagValue>, Option<String>), String> {
+        let span = v.span();
+        match v.into_inner() {
+            toml::Value::String(e) if is_expression(&e) => {
+                let bytes = eval_mem_limit(&e, ram_mb)
+                    .map_err(|err| self.error_at(span.clone(), key, &err))?;
+                Ok((Some((bytes.to_string(), span)), Some(e)))
+            }
+            other => Ok((Some((value_text(&other), span)), None)),
+        }
+    }
 }
+
+/// A value as its flag takes it, with the byte range it was written at.
+type FlagValue = (String, Range<usize>);
 
 /// Whether text read back from the file can go into a one-line error:
 /// a carriage return or other control character would break the line or
@@ -299,16 +355,12 @@ fn value_text(v: &toml::Value) -> String {
     }
 }
 
-fn text(v: Option<Spanned<String>>) -> Option<(String, Range<usize>)> {
+fn text(v: Option<Spanned<String>>) -> Option<FlagValue> {
     v.map(|v| (v.get_ref().clone(), v.span()))
 }
 
-fn num(v: Option<Spanned<i64>>) -> Option<(String, Range<usize>)> {
+fn num(v: Option<Spanned<i64>>) -> Option<FlagValue> {
     v.map(|v| (v.get_ref().to_string(), v.span()))
-}
-
-fn value(v: Option<Spanned<toml::Value>>) -> Option<(String, Range<usize>)> {
-    v.map(|v| (value_text(v.get_ref()), v.span()))
 }
 
 /// `zblk add --swap` with these flags, through its own parsers; a
@@ -453,6 +505,41 @@ mod tests {
         let e = eval_size("\"a\\\n\"", 8.0).unwrap_err();
         assert!(e.contains("escape"), "{e}");
         assert!(!e.contains(['\n', '\r']), "{e:?}");
+    }
+
+    /// `mem-limit`: an expression of `ram` in MB, or a size as
+    /// `--mem-limit` takes it (bytes, or with a suffix).
+    #[test]
+    fn mem_limit_is_a_size_or_an_expression_of_ram() {
+        let limit = |v: &str| {
+            let text = format!("[ublkb0]\nsize = 64\nmem-limit = {v}\n");
+            let e = parse_ok(&text, 8192.0);
+            (e[0].add.dev.mem_limit, e[0].mem_limit_expr.clone())
+        };
+        assert_eq!(limit("\"2G\""), (2 << 30, None));
+        assert_eq!(limit("\"4096\""), (4096, None));
+        assert_eq!(limit("8192"), (8192, None));
+        assert_eq!(limit("0"), (0, None));
+        assert_eq!(limit("\"ram / 4\""), (2048 << 20, Some("ram / 4".into())));
+        assert_eq!(
+            limit("\"min(ram / 2, 1024)\""),
+            (1024 << 20, Some("min(ram / 2, 1024)".into()))
+        );
+        assert_eq!(limit("\"ram * 0\"").0, 0);
+        // Above 0 but below one page: the smallest limit, not none.
+        assert_eq!(limit("\"ram / 100000000\"").0, PAGE);
+        for (v, want) in [
+            ("\"ram / 0\"", "ublkb0.mem-limit: "),
+            ("\"-ram\"", "ublkb0.mem-limit: size '-ram' is"),
+            ("\"(ram\"", "ublkb0.mem-limit: bad size expression '(ram'"),
+            ("\"2X\"", "ublkb0.mem-limit: invalid size '2X'"),
+        ] {
+            let e = parse_err(&format!("[ublkb0]\nsize = 64\nmem-limit = {v}\n"));
+            let want = format!("/etc/zblk/zblk.conf:3: {want}");
+            assert!(e.starts_with(&want), "{v}: {e}");
+        }
+        assert!(is_expression("ram") && is_expression("4096 - 1"));
+        assert!(!is_expression("2G") && !is_expression("512"));
     }
 
     #[test]

@@ -113,9 +113,11 @@ pub fn dry_run_lines(entries: &[Entry], is_live: impl Fn(u32) -> bool) -> Vec<St
 /// An entry's settings in words, the size with its expression.
 fn settings(e: &Entry) -> String {
     let d = &e.add.dev;
-    let mem_limit = match d.mem_limit {
-        0 => "none".to_string(),
-        n => format!("{n} bytes"),
+    let mem_limit = match (d.mem_limit, &e.mem_limit_expr) {
+        (0, None) => "none".to_string(),
+        (0, Some(expr)) => format!("{expr} = 0 (none)"),
+        (n, None) => format!("{n} bytes"),
+        (n, Some(expr)) => format!("{expr} = {} MiB ({n} bytes)", n >> 20),
     };
     format!(
         "size {} = {} MiB ({} bytes), {}, {}, {} pages a group, mem-limit {mem_limit}, \
@@ -174,6 +176,24 @@ mod tests {
         assert_eq!(
             lines[1],
             "ublkb1: /dev/ublkb1 is live: would leave it alone"
+        );
+    }
+
+    #[test]
+    fn dry_run_shows_a_mem_limit_expression_evaluated() {
+        let text = "[ublkb0]\nsize = 1024\nmem-limit = \"ram / 8\"\n\
+                    [ublkb1]\nsize = 1024\nmem-limit = \"ram * 0\"\n";
+        let entries = conf::parse(Path::new("t.conf"), text, 8192.0).unwrap();
+        let lines = dry_run_lines(&entries, |_| false);
+        assert!(
+            lines[0].contains("mem-limit ram / 8 = 1024 MiB (1073741824 bytes),"),
+            "{}",
+            lines[0]
+        );
+        assert!(
+            lines[1].contains("mem-limit ram * 0 = 0 (none),"),
+            "{}",
+            lines[1]
         );
     }
 
