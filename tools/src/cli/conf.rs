@@ -59,6 +59,9 @@ struct Section {
     recompress_algorithm: Option<Spanned<String>>,
     /// Like `--writeback-idle-after`: seconds (the idle policy).
     writeback_idle_after: Option<Spanned<i64>>,
+    /// MB or `"none"`: no device on a machine with more memory
+    /// (zram-generator's key of that name).
+    host_memory_limit: Option<Spanned<toml::Value>>,
 }
 
 /// A device the file asks for, ready for `zblk add --swap`'s code.
@@ -74,6 +77,22 @@ pub struct Entry {
     pub add: AddArgs,
     /// The discard policy from `options`.
     pub discard: Discard,
+    /// `host-memory-limit` in MB: none for `"none"` or no key.
+    pub host_memory_limit: Option<u64>,
+}
+
+impl Entry {
+    /// Why this device is not made on a machine with `ram_mb` MB of
+    /// memory, if it is not: more than its `host-memory-limit`.
+    pub fn skip_reason(&self, ram_mb: f64) -> Option<String> {
+        let limit = self.host_memory_limit?;
+        (ram_mb > limit as f64).then(|| {
+            format!(
+                "this machine's {} MB of memory is more than host-memory-limit = {limit}",
+                ram_mb.round()
+            )
+        })
+    }
 }
 
 /// Reads `file`, with `ram_mb` the machine's memory for `size`.
@@ -283,6 +302,11 @@ impl Doc<'_> {
         for (flag, v, span, k) in &flags {
             add_args(&[flag, v]).map_err(|e| self.error_at(span.clone(), k, &e))?;
         }
+        let host_memory_limit = match &s.host_memory_limit {
+            Some(v) => host_limit(v.get_ref())
+                .map_err(|e| self.error_at(v.span(), &key("host-memory-limit"), e))?,
+            None => None,
+        };
         let discard = match &s.options {
             Some(o) => Discard::from_options(o.get_ref())
                 .map_err(|e| self.error_at(o.span(), &key("options"), &e))?,
@@ -299,6 +323,7 @@ impl Doc<'_> {
             mem_limit_expr,
             add,
             discard,
+            host_memory_limit,
         })
     }
 
@@ -334,6 +359,17 @@ fn printable(text: &str) -> bool {
 
 /// What `size` must be.
 const SIZE_HELP: &str = "must be MB: a number, or an expression of ram in quotes";
+
+/// `host-memory-limit`: MB, a number not below 0, or `"none"` (which
+/// zram-generator takes to undo a limit set earlier).
+fn host_limit(v: &toml::Value) -> Result<Option<u64>, &'static str> {
+    const HELP: &str = "must be MB, a whole number of 0 or more, or \"none\"";
+    match v {
+        toml::Value::String(s) if s == "none" => Ok(None),
+        toml::Value::Integer(n) => u64::try_from(*n).map(Some).map_err(|_| HELP),
+        _ => Err(HELP),
+    }
+}
 
 /// What a section must be called.
 const NAME_HELP: &str = "a section is named after the device it makes: [ublkb0] for /dev/ublkb0";
@@ -540,6 +576,32 @@ mod tests {
         }
         assert!(is_expression("ram") && is_expression("4096 - 1"));
         assert!(!is_expression("2G") && !is_expression("512"));
+    }
+
+    #[test]
+    fn host_memory_limit_is_mb_or_none() {
+        let entry = |v: &str| {
+            let text = format!("[ublkb0]\nsize = 64\nhost-memory-limit = {v}\n");
+            parse_ok(&text, 8192.0).remove(0)
+        };
+        assert_eq!(entry("4096").host_memory_limit, Some(4096));
+        assert_eq!(entry("\"none\"").host_memory_limit, None);
+        let e = entry("4096");
+        let why = e.skip_reason(8192.0).unwrap_or_default();
+        assert_eq!(
+            why,
+            "this machine's 8192 MB of memory is more than host-memory-limit = 4096"
+        );
+        // At or below the limit, and without one, the device is made.
+        assert_eq!(e.skip_reason(4096.0), None);
+        assert_eq!(entry("\"none\"").skip_reason(1e9), None);
+        for bad in ["-1", "\"4G\"", "1.5", "true"] {
+            let e = parse_err(&format!("[ublkb0]\nsize = 64\nhost-memory-limit = {bad}\n"));
+            assert!(
+                e.starts_with("/etc/zblk/zblk.conf:3: ublkb0.host-memory-limit: must be MB"),
+                "{bad}: {e}"
+            );
+        }
     }
 
     #[test]

@@ -10,17 +10,24 @@ use super::{add, sys, unit, CliError, CliResult};
 
 /// `zblk setup [--config F] [--dry-run] [--id N [--foreground]]`.
 pub fn setup(a: SetupArgs) -> CliResult {
-    let entries = conf::read(&a.config, conf::ram_mb()?)?;
+    let ram_mb = conf::ram_mb()?;
+    let entries = conf::read(&a.config, ram_mb)?;
     let entries = select(entries, a.id, &a.config)?;
     if a.dry_run {
-        for line in dry_run_lines(&entries, add::is_live) {
+        for line in dry_run_lines(&entries, ram_mb, add::is_live) {
             println!("{line}");
         }
         return Ok(());
     }
     if a.foreground {
         return match entries.into_iter().next() {
-            Some(e) => unit::serve(e),
+            Some(e) => match skip_line(&e, ram_mb) {
+                Some(line) => {
+                    println!("{line}");
+                    Ok(())
+                }
+                None => unit::serve(e),
+            },
             None => Ok(()),
         };
     }
@@ -37,6 +44,10 @@ pub fn setup(a: SetupArgs) -> CliResult {
     }
     let mut failed = 0;
     for e in &entries {
+        if let Some(line) = skip_line(e, ram_mb) {
+            println!("{line}");
+            continue;
+        }
         match bring_up(e) {
             Ok(line) => println!("{line}"),
             Err(err) => {
@@ -94,14 +105,23 @@ fn bring_up(e: &Entry) -> Result<String, CliError> {
     ))
 }
 
-/// What `--dry-run` prints: one line per entry, `is_live` saying which
-/// devices are served already.
-pub fn dry_run_lines(entries: &[Entry], is_live: impl Fn(u32) -> bool) -> Vec<String> {
+/// The line saying an entry makes no device on this machine, if so.
+fn skip_line(e: &Entry, ram_mb: f64) -> Option<String> {
+    let why = e.skip_reason(ram_mb)?;
+    let id = e.add.dev.id.unwrap_or(0);
+    Some(format!("{}: no /dev/ublkb{id}: {why}", e.name))
+}
+
+/// What `--dry-run` prints: one line per entry, on a machine of `ram_mb`
+/// MB, `is_live` saying which devices are served already.
+pub fn dry_run_lines(entries: &[Entry], ram_mb: f64, is_live: impl Fn(u32) -> bool) -> Vec<String> {
     entries
         .iter()
         .map(|e| {
             let id = e.add.dev.id.unwrap_or(0);
-            if is_live(id) {
+            if let Some(line) = skip_line(e, ram_mb) {
+                line
+            } else if is_live(id) {
                 format!("{}: /dev/ublkb{id} is live: would leave it alone", e.name)
             } else {
                 format!("{}: would create /dev/ublkb{id}: {}", e.name, settings(e))
@@ -153,7 +173,7 @@ mod tests {
     #[test]
     fn dry_run_prints_each_device_with_its_evaluated_size() {
         let entries = conf::parse(Path::new("t.conf"), TWO, 6000.0).unwrap();
-        let lines = dry_run_lines(&entries, |_| false);
+        let lines = dry_run_lines(&entries, 6000.0, |_| false);
         assert_eq!(
             lines,
             [
@@ -167,7 +187,7 @@ mod tests {
         );
         // More RAM: the first device hits its cap of 4096 MB.
         let entries = conf::parse(Path::new("t.conf"), TWO, 65536.0).unwrap();
-        let lines = dry_run_lines(&entries, |id| id == 1);
+        let lines = dry_run_lines(&entries, 6000.0, |id| id == 1);
         assert!(
             lines[0].contains("= 4096 MiB (4294967296 bytes)"),
             "{}",
@@ -184,7 +204,7 @@ mod tests {
         let text = "[ublkb0]\nsize = 1024\nmem-limit = \"ram / 8\"\n\
                     [ublkb1]\nsize = 1024\nmem-limit = \"ram * 0\"\n";
         let entries = conf::parse(Path::new("t.conf"), text, 8192.0).unwrap();
-        let lines = dry_run_lines(&entries, |_| false);
+        let lines = dry_run_lines(&entries, 6000.0, |_| false);
         assert!(
             lines[0].contains("mem-limit ram / 8 = 1024 MiB (1073741824 bytes),"),
             "{}",
@@ -195,6 +215,22 @@ mod tests {
             "{}",
             lines[1]
         );
+    }
+
+    #[test]
+    fn dry_run_says_why_a_device_is_skipped() {
+        let text = "[ublkb0]\nsize = 1024\nhost-memory-limit = 4096\n\
+                    [ublkb1]\nsize = 1024\nhost-memory-limit = \"none\"\n";
+        let entries = conf::parse(Path::new("t.conf"), text, 8192.0).unwrap();
+        let lines = dry_run_lines(&entries, 8192.0, |_| false);
+        assert_eq!(
+            lines[0],
+            "ublkb0: no /dev/ublkb0: this machine's 8192 MB of memory is more than \
+             host-memory-limit = 4096"
+        );
+        assert!(lines[1].starts_with("ublkb1: would create"), "{}", lines[1]);
+        let lines = dry_run_lines(&entries, 4096.0, |_| false);
+        assert!(lines[0].starts_with("ublkb0: would create"), "{}", lines[0]);
     }
 
     #[test]
