@@ -7,9 +7,19 @@
 use super::args::SetupArgs;
 use super::conf::{self, Entry};
 use super::{add, sys, unit, CliError, CliResult};
+use std::path::Path;
+
+/// Where the kernel command line is read from.
+const CMDLINE: &str = "/proc/cmdline";
 
 /// `zblk setup [--config F] [--dry-run] [--id N [--foreground]]`.
 pub fn setup(a: SetupArgs) -> CliResult {
+    // Stopping stays possible: a device made before the flag was set
+    // must still come down cleanly.
+    if !a.stop && disabled(Path::new(CMDLINE))? {
+        println!("{}", disabled_line(a.dry_run));
+        return Ok(());
+    }
     let ram_mb = conf::ram_mb()?;
     let entries = conf::read(&a.config, ram_mb)?;
     let entries = select(entries, a.id, &a.config)?;
@@ -20,16 +30,7 @@ pub fn setup(a: SetupArgs) -> CliResult {
         return Ok(());
     }
     if a.foreground {
-        return match entries.into_iter().next() {
-            Some(e) => match skip_line(&e, ram_mb) {
-                Some(line) => {
-                    println!("{line}");
-                    Ok(())
-                }
-                None => unit::serve(e),
-            },
-            None => Ok(()),
-        };
+        return foreground(entries, ram_mb);
     }
     if a.stop {
         return match entries.first() {
@@ -42,8 +43,28 @@ pub fn setup(a: SetupArgs) -> CliResult {
     if entries.is_empty() {
         println!("{}: no devices", a.config.display());
     }
+    bring_up_all(&entries, ram_mb)
+}
+
+/// `--id N --foreground`: serves the one entry, unless it is skipped.
+fn foreground(entries: Vec<Entry>, ram_mb: f64) -> CliResult {
+    let Some(e) = entries.into_iter().next() else {
+        return Ok(());
+    };
+    match skip_line(&e, ram_mb) {
+        Some(line) => {
+            println!("{line}");
+            Ok(())
+        }
+        None => unit::serve(e),
+    }
+}
+
+/// Brings up every entry not skipped, one line each; an error if any
+/// failed (after trying the others).
+fn bring_up_all(entries: &[Entry], ram_mb: f64) -> CliResult {
     let mut failed = 0;
-    for e in &entries {
+    for e in entries {
         if let Some(line) = skip_line(e, ram_mb) {
             println!("{line}");
             continue;
@@ -65,12 +86,58 @@ pub fn setup(a: SetupArgs) -> CliResult {
     }
 }
 
+/// Whether the kernel command line in `file` says `zblk.disable` (as
+/// zram-generator's `systemd.zram=0`); a file that is not there (no
+/// /proc in a container) says nothing.
+fn disabled(file: &Path) -> Result<bool, CliError> {
+    match std::fs::read_to_string(file) {
+        Ok(text) => {
+            cmdline_disables(&text).map_err(|e| CliError(format!("{}: {e}", file.display())))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(CliError(format!("cannot read {}: {e}", file.display()))),
+    }
+}
+
+/// `zblk.disable` or `zblk.disable=BOOL` in a kernel command line, the
+/// last one winning as the kernel's own parameters do.
+fn cmdline_disables(cmdline: &str) -> Result<bool, String> {
+    let mut off = false;
+    for word in cmdline.split_whitespace() {
+        if word == DISABLE {
+            off = true;
+        } else if let Some(v) = word.strip_prefix(DISABLE).and_then(|w| w.strip_prefix('=')) {
+            off = match v {
+                "1" | "yes" | "true" | "on" => true,
+                "0" | "no" | "false" | "off" => false,
+                _ => {
+                    return Err(format!(
+                        "{DISABLE}: '{}' is not 1 or 0: write zblk.disable or zblk.disable=0",
+                        super::escape_controls(v)
+                    ))
+                }
+            };
+        }
+    }
+    Ok(off)
+}
+
+/// The kernel parameter that turns `zblk setup` off.
+const DISABLE: &str = "zblk.disable";
+
+/// The one line `zblk setup` prints when the kernel command line turns
+/// it off.
+fn disabled_line(dry_run: bool) -> String {
+    let what = if dry_run {
+        "would do nothing"
+    } else {
+        "nothing done"
+    };
+    format!("{DISABLE} is on the kernel command line ({CMDLINE}): {what}")
+}
+
 /// The entries to act on: all, or the one section `ublkbN` of `--id N`.
-fn select(
-    entries: Vec<Entry>,
-    id: Option<u32>,
-    file: &std::path::Path,
-) -> Result<Vec<Entry>, CliError> {
+fn select(entries: Vec<Entry>, id: Option<u32>, file: &Path) -> Result<Vec<Entry>, CliError> {
     let Some(id) = id else {
         return Ok(entries);
     };
@@ -157,7 +224,6 @@ fn settings(e: &Entry) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::Path;
 
     const TWO: &str = "[ublkb0]\n\
                        size = \"min(ram / 2, 4096)\"\n\
@@ -231,6 +297,45 @@ mod tests {
         assert!(lines[1].starts_with("ublkb1: would create"), "{}", lines[1]);
         let lines = dry_run_lines(&entries, 4096.0, |_| false);
         assert!(lines[0].starts_with("ublkb0: would create"), "{}", lines[0]);
+    }
+
+    #[test]
+    fn the_kernel_command_line_can_turn_setup_off() {
+        let off = |c: &str| cmdline_disables(c);
+        assert_eq!(
+            off("BOOT_IMAGE=/vmlinuz root=/dev/vda1 ro quiet\n"),
+            Ok(false)
+        );
+        assert_eq!(off("ro zblk.disable quiet\n"), Ok(true));
+        assert_eq!(off("zblk.disable=1"), Ok(true));
+        assert_eq!(off("zblk.disable=0"), Ok(false));
+        // The last one wins, as for the kernel's own parameters.
+        assert_eq!(off("zblk.disable zblk.disable=0"), Ok(false));
+        assert_eq!(off("zblk.disable=0 zblk.disable"), Ok(true));
+        // Another parameter that starts the same is not this one.
+        assert_eq!(off("zblk.disabled zblk.disable_x=1"), Ok(false));
+        let e = off("zblk.disable=maybe").unwrap_err();
+        assert!(e.starts_with("zblk.disable: 'maybe' is not 1 or 0"), "{e}");
+    }
+
+    #[test]
+    fn the_command_line_is_read_from_the_file_given() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("cmdline");
+        std::fs::write(&file, "root=/dev/vda1 zblk.disable\n").unwrap();
+        assert!(disabled(&file).unwrap());
+        std::fs::write(&file, "root=/dev/vda1 zblk.disable=2\n").unwrap();
+        let e = disabled(&file).unwrap_err().0;
+        assert!(
+            e.starts_with(&format!("{}: zblk.disable: ", file.display())),
+            "{e}"
+        );
+        // No such file (no /proc): not disabled.
+        assert!(!disabled(&dir.path().join("none")).unwrap());
+        assert_eq!(
+            disabled_line(true),
+            "zblk.disable is on the kernel command line (/proc/cmdline): would do nothing"
+        );
     }
 
     #[test]
