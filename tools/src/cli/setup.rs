@@ -7,7 +7,7 @@
 use super::args::SetupArgs;
 use super::conf::{self, Entry};
 use super::{add, sys, unit, CliError, CliResult};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Where the kernel command line is read from.
 const CMDLINE: &str = "/proc/cmdline";
@@ -21,9 +21,17 @@ pub fn setup(a: SetupArgs) -> CliResult {
         return Ok(());
     }
     let ram_mb = conf::ram_mb()?;
-    let entries = conf::read(&a.config, ram_mb)?;
-    let entries = select(entries, a.id, &a.config)?;
+    let file = a.config_file();
+    let drop_ins = match a.config {
+        Some(_) => Vec::new(),
+        None => conf::drop_ins(&conf::DROP_IN_DIRS.map(PathBuf::from))?,
+    };
+    let entries = conf::read(file, &drop_ins, ram_mb)?;
+    let entries = select(entries, a.id, file)?;
     if a.dry_run {
+        if let Some(line) = files_line(file, &drop_ins) {
+            println!("{line}");
+        }
         for line in dry_run_lines(&entries, ram_mb, add::is_live) {
             println!("{line}");
         }
@@ -41,7 +49,7 @@ pub fn setup(a: SetupArgs) -> CliResult {
     sys::check_driver()?;
     sys::check_root("zblk setup")?;
     if entries.is_empty() {
-        println!("{}: no devices", a.config.display());
+        println!("{}: no devices", file.display());
     }
     bring_up_all(&entries, ram_mb)
 }
@@ -169,6 +177,19 @@ fn bring_up(e: &Entry) -> Result<String, CliError> {
         e.name,
         info.path,
         settings(e)
+    ))
+}
+
+/// For `--dry-run`, the files read in order when there are drop-ins.
+fn files_line(file: &Path, drop_ins: &[PathBuf]) -> Option<String> {
+    if drop_ins.is_empty() {
+        return None;
+    }
+    let names: Vec<String> = drop_ins.iter().map(|f| f.display().to_string()).collect();
+    Some(format!(
+        "reading {}, then {} (later keys win)",
+        file.display(),
+        names.join(", ")
     ))
 }
 
@@ -335,6 +356,21 @@ mod tests {
         assert_eq!(
             disabled_line(true),
             "zblk.disable is on the kernel command line (/proc/cmdline): would do nothing"
+        );
+    }
+
+    #[test]
+    fn dry_run_names_the_drop_ins_in_the_order_read() {
+        let main = Path::new("/etc/zblk/zblk.conf");
+        assert_eq!(files_line(main, &[]), None);
+        let drops = [
+            PathBuf::from("/usr/lib/zblk/zblk.conf.d/10-a.conf"),
+            PathBuf::from("/etc/zblk/zblk.conf.d/20-b.conf"),
+        ];
+        assert_eq!(
+            files_line(main, &drops).unwrap_or_default(),
+            "reading /etc/zblk/zblk.conf, then /usr/lib/zblk/zblk.conf.d/10-a.conf, \
+             /etc/zblk/zblk.conf.d/20-b.conf (later keys win)"
         );
     }
 
