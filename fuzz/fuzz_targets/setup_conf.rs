@@ -38,8 +38,17 @@ const ALGOS: [&str; 9] = [
 const ALGOS_OK: usize = 6;
 const MODES: [&str; 4] = ["per-page", "packed", "dense", ""];
 const MODES_OK: usize = 2;
-const LIMITS: [&str; 5] = ["0", "1G", "512M", "1X", "-1"];
-const LIMITS_OK: usize = 3;
+const LIMITS: [&str; 8] = [
+    "0",
+    "1G",
+    "512M",
+    "ram / 4",
+    "min(ram / 8, 1024)",
+    "1X",
+    "-1",
+    "ram / 0",
+];
+const LIMITS_OK: usize = 5;
 const OPTIONS: [&str; 6] = [
     "discard",
     "discard=pages",

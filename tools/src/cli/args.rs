@@ -3,7 +3,7 @@
 use super::columns::Columns;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use zblk_ublk::size::parse_size;
 use zblk_ublk::DeviceConfig;
@@ -98,9 +98,11 @@ pub const DEFAULT_CONF_PATH: &str = "/etc/zblk/zblk.conf";
 /// `zblk setup`.
 #[derive(Debug, Args)]
 pub struct SetupArgs {
-    /// The configuration file: one [ublkbN] section per device.
-    #[arg(short, long, value_name = "FILE", default_value = DEFAULT_CONF_PATH)]
-    pub config: PathBuf,
+    /// The configuration file: one [ublkbN] section per device [default:
+    /// /etc/zblk/zblk.conf, then the drop-ins zblk.conf.d/*.conf of
+    /// /usr/lib/zblk and /etc/zblk; a file given is read alone].
+    #[arg(short, long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Print what would be done, with each evaluated size; change nothing.
     #[arg(long)]
     pub dry_run: bool,
@@ -115,6 +117,15 @@ pub struct SetupArgs {
     /// under systemd, which will restart it (zblk@N.service's ExecStop).
     #[arg(long, requires = "id", conflicts_with_all = ["dry_run", "foreground"])]
     pub stop: bool,
+}
+
+impl SetupArgs {
+    /// The file read first: `--config`'s, or the default.
+    pub fn config_file(&self) -> &Path {
+        self.config
+            .as_deref()
+            .unwrap_or(Path::new(DEFAULT_CONF_PATH))
+    }
 }
 
 /// `zblk list`: zramctl's and lsblk's `--output`, `--noheadings` and
@@ -628,7 +639,8 @@ mod tests {
         let Cmd::Setup(s) = parse(&["setup", "--dry-run"]).unwrap().cmd else {
             panic!()
         };
-        assert_eq!(s.config, PathBuf::from("/etc/zblk/zblk.conf"));
+        assert_eq!(s.config, None);
+        assert_eq!(s.config_file(), Path::new("/etc/zblk/zblk.conf"));
         assert!(s.dry_run && !s.foreground && s.id.is_none());
         let Cmd::Setup(s) = parse(&["setup", "-c", "x.conf", "-n", "2", "-f"])
             .unwrap()
@@ -638,7 +650,7 @@ mod tests {
         };
         assert_eq!(
             (s.config, s.id, s.foreground),
-            ("x.conf".into(), Some(2), true)
+            (Some("x.conf".into()), Some(2), true)
         );
         assert!(parse(&["setup", "--foreground"]).is_err(), "needs --id");
         assert!(parse(&["setup", "-n", "1", "-f", "--dry-run"]).is_err());

@@ -18,6 +18,11 @@
 //! `swapon --show` and `zblk list` print, and TOML itself refuses the same
 //! section twice, so no two sections can claim one device.
 //!
+//! After the file, `zblk setup` reads the drop-ins `zblk.conf.d/*.conf`
+//! of `/usr/lib/zblk` and `/etc/zblk` ([`drop_ins`]), as zram-generator
+//! does its own: a key a later file writes replaces the same key of the
+//! same section; a drop-in may add sections.
+//!
 //! Each section becomes the [`AddArgs`] of `zblk add --swap`: its values
 //! go through `zblk add`'s own flag parsers, so the file takes exactly
 //! what the flags take (`zstd:3`, `2G`) and gets the same defaults.
@@ -27,7 +32,7 @@ use clap::{Args, FromArgMatches};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::ops::Range;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use toml::Spanned;
 use zblk_ublk::swap::Discard;
 
@@ -38,12 +43,14 @@ const PAGE: u64 = 4096;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "kebab-case")]
 struct Section {
-    /// MB, an expression of `ram` (a string) or a number.
-    size: Spanned<toml::Value>,
+    /// MB, an expression of `ram` (a string) or a number; required, but
+    /// maybe in another file of the section.
+    size: Option<Spanned<toml::Value>>,
     compression_algorithm: Option<Spanned<String>>,
     mode: Option<Spanned<String>>,
     group_pages: Option<Spanned<i64>>,
-    /// Like `--mem-limit`: a size with a suffix, or bytes.
+    /// Like `--mem-limit` (a size with a suffix, or bytes), or an
+    /// expression of `ram` in MB ([`is_expression`]).
     mem_limit: Option<Spanned<toml::Value>>,
     swap_priority: Option<Spanned<i64>>,
     /// swapon options, as in fstab (`discard`, `discard=pages`).
@@ -58,6 +65,9 @@ struct Section {
     recompress_algorithm: Option<Spanned<String>>,
     /// Like `--writeback-idle-after`: seconds (the idle policy).
     writeback_idle_after: Option<Spanned<i64>>,
+    /// MB or `"none"`: no device on a machine with more memory
+    /// (zram-generator's key of that name).
+    host_memory_limit: Option<Spanned<toml::Value>>,
 }
 
 /// A device the file asks for, ready for `zblk add --swap`'s code.
@@ -67,36 +77,116 @@ pub struct Entry {
     pub name: String,
     /// The `size` as written.
     pub size_expr: String,
+    /// The `mem-limit` as written when it is an expression of `ram`.
+    pub mem_limit_expr: Option<String>,
     /// What `zblk add` would have parsed its flags into (`swap` set).
     pub add: AddArgs,
     /// The discard policy from `options`.
     pub discard: Discard,
+    /// `host-memory-limit` in MB: none for `"none"` or no key.
+    pub host_memory_limit: Option<u64>,
 }
 
-/// Reads `file`, with `ram_mb` the machine's memory for `size`.
-pub fn read(file: &Path, ram_mb: f64) -> Result<Vec<Entry>, String> {
-    let text = std::fs::read_to_string(file)
-        .map_err(|e| format!("cannot read {}: {e}", file.display()))?;
-    parse(file, &text, ram_mb)
+impl Entry {
+    /// Why this device is not made on a machine with `ram_mb` MB of
+    /// memory, if it is not: more than its `host-memory-limit`.
+    pub fn skip_reason(&self, ram_mb: f64) -> Option<String> {
+        let limit = self.host_memory_limit?;
+        (ram_mb > limit as f64).then(|| {
+            format!(
+                "this machine's {} MB of memory is more than host-memory-limit = {limit}",
+                ram_mb.round()
+            )
+        })
+    }
+}
+
+/// Where drop-in files are read from, in rising precedence: a file in a
+/// later directory replaces the file of the same name in an earlier one
+/// (zram-generator's `zram-generator.conf.d`).
+pub const DROP_IN_DIRS: [&str; 2] = ["/usr/lib/zblk/zblk.conf.d", "/etc/zblk/zblk.conf.d"];
+
+/// The drop-ins of `dirs` in the order they are read: the `*.conf` files
+/// sorted by name across the directories, a file of a later directory
+/// replacing a same-named one of an earlier one. A directory that is not
+/// there has none.
+pub fn drop_ins(dirs: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
+    let mut by_name = BTreeMap::new();
+    for dir in dirs {
+        let list = match std::fs::read_dir(dir) {
+            Ok(list) => list,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(format!("cannot read {}: {e}", dir.display())),
+        };
+        for f in list {
+            let f = f.map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
+            let path = f.path();
+            if path.extension().is_some_and(|x| x == "conf") {
+                by_name.insert(f.file_name(), path);
+            }
+        }
+    }
+    Ok(by_name.into_values().collect())
+}
+
+/// Reads `file` and then each of `drop_ins`, with `ram_mb` the machine's
+/// memory for `size`. `file` may be missing when there are drop-ins (as
+/// zram-generator's own file may).
+pub fn read(file: &Path, drop_ins: &[PathBuf], ram_mb: f64) -> Result<Vec<Entry>, String> {
+    let main = match std::fs::read_to_string(file) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !drop_ins.is_empty() => String::new(),
+        Err(e) => return Err(format!("cannot read {}: {e}", file.display())),
+    };
+    let mut texts = vec![(file.to_path_buf(), main)];
+    for f in drop_ins {
+        let text =
+            std::fs::read_to_string(f).map_err(|e| format!("cannot read {}: {e}", f.display()))?;
+        texts.push((f.clone(), text));
+    }
+    let files: Vec<(&Path, &str)> = texts
+        .iter()
+        .map(|(f, t)| (f.as_path(), t.as_str()))
+        .collect();
+    parse_files(&files, ram_mb)
 }
 
 /// Parses the text of `file`; the first error is one line naming the
 /// file, the line and the key.
 pub fn parse(file: &Path, text: &str, ram_mb: f64) -> Result<Vec<Entry>, String> {
-    let doc = Doc { file, text };
-    let sections: BTreeMap<Spanned<String>, Spanned<Section>> =
-        toml::from_str(text).map_err(|e| doc.toml_error(&e))?;
-    let mut entries = sections
+    parse_files(&[(file, text)], ram_mb)
+}
+
+/// Parses files in order, each key of a later file's section replacing
+/// the same key of an earlier one; a later file may add sections. Each
+/// value is checked in the file that writes it, and an error names it.
+pub fn parse_files(files: &[(&Path, &str)], ram_mb: f64) -> Result<Vec<Entry>, String> {
+    let mut parts: BTreeMap<String, Part> = BTreeMap::new();
+    for &(file, text) in files {
+        let doc = Doc { file, text };
+        let sections: BTreeMap<Spanned<String>, Spanned<Section>> =
+            toml::from_str(text).map_err(|e| doc.toml_error(&e))?;
+        for (name, s) in sections {
+            let part = doc.part(&name, s.into_inner(), ram_mb)?;
+            match parts.get_mut(name.get_ref()) {
+                Some(earlier) => earlier.keys.extend(part.keys),
+                None => {
+                    parts.insert(name.into_inner(), part);
+                }
+            }
+        }
+    }
+    let mut entries = parts
         .into_iter()
-        .map(|(name, s)| doc.entry(name, s.into_inner(), ram_mb))
+        .map(|(name, part)| part.finish(name))
         .collect::<Result<Vec<_>, _>>()?;
     entries.sort_by_key(|e| e.add.dev.id);
     Ok(entries)
 }
 
-/// Evaluates a `size` expression: MB, with `ram` the machine's memory in
-/// MB; the bytes rounded down to 4 KB, at least one page.
-pub fn eval_size(expr: &str, ram_mb: f64) -> Result<u64, String> {
+/// Evaluates an expression of `ram` in MB into bytes (not yet rounded);
+/// an error unless a size: finite, not negative, below 2^64 bytes.
+fn eval_bytes(expr: &str, ram_mb: f64) -> Result<f64, String> {
     use evalexpr::{ContextWithMutableVariables, DefaultNumericTypes, HashMapContext, Value};
     let mut ctx = HashMapContext::<DefaultNumericTypes>::new();
     ctx.set_value("ram".into(), Value::Float(ram_mb))
@@ -117,7 +207,33 @@ pub fn eval_size(expr: &str, ram_mb: f64) -> Result<u64, String> {
             super::escape_controls(expr)
         ));
     }
-    Ok(((bytes as u64) / PAGE * PAGE).max(PAGE))
+    Ok(bytes)
+}
+
+/// Evaluates a `size` expression: MB, with `ram` the machine's memory in
+/// MB; the bytes rounded down to 4 KB, at least one page.
+pub fn eval_size(expr: &str, ram_mb: f64) -> Result<u64, String> {
+    eval_bytes(expr, ram_mb).map(|b| (b as u64 / PAGE * PAGE).max(PAGE))
+}
+
+/// Evaluates a `mem-limit` expression as [`eval_size`] does, except that
+/// 0 stays 0 (no limit), as zram-generator's `zram-resident-limit`.
+pub fn eval_mem_limit(expr: &str, ram_mb: f64) -> Result<u64, String> {
+    let bytes = eval_bytes(expr, ram_mb)?;
+    // Below one page but above 0 is still a limit: the smallest one.
+    Ok(if bytes <= 0.0 {
+        0
+    } else {
+        (bytes as u64 / PAGE * PAGE).max(PAGE)
+    })
+}
+
+/// Whether a `mem-limit` string is an expression of `ram` in MB rather
+/// than a size as `--mem-limit` takes it (`"2G"`, `"4096"`: bytes): it is
+/// when it names `ram` or holds an operator or a parenthesis, none of
+/// which a size has.
+pub fn is_expression(text: &str) -> bool {
+    text.contains("ram") || text.contains(['+', '-', '*', '/', '%', '^', '(', ')'])
 }
 
 /// The machine's memory in MB, from `/proc/meminfo`.
@@ -199,75 +315,205 @@ impl Doc<'_> {
         })
     }
 
-    /// One section, checked value by value, as `zblk add --swap` flags.
-    fn entry(&self, name: Spanned<String>, s: Section, ram_mb: f64) -> Result<Entry, String> {
-        let sect = name.get_ref().clone();
+    /// One section of this file, each value checked alone as its
+    /// `zblk add --swap` flag, by key (for later files to override).
+    fn part(&self, name: &Spanned<String>, mut s: Section, ram_mb: f64) -> Result<Part, String> {
+        let sect = name.get_ref();
         let key = |k: &str| format!("{sect}.{k}");
-        let id = section_id(&sect)
+        let id = section_id(sect)
             .ok_or_else(|| self.error_at(name.span(), &format!("[{sect}]"), NAME_HELP))?;
-        let size_expr = match s.size.get_ref() {
-            toml::Value::String(_) | toml::Value::Integer(_) | toml::Value::Float(_) => {
-                value_text(s.size.get_ref())
-            }
-            _ => return Err(self.error_at(s.size.span(), &key("size"), SIZE_HELP)),
-        };
-        let bytes = eval_size(&size_expr, ram_mb)
-            .map_err(|e| self.error_at(s.size.span(), &key("size"), &e))?;
-        let mut flags = vec![
-            ("--id", id.to_string(), name.span(), format!("[{sect}]")),
-            ("--size", bytes.to_string(), s.size.span(), key("size")),
-        ];
-        let mut opt = |flag, v: Option<(String, Range<usize>)>, k: &str| {
+        // The id is added once every file is read; checked here, where
+        // the header is.
+        self.flag("--id", id.to_string(), name.span(), &format!("[{sect}]"))?;
+        let mut keys = BTreeMap::new();
+        if let Some(size) = s.size.take() {
+            keys.insert("size", self.size(size, ram_mb, &key("size"))?);
+        }
+        if let Some(v) = s.mem_limit.take() {
+            keys.insert("mem-limit", self.mem_limit(v, ram_mb, &key("mem-limit"))?);
+        }
+        for (k, flag, v) in plain_flags(&mut s) {
             if let Some((v, span)) = v {
-                flags.push((flag, v, span, key(k)));
+                keys.insert(k, self.flag(flag, v, span, &key(k))?);
             }
-        };
-        opt(
-            "--algo",
-            text(s.compression_algorithm),
-            "compression-algorithm",
-        );
-        opt("--mode", text(s.mode), "mode");
-        opt("--group-pages", num(s.group_pages), "group-pages");
-        opt("--mem-limit", value(s.mem_limit), "mem-limit");
-        opt("--priority", num(s.swap_priority), "swap-priority");
-        opt("--backing-dev", text(s.backing_dev), "backing-dev");
-        opt(
-            "--recompress-idle-after",
-            num(s.recompress_idle_after),
-            "recompress-idle-after",
-        );
-        opt(
-            "--recompress-algo",
-            text(s.recompress_algorithm),
-            "recompress-algorithm",
-        );
-        opt(
-            "--writeback-idle-after",
-            num(s.writeback_idle_after),
-            "writeback-idle-after",
-        );
-        for (flag, v, span, k) in &flags {
-            add_args(&[flag, v]).map_err(|e| self.error_at(span.clone(), k, &e))?;
         }
-        let discard = match &s.options {
-            Some(o) => Discard::from_options(o.get_ref())
-                .map_err(|e| self.error_at(o.span(), &key("options"), &e))?,
-            None => Discard::Both,
-        };
-        let mut words: Vec<&str> = flags.iter().flat_map(|f| [f.0, &f.1]).collect();
-        if s.recovery == Some(false) {
-            words.push("--no-recovery");
+        keys.extend(self.others(s, &key)?);
+        let at = format!(
+            "{}:{}",
+            self.file.display(),
+            self.line_of(name.span().start)
+        );
+        Ok(Part { at, keys })
+    }
+
+    /// The keys that are not `zblk add` flags of their own, checked.
+    fn others(
+        &self,
+        s: Section,
+        key: &dyn Fn(&str) -> String,
+    ) -> Result<Vec<(&'static str, Setting)>, String> {
+        let mut keys = Vec::new();
+        if let Some(v) = s.host_memory_limit {
+            let limit = host_limit(v.get_ref())
+                .map_err(|e| self.error_at(v.span(), &key("host-memory-limit"), e))?;
+            keys.push(("host-memory-limit", Setting::HostLimit(limit)));
         }
-        let add = add_args(&words).map_err(|e| self.error_at(name.span(), &sect, &e))?;
+        if let Some(o) = s.options {
+            let d = Discard::from_options(o.get_ref())
+                .map_err(|e| self.error_at(o.span(), &key("options"), &e))?;
+            keys.push(("options", Setting::Discard(d)));
+        }
+        if let Some(r) = s.recovery {
+            // Written either way: true in a drop-in undoes an earlier false.
+            let words = if r {
+                vec![]
+            } else {
+                vec!["--no-recovery".into()]
+            };
+            keys.push(("recovery", Setting::Flag(words, None)));
+        }
+        Ok(keys)
+    }
+
+    /// One flag and its value, checked by `zblk add`'s parser alone.
+    fn flag(
+        &self,
+        flag: &str,
+        v: String,
+        span: Range<usize>,
+        key: &str,
+    ) -> Result<Setting, String> {
+        add_args(&[flag, &v]).map_err(|e| self.error_at(span, key, &e))?;
+        Ok(Setting::Flag(vec![flag.into(), v], None))
+    }
+
+    /// `size`, evaluated: `--size` in bytes, with the expression.
+    fn size(&self, v: Spanned<toml::Value>, ram_mb: f64, key: &str) -> Result<Setting, String> {
+        let span = v.span();
+        let expr = match v.get_ref() {
+            toml::Value::String(_) | toml::Value::Integer(_) | toml::Value::Float(_) => {
+                value_text(v.get_ref())
+            }
+            _ => return Err(self.error_at(span, key, SIZE_HELP)),
+        };
+        let bytes = eval_size(&expr, ram_mb)
+            .map_err(|e| self.error_at(span.clone(), key, &e))?
+            .to_string();
+        add_args(&["--size", &bytes]).map_err(|e| self.error_at(span, key, &e))?;
+        Ok(Setting::Flag(vec!["--size".into(), bytes], Some(expr)))
+    }
+
+    /// `mem-limit` as `--mem-limit` takes it, with its expression when it
+    /// is one: evaluated here, since the flag takes bytes.
+    fn mem_limit(
+        &self,
+        v: Spanned<toml::Value>,
+        ram_mb: f64,
+        key: &str,
+    ) -> Result<Setting, String> {
+        let span = v.span();
+        match v.into_inner() {
+            toml::Value::String(e) if is_expression(&e) => {
+                let bytes = eval_mem_limit(&e, ram_mb)
+                    .map_err(|err| self.error_at(span.clone(), key, &err))?;
+                let words = vec!["--mem-limit".into(), bytes.to_string()];
+                Ok(Setting::Flag(words, Some(e)))
+            }
+            other => self.flag("--mem-limit", value_text(&other), span, key),
+        }
+    }
+}
+
+/// A section as one file writes it, each key checked alone.
+struct Part {
+    /// `file:line` of its header, for errors about the whole section.
+    at: String,
+    /// Its settings by key: a later file's replace an earlier one's.
+    keys: BTreeMap<&'static str, Setting>,
+}
+
+/// One key's value, checked alone.
+enum Setting {
+    /// Words for `zblk add --swap`, and the expression of `ram` written
+    /// when the value is one (for `--dry-run`).
+    Flag(Vec<String>, Option<String>),
+    /// `options`.
+    Discard(Discard),
+    /// `host-memory-limit` in MB (`None`: `"none"`).
+    HostLimit(Option<u64>),
+}
+
+impl Part {
+    /// The device section `sect` makes once every file is read: its
+    /// words through `zblk add --swap`'s parser together.
+    fn finish(self, sect: String) -> Result<Entry, String> {
+        let Part { at, keys } = self;
+        let size_expr = match keys.get("size") {
+            Some(Setting::Flag(_, Some(expr))) => expr.clone(),
+            _ => return Err(format!("{at}: [{sect}]: {SIZE_MISSING}")),
+        };
+        let id = section_id(&sect).unwrap_or(0);
+        let mut words = vec!["--id".to_string(), id.to_string()];
+        let (mut discard, mut host_memory_limit, mut mem_limit_expr) = (Discard::Both, None, None);
+        for (k, setting) in keys {
+            match setting {
+                Setting::Flag(w, expr) => {
+                    words.extend(w);
+                    if k == "mem-limit" {
+                        mem_limit_expr = expr;
+                    }
+                }
+                Setting::Discard(d) => discard = d,
+                Setting::HostLimit(h) => host_memory_limit = h,
+            }
+        }
+        let words: Vec<&str> = words.iter().map(String::as_str).collect();
+        let add = add_args(&words)
+            .map_err(|e| format!("{at}: {sect}: {}", super::escape_controls(&e)))?;
         Ok(Entry {
             name: sect,
             size_expr,
+            mem_limit_expr,
             add,
             discard,
+            host_memory_limit,
         })
     }
 }
+
+/// The keys that are a `zblk add` flag taking the value as written:
+/// key, flag, value (taken out of `s`).
+fn plain_flags(s: &mut Section) -> [(&'static str, &'static str, Option<FlagValue>); 8] {
+    [
+        (
+            "compression-algorithm",
+            "--algo",
+            text(s.compression_algorithm.take()),
+        ),
+        ("mode", "--mode", text(s.mode.take())),
+        ("group-pages", "--group-pages", num(s.group_pages.take())),
+        ("swap-priority", "--priority", num(s.swap_priority.take())),
+        ("backing-dev", "--backing-dev", text(s.backing_dev.take())),
+        (
+            "recompress-idle-after",
+            "--recompress-idle-after",
+            num(s.recompress_idle_after.take()),
+        ),
+        (
+            "recompress-algorithm",
+            "--recompress-algo",
+            text(s.recompress_algorithm.take()),
+        ),
+        (
+            "writeback-idle-after",
+            "--writeback-idle-after",
+            num(s.writeback_idle_after.take()),
+        ),
+    ]
+}
+
+/// A value as its flag takes it, with the byte range it was written at.
+type FlagValue = (String, Range<usize>);
 
 /// Whether text read back from the file can go into a one-line error:
 /// a carriage return or other control character would break the line or
@@ -278,6 +524,21 @@ fn printable(text: &str) -> bool {
 
 /// What `size` must be.
 const SIZE_HELP: &str = "must be MB: a number, or an expression of ram in quotes";
+
+/// `host-memory-limit`: MB, a number not below 0, or `"none"` (which
+/// zram-generator takes to undo a limit set earlier).
+fn host_limit(v: &toml::Value) -> Result<Option<u64>, &'static str> {
+    const HELP: &str = "must be MB, a whole number of 0 or more, or \"none\"";
+    match v {
+        toml::Value::String(s) if s == "none" => Ok(None),
+        toml::Value::Integer(n) => u64::try_from(*n).map(Some).map_err(|_| HELP),
+        _ => Err(HELP),
+    }
+}
+
+/// What a section without `size` lacks.
+const SIZE_MISSING: &str =
+    "missing field `size`: every section needs size = MB, in this file or a drop-in";
 
 /// What a section must be called.
 const NAME_HELP: &str = "a section is named after the device it makes: [ublkb0] for /dev/ublkb0";
@@ -299,16 +560,12 @@ fn value_text(v: &toml::Value) -> String {
     }
 }
 
-fn text(v: Option<Spanned<String>>) -> Option<(String, Range<usize>)> {
+fn text(v: Option<Spanned<String>>) -> Option<FlagValue> {
     v.map(|v| (v.get_ref().clone(), v.span()))
 }
 
-fn num(v: Option<Spanned<i64>>) -> Option<(String, Range<usize>)> {
+fn num(v: Option<Spanned<i64>>) -> Option<FlagValue> {
     v.map(|v| (v.get_ref().to_string(), v.span()))
-}
-
-fn value(v: Option<Spanned<toml::Value>>) -> Option<(String, Range<usize>)> {
-    v.map(|v| (value_text(v.get_ref()), v.span()))
 }
 
 /// `zblk add --swap` with these flags, through its own parsers; a
@@ -453,6 +710,164 @@ mod tests {
         let e = eval_size("\"a\\\n\"", 8.0).unwrap_err();
         assert!(e.contains("escape"), "{e}");
         assert!(!e.contains(['\n', '\r']), "{e:?}");
+    }
+
+    /// `mem-limit`: an expression of `ram` in MB, or a size as
+    /// `--mem-limit` takes it (bytes, or with a suffix).
+    #[test]
+    fn mem_limit_is_a_size_or_an_expression_of_ram() {
+        let limit = |v: &str| {
+            let text = format!("[ublkb0]\nsize = 64\nmem-limit = {v}\n");
+            let e = parse_ok(&text, 8192.0);
+            (e[0].add.dev.mem_limit, e[0].mem_limit_expr.clone())
+        };
+        assert_eq!(limit("\"2G\""), (2 << 30, None));
+        assert_eq!(limit("\"4096\""), (4096, None));
+        assert_eq!(limit("8192"), (8192, None));
+        assert_eq!(limit("0"), (0, None));
+        assert_eq!(limit("\"ram / 4\""), (2048 << 20, Some("ram / 4".into())));
+        assert_eq!(
+            limit("\"min(ram / 2, 1024)\""),
+            (1024 << 20, Some("min(ram / 2, 1024)".into()))
+        );
+        assert_eq!(limit("\"ram * 0\"").0, 0);
+        // Above 0 but below one page: the smallest limit, not none.
+        assert_eq!(limit("\"ram / 100000000\"").0, PAGE);
+        for (v, want) in [
+            ("\"ram / 0\"", "ublkb0.mem-limit: "),
+            ("\"-ram\"", "ublkb0.mem-limit: size '-ram' is"),
+            ("\"(ram\"", "ublkb0.mem-limit: bad size expression '(ram'"),
+            ("\"2X\"", "ublkb0.mem-limit: invalid size '2X'"),
+        ] {
+            let e = parse_err(&format!("[ublkb0]\nsize = 64\nmem-limit = {v}\n"));
+            let want = format!("/etc/zblk/zblk.conf:3: {want}");
+            assert!(e.starts_with(&want), "{v}: {e}");
+        }
+        assert!(is_expression("ram") && is_expression("4096 - 1"));
+        assert!(!is_expression("2G") && !is_expression("512"));
+    }
+
+    #[test]
+    fn host_memory_limit_is_mb_or_none() {
+        let entry = |v: &str| {
+            let text = format!("[ublkb0]\nsize = 64\nhost-memory-limit = {v}\n");
+            parse_ok(&text, 8192.0).remove(0)
+        };
+        assert_eq!(entry("4096").host_memory_limit, Some(4096));
+        assert_eq!(entry("\"none\"").host_memory_limit, None);
+        let e = entry("4096");
+        let why = e.skip_reason(8192.0).unwrap_or_default();
+        assert_eq!(
+            why,
+            "this machine's 8192 MB of memory is more than host-memory-limit = 4096"
+        );
+        // At or below the limit, and without one, the device is made.
+        assert_eq!(e.skip_reason(4096.0), None);
+        assert_eq!(entry("\"none\"").skip_reason(1e9), None);
+        for bad in ["-1", "\"4G\"", "1.5", "true"] {
+            let e = parse_err(&format!("[ublkb0]\nsize = 64\nhost-memory-limit = {bad}\n"));
+            assert!(
+                e.starts_with("/etc/zblk/zblk.conf:3: ublkb0.host-memory-limit: must be MB"),
+                "{bad}: {e}"
+            );
+        }
+    }
+
+    const DROP: &str = "/etc/zblk/zblk.conf.d/50-more.conf";
+
+    /// A drop-in overrides the keys it writes and adds sections.
+    #[test]
+    fn drop_ins_override_key_by_key() {
+        let main = "[ublkb0]\nsize = 1024\ncompression-algorithm = \"zstd\"\n\
+                    mode = \"packed\"\nrecovery = false\n";
+        let first = "[ublkb0]\ncompression-algorithm = \"lz4\"\nrecovery = true\n\
+                     [ublkb2]\nsize = 64\n";
+        let second = "[ublkb0]\nsize = \"ram / 4\"\n[ublkb2]\nmem-limit = \"ram / 8\"\n";
+        let files = [
+            (Path::new(FILE), main),
+            (Path::new("/usr/lib/zblk/zblk.conf.d/10-a.conf"), first),
+            (Path::new(DROP), second),
+        ];
+        let e = parse_files(&files, 8192.0).unwrap();
+        assert_eq!(e.len(), 2);
+        let d = &e[0].add.dev;
+        assert_eq!((e[0].size_expr.as_str(), d.size), ("ram / 4", 2048 << 20));
+        assert_eq!((d.engine.algo, d.engine.mode), (Algo::Lz4, Mode::Packed));
+        assert!(!d.no_recovery, "true in a drop-in undoes false");
+        assert_eq!(
+            (e[1].name.as_str(), e[1].add.dev.size),
+            ("ublkb2", 64 << 20)
+        );
+        assert_eq!(e[1].add.dev.mem_limit, 1024 << 20);
+        // Read the other way round, the earlier values win.
+        let e = parse_files(&[files[2], files[1], files[0]], 8192.0).unwrap();
+        assert_eq!(
+            (e[0].add.dev.size, e[0].add.dev.engine.algo),
+            (1024 << 20, Algo::Zstd(1))
+        );
+    }
+
+    #[test]
+    fn an_error_in_a_drop_in_names_it() {
+        let files = |drop: &'static str| {
+            [
+                (Path::new(FILE), "[ublkb0]\nsize = 64\n"),
+                (Path::new(DROP), drop),
+            ]
+        };
+        let e = parse_files(&files("\n[ublkb0]\nmode = \"dense\"\n"), 1.0).unwrap_err();
+        assert!(
+            e.starts_with(&format!("{DROP}:3: ublkb0.mode: unknown mode")),
+            "{e}"
+        );
+        let e = parse_files(&files("[ublkb0]\nzram-size = 1\n"), 1.0).unwrap_err();
+        assert!(
+            e.starts_with(&format!("{DROP}:2: ublkb0.zram-size: ")),
+            "{e}"
+        );
+        let e = parse_files(&files("[ublkb1]\nmode = \"packed\"\n"), 1.0).unwrap_err();
+        assert!(
+            e.starts_with(&format!("{DROP}:1: [ublkb1]: missing field `size`")),
+            "{e}"
+        );
+    }
+
+    /// zram-generator's order: by file name across the directories, a
+    /// later directory's file replacing a same-named one.
+    #[test]
+    fn drop_ins_are_sorted_by_name_across_directories() {
+        let root = tempfile::tempdir().unwrap();
+        let (usr, etc) = (root.path().join("usr"), root.path().join("etc"));
+        for (dir, name) in [
+            (&usr, "10-a.conf"),
+            (&usr, "20-b.conf"),
+            (&etc, "20-b.conf"),
+            (&etc, "15-c.conf"),
+            (&etc, "99-not.txt"),
+        ] {
+            std::fs::create_dir_all(dir).unwrap();
+            std::fs::write(dir.join(name), "").unwrap();
+        }
+        let dirs = [usr.clone(), root.path().join("none"), etc.clone()];
+        let got = drop_ins(&dirs).unwrap();
+        assert_eq!(
+            got,
+            [
+                usr.join("10-a.conf"),
+                etc.join("15-c.conf"),
+                etc.join("20-b.conf")
+            ]
+        );
+        // The main file may be missing when there are drop-ins.
+        std::fs::write(etc.join("15-c.conf"), "[ublkb3]\nsize = 64\n").unwrap();
+        let main = root.path().join("zblk.conf");
+        let e = read(&main, &got, 1.0).unwrap();
+        assert_eq!(e[0].name, "ublkb3");
+        let err = read(&main, &[], 1.0).unwrap_err();
+        assert!(
+            err.starts_with(&format!("cannot read {}", main.display())),
+            "{err}"
+        );
     }
 
     #[test]

@@ -7,22 +7,38 @@
 use super::args::SetupArgs;
 use super::conf::{self, Entry};
 use super::{add, sys, unit, CliError, CliResult};
+use std::path::{Path, PathBuf};
+
+/// Where the kernel command line is read from.
+const CMDLINE: &str = "/proc/cmdline";
 
 /// `zblk setup [--config F] [--dry-run] [--id N [--foreground]]`.
 pub fn setup(a: SetupArgs) -> CliResult {
-    let entries = conf::read(&a.config, conf::ram_mb()?)?;
-    let entries = select(entries, a.id, &a.config)?;
+    // Stopping stays possible: a device made before the flag was set
+    // must still come down cleanly.
+    if !a.stop && disabled(Path::new(CMDLINE))? {
+        println!("{}", disabled_line(a.dry_run));
+        return Ok(());
+    }
+    let ram_mb = conf::ram_mb()?;
+    let file = a.config_file();
+    let drop_ins = match a.config {
+        Some(_) => Vec::new(),
+        None => conf::drop_ins(&conf::DROP_IN_DIRS.map(PathBuf::from))?,
+    };
+    let entries = conf::read(file, &drop_ins, ram_mb)?;
+    let entries = select(entries, a.id, file)?;
     if a.dry_run {
-        for line in dry_run_lines(&entries, add::is_live) {
+        if let Some(line) = files_line(file, &drop_ins) {
+            println!("{line}");
+        }
+        for line in dry_run_lines(&entries, ram_mb, add::is_live) {
             println!("{line}");
         }
         return Ok(());
     }
     if a.foreground {
-        return match entries.into_iter().next() {
-            Some(e) => unit::serve(e),
-            None => Ok(()),
-        };
+        return foreground(entries, ram_mb);
     }
     if a.stop {
         return match entries.first() {
@@ -33,10 +49,34 @@ pub fn setup(a: SetupArgs) -> CliResult {
     sys::check_driver()?;
     sys::check_root("zblk setup")?;
     if entries.is_empty() {
-        println!("{}: no devices", a.config.display());
+        println!("{}: no devices", file.display());
     }
+    bring_up_all(&entries, ram_mb)
+}
+
+/// `--id N --foreground`: serves the one entry, unless it is skipped.
+fn foreground(entries: Vec<Entry>, ram_mb: f64) -> CliResult {
+    let Some(e) = entries.into_iter().next() else {
+        return Ok(());
+    };
+    match skip_line(&e, ram_mb) {
+        Some(line) => {
+            println!("{line}");
+            Ok(())
+        }
+        None => unit::serve(e),
+    }
+}
+
+/// Brings up every entry not skipped, one line each; an error if any
+/// failed (after trying the others).
+fn bring_up_all(entries: &[Entry], ram_mb: f64) -> CliResult {
     let mut failed = 0;
-    for e in &entries {
+    for e in entries {
+        if let Some(line) = skip_line(e, ram_mb) {
+            println!("{line}");
+            continue;
+        }
         match bring_up(e) {
             Ok(line) => println!("{line}"),
             Err(err) => {
@@ -54,12 +94,58 @@ pub fn setup(a: SetupArgs) -> CliResult {
     }
 }
 
+/// Whether the kernel command line in `file` says `zblk.disable` (as
+/// zram-generator's `systemd.zram=0`); a file that is not there (no
+/// /proc in a container) says nothing.
+fn disabled(file: &Path) -> Result<bool, CliError> {
+    match std::fs::read_to_string(file) {
+        Ok(text) => {
+            cmdline_disables(&text).map_err(|e| CliError(format!("{}: {e}", file.display())))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(CliError(format!("cannot read {}: {e}", file.display()))),
+    }
+}
+
+/// `zblk.disable` or `zblk.disable=BOOL` in a kernel command line, the
+/// last one winning as the kernel's own parameters do.
+fn cmdline_disables(cmdline: &str) -> Result<bool, String> {
+    let mut off = false;
+    for word in cmdline.split_whitespace() {
+        if word == DISABLE {
+            off = true;
+        } else if let Some(v) = word.strip_prefix(DISABLE).and_then(|w| w.strip_prefix('=')) {
+            off = match v {
+                "1" | "yes" | "true" | "on" => true,
+                "0" | "no" | "false" | "off" => false,
+                _ => {
+                    return Err(format!(
+                        "{DISABLE}: '{}' is not 1 or 0: write zblk.disable or zblk.disable=0",
+                        super::escape_controls(v)
+                    ))
+                }
+            };
+        }
+    }
+    Ok(off)
+}
+
+/// The kernel parameter that turns `zblk setup` off.
+const DISABLE: &str = "zblk.disable";
+
+/// The one line `zblk setup` prints when the kernel command line turns
+/// it off.
+fn disabled_line(dry_run: bool) -> String {
+    let what = if dry_run {
+        "would do nothing"
+    } else {
+        "nothing done"
+    };
+    format!("{DISABLE} is on the kernel command line ({CMDLINE}): {what}")
+}
+
 /// The entries to act on: all, or the one section `ublkbN` of `--id N`.
-fn select(
-    entries: Vec<Entry>,
-    id: Option<u32>,
-    file: &std::path::Path,
-) -> Result<Vec<Entry>, CliError> {
+fn select(entries: Vec<Entry>, id: Option<u32>, file: &Path) -> Result<Vec<Entry>, CliError> {
     let Some(id) = id else {
         return Ok(entries);
     };
@@ -94,14 +180,36 @@ fn bring_up(e: &Entry) -> Result<String, CliError> {
     ))
 }
 
-/// What `--dry-run` prints: one line per entry, `is_live` saying which
-/// devices are served already.
-pub fn dry_run_lines(entries: &[Entry], is_live: impl Fn(u32) -> bool) -> Vec<String> {
+/// For `--dry-run`, the files read in order when there are drop-ins.
+fn files_line(file: &Path, drop_ins: &[PathBuf]) -> Option<String> {
+    if drop_ins.is_empty() {
+        return None;
+    }
+    let names: Vec<String> = drop_ins.iter().map(|f| f.display().to_string()).collect();
+    Some(format!(
+        "reading {}, then {} (later keys win)",
+        file.display(),
+        names.join(", ")
+    ))
+}
+
+/// The line saying an entry makes no device on this machine, if so.
+fn skip_line(e: &Entry, ram_mb: f64) -> Option<String> {
+    let why = e.skip_reason(ram_mb)?;
+    let id = e.add.dev.id.unwrap_or(0);
+    Some(format!("{}: no /dev/ublkb{id}: {why}", e.name))
+}
+
+/// What `--dry-run` prints: one line per entry, on a machine of `ram_mb`
+/// MB, `is_live` saying which devices are served already.
+pub fn dry_run_lines(entries: &[Entry], ram_mb: f64, is_live: impl Fn(u32) -> bool) -> Vec<String> {
     entries
         .iter()
         .map(|e| {
             let id = e.add.dev.id.unwrap_or(0);
-            if is_live(id) {
+            if let Some(line) = skip_line(e, ram_mb) {
+                line
+            } else if is_live(id) {
                 format!("{}: /dev/ublkb{id} is live: would leave it alone", e.name)
             } else {
                 format!("{}: would create /dev/ublkb{id}: {}", e.name, settings(e))
@@ -113,9 +221,11 @@ pub fn dry_run_lines(entries: &[Entry], is_live: impl Fn(u32) -> bool) -> Vec<St
 /// An entry's settings in words, the size with its expression.
 fn settings(e: &Entry) -> String {
     let d = &e.add.dev;
-    let mem_limit = match d.mem_limit {
-        0 => "none".to_string(),
-        n => format!("{n} bytes"),
+    let mem_limit = match (d.mem_limit, &e.mem_limit_expr) {
+        (0, None) => "none".to_string(),
+        (0, Some(expr)) => format!("{expr} = 0 (none)"),
+        (n, None) => format!("{n} bytes"),
+        (n, Some(expr)) => format!("{expr} = {} MiB ({n} bytes)", n >> 20),
     };
     format!(
         "size {} = {} MiB ({} bytes), {}, {}, {} pages a group, mem-limit {mem_limit}, \
@@ -135,7 +245,6 @@ fn settings(e: &Entry) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::path::Path;
 
     const TWO: &str = "[ublkb0]\n\
                        size = \"min(ram / 2, 4096)\"\n\
@@ -151,7 +260,7 @@ mod tests {
     #[test]
     fn dry_run_prints_each_device_with_its_evaluated_size() {
         let entries = conf::parse(Path::new("t.conf"), TWO, 6000.0).unwrap();
-        let lines = dry_run_lines(&entries, |_| false);
+        let lines = dry_run_lines(&entries, 6000.0, |_| false);
         assert_eq!(
             lines,
             [
@@ -165,7 +274,7 @@ mod tests {
         );
         // More RAM: the first device hits its cap of 4096 MB.
         let entries = conf::parse(Path::new("t.conf"), TWO, 65536.0).unwrap();
-        let lines = dry_run_lines(&entries, |id| id == 1);
+        let lines = dry_run_lines(&entries, 6000.0, |id| id == 1);
         assert!(
             lines[0].contains("= 4096 MiB (4294967296 bytes)"),
             "{}",
@@ -174,6 +283,94 @@ mod tests {
         assert_eq!(
             lines[1],
             "ublkb1: /dev/ublkb1 is live: would leave it alone"
+        );
+    }
+
+    #[test]
+    fn dry_run_shows_a_mem_limit_expression_evaluated() {
+        let text = "[ublkb0]\nsize = 1024\nmem-limit = \"ram / 8\"\n\
+                    [ublkb1]\nsize = 1024\nmem-limit = \"ram * 0\"\n";
+        let entries = conf::parse(Path::new("t.conf"), text, 8192.0).unwrap();
+        let lines = dry_run_lines(&entries, 6000.0, |_| false);
+        assert!(
+            lines[0].contains("mem-limit ram / 8 = 1024 MiB (1073741824 bytes),"),
+            "{}",
+            lines[0]
+        );
+        assert!(
+            lines[1].contains("mem-limit ram * 0 = 0 (none),"),
+            "{}",
+            lines[1]
+        );
+    }
+
+    #[test]
+    fn dry_run_says_why_a_device_is_skipped() {
+        let text = "[ublkb0]\nsize = 1024\nhost-memory-limit = 4096\n\
+                    [ublkb1]\nsize = 1024\nhost-memory-limit = \"none\"\n";
+        let entries = conf::parse(Path::new("t.conf"), text, 8192.0).unwrap();
+        let lines = dry_run_lines(&entries, 8192.0, |_| false);
+        assert_eq!(
+            lines[0],
+            "ublkb0: no /dev/ublkb0: this machine's 8192 MB of memory is more than \
+             host-memory-limit = 4096"
+        );
+        assert!(lines[1].starts_with("ublkb1: would create"), "{}", lines[1]);
+        let lines = dry_run_lines(&entries, 4096.0, |_| false);
+        assert!(lines[0].starts_with("ublkb0: would create"), "{}", lines[0]);
+    }
+
+    #[test]
+    fn the_kernel_command_line_can_turn_setup_off() {
+        let off = |c: &str| cmdline_disables(c);
+        assert_eq!(
+            off("BOOT_IMAGE=/vmlinuz root=/dev/vda1 ro quiet\n"),
+            Ok(false)
+        );
+        assert_eq!(off("ro zblk.disable quiet\n"), Ok(true));
+        assert_eq!(off("zblk.disable=1"), Ok(true));
+        assert_eq!(off("zblk.disable=0"), Ok(false));
+        // The last one wins, as for the kernel's own parameters.
+        assert_eq!(off("zblk.disable zblk.disable=0"), Ok(false));
+        assert_eq!(off("zblk.disable=0 zblk.disable"), Ok(true));
+        // Another parameter that starts the same is not this one.
+        assert_eq!(off("zblk.disabled zblk.disable_x=1"), Ok(false));
+        let e = off("zblk.disable=maybe").unwrap_err();
+        assert!(e.starts_with("zblk.disable: 'maybe' is not 1 or 0"), "{e}");
+    }
+
+    #[test]
+    fn the_command_line_is_read_from_the_file_given() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("cmdline");
+        std::fs::write(&file, "root=/dev/vda1 zblk.disable\n").unwrap();
+        assert!(disabled(&file).unwrap());
+        std::fs::write(&file, "root=/dev/vda1 zblk.disable=2\n").unwrap();
+        let e = disabled(&file).unwrap_err().0;
+        assert!(
+            e.starts_with(&format!("{}: zblk.disable: ", file.display())),
+            "{e}"
+        );
+        // No such file (no /proc): not disabled.
+        assert!(!disabled(&dir.path().join("none")).unwrap());
+        assert_eq!(
+            disabled_line(true),
+            "zblk.disable is on the kernel command line (/proc/cmdline): would do nothing"
+        );
+    }
+
+    #[test]
+    fn dry_run_names_the_drop_ins_in_the_order_read() {
+        let main = Path::new("/etc/zblk/zblk.conf");
+        assert_eq!(files_line(main, &[]), None);
+        let drops = [
+            PathBuf::from("/usr/lib/zblk/zblk.conf.d/10-a.conf"),
+            PathBuf::from("/etc/zblk/zblk.conf.d/20-b.conf"),
+        ];
+        assert_eq!(
+            files_line(main, &drops).unwrap_or_default(),
+            "reading /etc/zblk/zblk.conf, then /usr/lib/zblk/zblk.conf.d/10-a.conf, \
+             /etc/zblk/zblk.conf.d/20-b.conf (later keys win)"
         );
     }
 
