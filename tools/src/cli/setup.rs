@@ -17,7 +17,11 @@ pub fn setup(a: SetupArgs) -> CliResult {
     // Stopping stays possible: a device made before the flag was set
     // must still come down cleanly.
     if !a.stop && disabled(Path::new(CMDLINE))? {
-        println!("{}", disabled_line(a.dry_run));
+        let line = disabled_line(a.dry_run);
+        println!("{line}");
+        if a.foreground {
+            ready_without_device(&line);
+        }
         return Ok(());
     }
     let ram_mb = conf::ram_mb()?;
@@ -62,9 +66,20 @@ fn foreground(entries: Vec<Entry>, ram_mb: f64) -> CliResult {
     match skip_line(&e, ram_mb) {
         Some(line) => {
             println!("{line}");
+            ready_without_device(&line);
             Ok(())
         }
         None => unit::serve(e),
+    }
+}
+
+/// Tells systemd the unit started (`zblk@N.service` is `Type=notify`)
+/// although it makes no device: a main process that exits 0 before
+/// `READY=1` is a failed start there, which `Restart=on-failure` would
+/// repeat until the start limit. Outside systemd this does nothing.
+fn ready_without_device(status: &str) {
+    if let Err(e) = zblk_ublk::notify::ready(status) {
+        eprintln!("zblk setup: cannot tell systemd the unit is up: {e}");
     }
 }
 
