@@ -441,8 +441,10 @@ impl SlabAllocator {
     }
 
     /// Creates an empty zspage in `class` and links it into group 0. With a
-    /// reserve, only from a spare: fresh pages are the provisioner's job.
+    /// reserve and memory short, only from a spare: fresh pages are then
+    /// the provisioner's job.
     fn new_zspage(&self, class: &SizeClass, st: &mut ClassState) -> Result<u64, Refused> {
+        let tight = self.reserve.as_ref().is_some_and(Reserve::tight);
         // Short of memory, an owner table comes only from those the
         // provisioner made: one from the heap would be a fresh page for
         // this (queue) thread, faulted in under the class lock, in reclaim
@@ -450,22 +452,35 @@ impl SlabAllocator {
         // every swap write stuck). Boxes made by queue threads while memory
         // was plentiful outlive them in the thread's own malloc arena, so
         // its prefaulted room (`CtxState::prefault`) does not last.
-        if st.boxes.is_empty() && self.reserve.as_ref().is_some_and(Reserve::tight) {
+        if st.boxes.is_empty() && tight {
             return Err(Refused::ReserveEmpty);
         }
-        if let Some(id) = st.spare.pop() {
-            // Still charged, backed and (if configured) locked.
-            st.spare_used = true;
-            self.init_zspage(class, st, id);
-            if let Some(r) = &self.reserve {
-                r.wake();
+        // With memory to spare, the reserve's share of the spares stays for
+        // when it is short, and this thread faults in a fresh zspage
+        // itself: taking a spare would make the provisioner fault one in
+        // again at once, the same page fault plus a wake and a pass over
+        // the class locks (`native_zram --variants`: 3 µs of provisioner
+        // CPU a stored page). Spares beyond that share, zspages kept when
+        // they died, are reused first: memory already faulted in costs a
+        // tenth of a fresh page.
+        let keep = if tight {
+            0
+        } else {
+            self.reserve_want(class, st)
+        };
+        if st.spare.len() > keep {
+            if let Some(id) = self.take_spare(class, st) {
+                return Ok(id);
             }
-            return Ok(id);
         }
-        if self.reserve.as_ref().is_some_and(Reserve::tight) {
+        if tight {
             return Err(Refused::ReserveEmpty);
         }
-        self.charge(class.cost)?;
+        if let Err(e) = self.charge(class.cost) {
+            // At the memory limit the reserve's spares, charged already, are
+            // what is left.
+            return self.take_spare(class, st).ok_or(e.into());
+        }
         if crate::fault::fail("slab:zspage") {
             self.uncharge(class.cost);
             return Err(AllocError { limit: 0 }.into());
@@ -477,6 +492,27 @@ impl SlabAllocator {
         st.fresh.push(id);
         self.init_zspage(class, st, id);
         Ok(id)
+    }
+
+    /// Makes the class's last spare, if it has one, a live empty zspage.
+    fn take_spare(&self, class: &SizeClass, st: &mut ClassState) -> Option<u64> {
+        let id = st.spare.pop()?;
+        // Still charged, backed and (if configured) locked.
+        st.spare_used = true;
+        self.init_zspage(class, st, id);
+        self.wake_below_half(class, st);
+        Some(id)
+    }
+
+    /// Wakes the provisioner once the class's spares fell to half of what
+    /// the reserve wants there: it refills a batch per pass, instead of a
+    /// wake (a system call, and a switch to a real-time thread) per zspage.
+    fn wake_below_half(&self, class: &SizeClass, st: &ClassState) {
+        if let Some(r) = &self.reserve {
+            if st.spare.len() <= self.reserve_want(class, st) / 2 {
+                r.wake_for(class.index);
+            }
+        }
     }
 
     /// An unused zspage id of `class` whose chunk is mapped: a free one, or
