@@ -75,7 +75,8 @@ struct Args {
     zram: String,
     zram_algos: Vec<String>,
     engine_only: bool,
-    /// Also the daemon's store with one of its three settings alone.
+    /// Also the daemon's store with one of its three settings alone, and
+    /// with its reserve serving every zspage (as when memory is short).
     variants: bool,
     /// Only the sides whose name contains this (for a profile of one).
     only: Option<String>,

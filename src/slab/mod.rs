@@ -500,16 +500,17 @@ impl SlabAllocator {
         // Still charged, backed and (if configured) locked.
         st.spare_used = true;
         self.init_zspage(class, st, id);
-        self.wake_below_half(class, st);
+        self.wake_if_short(class, st);
         Some(id)
     }
 
-    /// Wakes the provisioner once the class's spares fell to half of what
-    /// the reserve wants there: it refills a batch per pass, instead of a
-    /// wake (a system call, and a switch to a real-time thread) per zspage.
-    fn wake_below_half(&self, class: &SizeClass, st: &ClassState) {
+    /// Asks the provisioner to refill the class once its spares fell below
+    /// what the reserve wants there ([`Reserve::wake_for`]: the wakes after
+    /// the first and before its pass cost one atomic operation, not a
+    /// system call and a switch to a real-time thread each).
+    fn wake_if_short(&self, class: &SizeClass, st: &ClassState) {
         if let Some(r) = &self.reserve {
-            if st.spare.len() <= self.reserve_want(class, st) / 2 {
+            if st.spare.len() < self.reserve_want(class, st) {
                 r.wake_for(class.index);
             }
         }

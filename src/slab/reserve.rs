@@ -22,8 +22,8 @@
 //! - a new zspage comes only from the class's spares (empty zspages still
 //!   charged, backed and locked, with an owner table kept for them); a
 //!   class with no free object and no spare refuses with
-//!   `Refused::ReserveEmpty`; a class whose spares fell to half of what it
-//!   wants asks the provisioner for them (one wake until it starts its
+//!   `Refused::ReserveEmpty`; a class whose spares fell below what it
+//!   wants asks the provisioner for more (one wake until it starts its
 //!   pass, which visits the classes that asked);
 //! - a refused object goes to the next larger classes that have room (an
 //!   object may live in any class at least its size, within
