@@ -442,6 +442,14 @@ fn run() -> Result<(), String> {
                 ..private
             },
         ));
+        // The reserve as when memory is short: every zspage from a spare.
+        sides.push(engine(
+            "daemon's store, memory short",
+            BenchOptions {
+                reserve_free_below: u64::MAX,
+                ..BenchOptions::daemon()
+            },
+        ));
     }
     if let Some(only) = &a.only {
         sides.retain(|s| s.name().contains(only.as_str()));
