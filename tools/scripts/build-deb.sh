@@ -54,6 +54,10 @@ install -D -m 0644 dist/zblk.conf "$root/etc/zblk/zblk.conf"
 doc=$root/usr/share/doc/zblk
 install -D -m 0644 dist/zblk.conf.example "$doc/zblk.conf.example"
 install -D -m 0644 README.md "$doc/README.md"
+# The reference pages the README links to, at the same relative paths.
+for page in docs/*.md; do
+    install -D -m 0644 "$page" "$doc/docs/$(basename "$page")"
+done
 cat >"$doc/copyright" <<COPYRIGHT
 zblk: compressed RAM block devices served through ublk.
 License: MIT or Apache-2.0, at your option.

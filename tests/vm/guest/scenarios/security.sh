@@ -3,7 +3,7 @@
 # zblk makes them (root's, in a 0700 /run/zblk), then with their modes
 # opened on purpose, so that only the daemon's and the keeper's own peer
 # check (SO_PEERCRED) stands in the way. The daemon and its keeper keep
-# exactly the capabilities the README documents, on every thread, with
+# exactly the capabilities docs/daemon.md documents, on every thread, with
 # no_new_privs set.
 
 grep -q '^nobody:x:65534:' /etc/passwd || fail "no user nobody (65534) in the guest's /etc/passwd"

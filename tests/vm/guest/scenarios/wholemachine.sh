@@ -25,8 +25,9 @@
 # zblk.wm_rounds, zblk.wm_procs.
 #
 # Status (2026-12-01, 7.3): passes since the daemon keeps a memory reserve
-# (README "Swapping when the machine is out of memory"): zblk lz4 92-112 s,
-# zblk zstd packed 108-120 s, zram lz4 50-55 s (BENCHMARKS.md). Before it
+# (docs/daemon.md, "Swapping when the machine is out of memory"): zblk
+# lz4 92-112 s, zblk zstd packed 108-120 s, zram lz4 50-55 s
+# (BENCHMARKS.md). Before it
 # zblk wedged; a configuration stuck past ZBLK_WM_LIMIT_S fails the
 # scenario with where its processes wait.
 #
