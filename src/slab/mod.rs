@@ -463,13 +463,17 @@ impl SlabAllocator {
         // CPU a stored page). Spares beyond that share, zspages kept when
         // they died, are reused first: memory already faulted in costs a
         // tenth of a fresh page.
-        let keep = if tight {
-            0
-        } else {
-            self.reserve_want(class, st)
+        // Likewise the owner tables the provisioner made, one per spare and
+        // one more.
+        let (keep, keep_boxes) = match tight {
+            true => (0, 0),
+            false => {
+                let want = self.reserve_want(class, st);
+                (want, want + 1)
+            }
         };
         if st.spare.len() > keep {
-            if let Some(id) = self.take_spare(class, st) {
+            if let Some(id) = self.take_spare(class, st, keep_boxes) {
                 return Ok(id);
             }
         }
@@ -479,7 +483,7 @@ impl SlabAllocator {
         if let Err(e) = self.charge(class.cost) {
             // At the memory limit the reserve's spares, charged already, are
             // what is left.
-            return self.take_spare(class, st).ok_or(e.into());
+            return self.take_spare(class, st, 0).ok_or(e.into());
         }
         if crate::fault::fail("slab:zspage") {
             self.uncharge(class.cost);
@@ -490,16 +494,17 @@ impl SlabAllocator {
             return Err(AllocError { limit: 0 }.into());
         };
         st.fresh.push(id);
-        self.init_zspage(class, st, id);
+        self.init_zspage(class, st, id, keep_boxes);
         Ok(id)
     }
 
-    /// Makes the class's last spare, if it has one, a live empty zspage.
-    fn take_spare(&self, class: &SizeClass, st: &mut ClassState) -> Option<u64> {
+    /// Makes the class's last spare, if it has one, a live empty zspage
+    /// (its owner table one of the class's boxes beyond `keep_boxes`).
+    fn take_spare(&self, class: &SizeClass, st: &mut ClassState, keep_boxes: usize) -> Option<u64> {
         let id = st.spare.pop()?;
         // Still charged, backed and (if configured) locked.
         st.spare_used = true;
-        self.init_zspage(class, st, id);
+        self.init_zspage(class, st, id, keep_boxes);
         self.wake_if_short(class, st);
         Some(id)
     }
@@ -595,10 +600,15 @@ impl SlabAllocator {
         ok
     }
 
-    /// Makes zspage `id` an empty live zspage in fullness group 0.
-    fn init_zspage(&self, class: &SizeClass, st: &mut ClassState, id: u64) {
+    /// Makes zspage `id` an empty live zspage in fullness group 0; its
+    /// owner table is one of the class's boxes if it has more than
+    /// `keep_boxes`, else a new one.
+    fn init_zspage(&self, class: &SizeClass, st: &mut ClassState, id: u64, keep_boxes: usize) {
         let objs = class.spec.objs;
-        let mut owners = match st.boxes.pop() {
+        let kept = (st.boxes.len() > keep_boxes)
+            .then(|| st.boxes.pop())
+            .flatten();
+        let mut owners = match kept {
             Some(b) if b.len() == objs as usize => b,
             _ => vec![0; objs as usize].into_boxed_slice(),
         };
