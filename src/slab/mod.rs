@@ -465,7 +465,8 @@ impl SlabAllocator {
         // tenth of a fresh page.
         // Likewise the owner tables the provisioner made, one per spare and
         // one more.
-        let (keep, keep_boxes) = match tight {
+        let eager = self.reserve.as_ref().is_some_and(Reserve::eager);
+        let (keep, keep_boxes) = match tight || eager {
             true => (0, 0),
             false => {
                 let want = self.reserve_want(class, st);

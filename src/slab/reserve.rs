@@ -90,6 +90,12 @@ pub(super) const MISSED_MAX: u32 = 256;
 /// [`RESERVE_OBJECTS`] and the extra zspages for busy classes), for an A/B
 /// of the reserve's size against the allocations that wait for it.
 const SCALE_ENV: &str = "ZBLK_RESERVE_SCALE";
+/// An experiment's switch: `ZBLK_RESERVE_EAGER=1` makes allocations take
+/// the reserve's spares (and owner tables) first even with memory to
+/// spare, as when it is short, for an A/B of what leaving them alone saves
+/// (`native_zram`, the VM's `breakdown` scenario with
+/// `zblk:lz4@ZBLK_RESERVE_EAGER=1`).
+const EAGER_ENV: &str = "ZBLK_RESERVE_EAGER";
 
 /// The reserve's signals and counters.
 #[derive(Debug)]
@@ -126,6 +132,8 @@ pub(super) struct Reserve {
     refusals: AtomicU64,
     /// [`SCALE_ENV`]'s factor.
     scale: u32,
+    /// [`EAGER_ENV`] is set.
+    eager: bool,
 }
 
 impl Reserve {
@@ -154,6 +162,7 @@ impl Reserve {
                 .ok()
                 .and_then(|v| v.parse::<u32>().ok())
                 .map_or(1, |n| n.clamp(1, 64)),
+            eager: std::env::var(EAGER_ENV).is_ok_and(|v| v == "1"),
         }
     }
 
@@ -186,6 +195,12 @@ impl Reserve {
     /// pass over every class (a timed pass, or one an allocation waits for).
     fn take_needy(&self) -> [u64; 4] {
         std::array::from_fn(|i| self.needy[i].swap(0, AcqRel))
+    }
+
+    /// Whether allocations take spares first even with memory to spare
+    /// ([`EAGER_ENV`]).
+    pub(super) fn eager(&self) -> bool {
+        self.eager
     }
 
     /// Asks the provisioner for a pass now, unless it was asked already
