@@ -66,6 +66,9 @@ pub struct BenchReport {
     pub threads: usize,
     /// Per-page or packed objects.
     pub mode: String,
+    /// The store: `daemon` (shared memory, reserve, mlock, as the daemon
+    /// runs it), `private`, or `custom` for another mix.
+    pub store: &'static str,
 }
 
 impl Default for BenchOptions {
@@ -85,6 +88,27 @@ impl Default for BenchOptions {
 }
 
 impl BenchOptions {
+    /// The store as the daemon runs it (`zblk_ublk::DeviceConfig::store_config`):
+    /// in shared memory (recoverable), with the memory reserve and its
+    /// provisioner, locked in RAM. What `zblk bench` measures by default.
+    pub fn daemon() -> Self {
+        BenchOptions {
+            shared: true,
+            reserve: true,
+            mlock: true,
+            ..BenchOptions::default()
+        }
+    }
+
+    /// What [`BenchReport::store`] calls this store.
+    pub fn store_name(&self) -> &'static str {
+        match (self.shared, self.reserve, self.mlock) {
+            (true, true, true) => "daemon",
+            (false, false, false) => "private",
+            _ => "custom",
+        }
+    }
+
     /// The configuration of a store of `size` bytes as these options say.
     pub fn store_config(&self, size: u64) -> StoreConfig {
         let mut cfg = StoreConfig::new(size);
@@ -279,6 +303,7 @@ fn report(
         group_pages: opts.group_pages,
         threads: opts.threads,
         mode: opts.mode.to_string(),
+        store: opts.store_name(),
     }
 }
 

@@ -441,8 +441,10 @@ impl SlabAllocator {
     }
 
     /// Creates an empty zspage in `class` and links it into group 0. With a
-    /// reserve, only from a spare: fresh pages are the provisioner's job.
+    /// reserve and memory short, only from a spare: fresh pages are then
+    /// the provisioner's job.
     fn new_zspage(&self, class: &SizeClass, st: &mut ClassState) -> Result<u64, Refused> {
+        let tight = self.reserve.as_ref().is_some_and(Reserve::tight);
         // Short of memory, an owner table comes only from those the
         // provisioner made: one from the heap would be a fresh page for
         // this (queue) thread, faulted in under the class lock, in reclaim
@@ -450,22 +452,40 @@ impl SlabAllocator {
         // every swap write stuck). Boxes made by queue threads while memory
         // was plentiful outlive them in the thread's own malloc arena, so
         // its prefaulted room (`CtxState::prefault`) does not last.
-        if st.boxes.is_empty() && self.reserve.as_ref().is_some_and(Reserve::tight) {
+        if st.boxes.is_empty() && tight {
             return Err(Refused::ReserveEmpty);
         }
-        if let Some(id) = st.spare.pop() {
-            // Still charged, backed and (if configured) locked.
-            st.spare_used = true;
-            self.init_zspage(class, st, id);
-            if let Some(r) = &self.reserve {
-                r.wake();
+        // With memory to spare, the reserve's share of the spares stays for
+        // when it is short, and this thread faults in a fresh zspage
+        // itself: taking a spare would make the provisioner fault one in
+        // again at once, the same page fault plus a wake and a pass over
+        // the class locks (`native_zram --variants`: 3 µs of provisioner
+        // CPU a stored page). Spares beyond that share, zspages kept when
+        // they died, are reused first: memory already faulted in costs a
+        // tenth of a fresh page.
+        // Likewise the owner tables the provisioner made, one per spare and
+        // one more.
+        let eager = self.reserve.as_ref().is_some_and(Reserve::eager);
+        let (keep, keep_boxes) = match tight || eager {
+            true => (0, 0),
+            false => {
+                let want = self.reserve_want(class, st);
+                (want, want + 1)
             }
-            return Ok(id);
+        };
+        if st.spare.len() > keep {
+            if let Some(id) = self.take_spare(class, st, keep_boxes) {
+                return Ok(id);
+            }
         }
-        if self.reserve.as_ref().is_some_and(Reserve::tight) {
+        if tight {
             return Err(Refused::ReserveEmpty);
         }
-        self.charge(class.cost)?;
+        if let Err(e) = self.charge(class.cost) {
+            // At the memory limit the reserve's spares, charged already, are
+            // what is left.
+            return self.take_spare(class, st, 0).ok_or(e.into());
+        }
         if crate::fault::fail("slab:zspage") {
             self.uncharge(class.cost);
             return Err(AllocError { limit: 0 }.into());
@@ -475,8 +495,31 @@ impl SlabAllocator {
             return Err(AllocError { limit: 0 }.into());
         };
         st.fresh.push(id);
-        self.init_zspage(class, st, id);
+        self.init_zspage(class, st, id, keep_boxes);
         Ok(id)
+    }
+
+    /// Makes the class's last spare, if it has one, a live empty zspage
+    /// (its owner table one of the class's boxes beyond `keep_boxes`).
+    fn take_spare(&self, class: &SizeClass, st: &mut ClassState, keep_boxes: usize) -> Option<u64> {
+        let id = st.spare.pop()?;
+        // Still charged, backed and (if configured) locked.
+        st.spare_used = true;
+        self.init_zspage(class, st, id, keep_boxes);
+        self.wake_if_short(class, st);
+        Some(id)
+    }
+
+    /// Asks the provisioner to refill the class once its spares fell below
+    /// what the reserve wants there ([`Reserve::wake_for`]: the wakes after
+    /// the first and before its pass cost one atomic operation, not a
+    /// system call and a switch to a real-time thread each).
+    fn wake_if_short(&self, class: &SizeClass, st: &ClassState) {
+        if let Some(r) = &self.reserve {
+            if st.spare.len() < self.reserve_want(class, st) {
+                r.wake_for(class.index);
+            }
+        }
     }
 
     /// An unused zspage id of `class` whose chunk is mapped: a free one, or
@@ -558,10 +601,15 @@ impl SlabAllocator {
         ok
     }
 
-    /// Makes zspage `id` an empty live zspage in fullness group 0.
-    fn init_zspage(&self, class: &SizeClass, st: &mut ClassState, id: u64) {
+    /// Makes zspage `id` an empty live zspage in fullness group 0; its
+    /// owner table is one of the class's boxes if it has more than
+    /// `keep_boxes`, else a new one.
+    fn init_zspage(&self, class: &SizeClass, st: &mut ClassState, id: u64, keep_boxes: usize) {
         let objs = class.spec.objs;
-        let mut owners = match st.boxes.pop() {
+        let kept = (st.boxes.len() > keep_boxes)
+            .then(|| st.boxes.pop())
+            .flatten();
+        let mut owners = match kept {
             Some(b) if b.len() == objs as usize => b,
             _ => vec![0; objs as usize].into_boxed_slice(),
         };

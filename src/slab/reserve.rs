@@ -17,11 +17,14 @@
 //!
 //! # How
 //!
-//! In reserve mode ([`super::SlabConfig::reserve`]):
+//! In reserve mode ([`super::SlabConfig::reserve`]), while free memory is
+//! below the reserve's threshold (`Reserve::tight`):
 //! - a new zspage comes only from the class's spares (empty zspages still
 //!   charged, backed and locked, with an owner table kept for them); a
 //!   class with no free object and no spare refuses with
-//!   `Refused::ReserveEmpty`;
+//!   `Refused::ReserveEmpty`; a class whose spares fell below what it
+//!   wants asks the provisioner for more (one wake until it starts its
+//!   pass, which visits the classes that asked);
 //! - a refused object goes to the next larger classes that have room (an
 //!   object may live in any class at least its size, within
 //!   [`FALLBACK_SLACK`]), else waits for the provisioner up to
@@ -38,12 +41,21 @@
 //!   reclaim, and a queue thread growing its malloc arena (`mprotect`)
 //!   waited behind it with every swap write held (6.12, whole machine).
 //!
+//! With memory to spare, an allocating thread leaves the reserve's share
+//! of the spares alone and faults in new zspages itself, as without a
+//! reserve: it takes only spares beyond that share (zspages kept when they
+//! died), so the provisioner has nothing to refill until memory runs
+//! short, and costs no CPU meanwhile.
+//!
 //! The reserve is charged like any zspage (`mem_used_total`, `mem_spare`),
 //! so a `mem_limit` counts it.
 
 use super::{lock, Backing, ClassState, SizeClass, SlabAllocator, STACK_ENTRIES};
 use crate::alloc::{AllocError, Handle, ObjAllocator, ReserveStats};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{
+    AtomicBool, AtomicU64,
+    Ordering::{AcqRel, Relaxed, Release},
+};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -78,6 +90,12 @@ pub(super) const MISSED_MAX: u32 = 256;
 /// [`RESERVE_OBJECTS`] and the extra zspages for busy classes), for an A/B
 /// of the reserve's size against the allocations that wait for it.
 const SCALE_ENV: &str = "ZBLK_RESERVE_SCALE";
+/// An experiment's switch: `ZBLK_RESERVE_EAGER=1` makes allocations take
+/// the reserve's spares (and owner tables) first even with memory to
+/// spare, as when it is short, for an A/B of what leaving them alone saves
+/// (`native_zram`, the VM's `breakdown` scenario with
+/// `zblk:lz4@ZBLK_RESERVE_EAGER=1`).
+const EAGER_ENV: &str = "ZBLK_RESERVE_EAGER";
 
 /// The reserve's signals and counters.
 #[derive(Debug)]
@@ -92,6 +110,16 @@ pub(super) struct Reserve {
     epoch: Instant,
     /// Provisioning passes finished, and whether someone asked for one.
     state: Mutex<(u64, bool)>,
+    /// Set by the first [`Reserve::wake`] since the provisioner last took
+    /// a request, cleared when it takes one: the wakes in between know a
+    /// pass is coming and skip the lock and the futex call (an allocation
+    /// that took a spare asks for one, and a wake that makes a system call
+    /// and switches to the provisioner cost more than the spare saved).
+    asked: AtomicBool,
+    /// The classes whose spares fell low since the provisioner last
+    /// looked, one bit each (class indices fit in a byte): a pass a wake
+    /// started visits those alone, not every class under its lock.
+    needy: [AtomicU64; 4],
     /// The provisioner sleeps here.
     wake: Condvar,
     /// Allocations waiting for a pass sleep here.
@@ -104,6 +132,8 @@ pub(super) struct Reserve {
     refusals: AtomicU64,
     /// [`SCALE_ENV`]'s factor.
     scale: u32,
+    /// [`EAGER_ENV`] is set.
+    eager: bool,
 }
 
 impl Reserve {
@@ -120,6 +150,8 @@ impl Reserve {
             tight: AtomicBool::new(true),
             epoch: Instant::now(),
             state: Mutex::default(),
+            asked: AtomicBool::new(false),
+            needy: Default::default(),
             wake: Condvar::new(),
             filled: Condvar::new(),
             limited: AtomicBool::new(false),
@@ -130,6 +162,7 @@ impl Reserve {
                 .ok()
                 .and_then(|v| v.parse::<u32>().ok())
                 .map_or(1, |n| n.clamp(1, 64)),
+            eager: std::env::var(EAGER_ENV).is_ok_and(|v| v == "1"),
         }
     }
 
@@ -152,8 +185,30 @@ impl Reserve {
         tight
     }
 
-    /// Asks the provisioner for a pass now.
+    /// Marks class `index` as short of spares and asks for a pass.
+    pub(super) fn wake_for(&self, index: usize) {
+        self.needy[(index / 64) % 4].fetch_or(1 << (index % 64), Relaxed);
+        self.wake();
+    }
+
+    /// Takes the classes marked since the last look; all zero asks for a
+    /// pass over every class (a timed pass, or one an allocation waits for).
+    fn take_needy(&self) -> [u64; 4] {
+        std::array::from_fn(|i| self.needy[i].swap(0, AcqRel))
+    }
+
+    /// Whether allocations take spares first even with memory to spare
+    /// ([`EAGER_ENV`]).
+    pub(super) fn eager(&self) -> bool {
+        self.eager
+    }
+
+    /// Asks the provisioner for a pass now, unless it was asked already
+    /// and has not started that pass.
     pub(super) fn wake(&self) {
+        if self.asked.swap(true, AcqRel) {
+            return;
+        }
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         s.1 = true;
         self.wake.notify_one();
@@ -180,7 +235,10 @@ impl Reserve {
             .wake
             .wait_timeout_while(s, PERIOD, |s| !s.1)
             .unwrap_or_else(|e| e.into_inner());
+        // Under the lock, with the request taken: a wake from now on asks
+        // for the next pass.
         s.1 = false;
+        self.asked.store(false, Release);
     }
 
     /// Counts a finished pass and wakes who waits for one.
@@ -388,13 +446,22 @@ impl SlabAllocator {
         let Some(r) = &self.reserve else {
             return;
         };
+        // Classes that did something in the last pass: looked at again
+        // before sleeping, without a pass over every class's lock.
+        let mut again = [0u64; 4];
         while !stop.load(Relaxed) {
-            let mut busy = false;
+            let mut needy = r.take_needy();
+            needy.iter_mut().zip(again).for_each(|(n, a)| *n |= a);
+            let every = needy == [0; 4];
+            again = [0; 4];
             for class in self.classes.iter() {
-                busy |= self.provision(class);
+                let (word, bit) = (class.index / 64 % 4, class.index % 64);
+                if (every || needy[word] & (1 << bit) != 0) && self.provision(class) {
+                    again[word] |= 1 << bit;
+                }
             }
             r.passed();
-            if !busy {
+            if again == [0; 4] {
                 r.sleep();
             }
         }
@@ -409,21 +476,22 @@ impl SlabAllocator {
         // that took a dozen locks of every class found the queue threads
         // holding them (perf of `engine_ratios --reserve-cost`: lock
         // contention and `grow` checks were the thread's user time).
-        {
+        // The same hold says whether any vector needs room (each `grow`
+        // takes the lock again, a dozen times per class) and how many
+        // spares the class lacks: at most that many are made now, so that
+        // a class whose spares are taken as fast as they are made does not
+        // keep the others waiting.
+        let (needs_room, mut budget) = {
             let mut st = lock(class);
             if !self.lacks_anything(class, &st) {
                 // Served, as below: what was asked for is in spares.
                 st.missed = 0;
                 return false;
             }
-        }
-        let mut did = self.make_room(class);
-        // At most what the class lacked on entry: a class whose spares are
-        // taken as fast as they are made must not keep the others waiting.
-        let mut budget = {
-            let st = lock(class);
-            self.reserve_want(class, &st).saturating_sub(st.spare.len())
+            let want = self.reserve_want(class, &st);
+            (lacks_room(&st), want.saturating_sub(st.spare.len()))
         };
+        let mut did = needs_room && self.make_room(class);
         // Allocated here, off the class lock.
         let mut ids: Vec<u64> = Vec::with_capacity(SPARES_AT_ONCE);
         loop {
@@ -461,19 +529,13 @@ impl SlabAllocator {
     }
 
     /// Whether `class` (its state `st`) lacks spares, owner-table boxes or
-    /// room in a bookkeeping vector: what [`Self::provision`] would add.
-    /// The vectors are those [`Self::make_room`] grows: a vector added
-    /// there must be added here.
+    /// room in a bookkeeping vector ([`lacks_room`]): what
+    /// [`Self::provision`] would add.
     fn lacks_anything(&self, class: &SizeClass, st: &ClassState) -> bool {
         let want = self.reserve_want(class, st);
         st.spare.len() < want
             || (st.boxes.len() < want + 1 && st.boxes.len() < st.boxes.capacity())
-            || short(&st.zs).is_some()
-            || short(&st.free_ids).is_some()
-            || short(&st.dead).is_some()
-            || short(&st.spare).is_some()
-            || short(&st.boxes).is_some()
-            || st.groups.iter().any(|g| short(g).is_some())
+            || lacks_room(st)
     }
 
     /// Makes up to `n` spare zspages in `class`: ids and charges under the
@@ -548,6 +610,18 @@ impl SlabAllocator {
         }
         grew
     }
+}
+
+/// Whether a bookkeeping vector of the class (state `st`) lacks the room
+/// the provisioner keeps ([`SlabAllocator::make_room`] grows them: a vector
+/// added there must be added here).
+fn lacks_room(st: &ClassState) -> bool {
+    short(&st.zs).is_some()
+        || short(&st.free_ids).is_some()
+        || short(&st.dead).is_some()
+        || short(&st.spare).is_some()
+        || short(&st.boxes).is_some()
+        || st.groups.iter().any(|g| short(g).is_some())
 }
 
 /// Gives the vector `pick` chooses in `class`'s state room to grow without

@@ -68,7 +68,7 @@ pub struct DeviceConfig {
     #[serde(default)]
     pub id: Option<u32>,
     /// Largest request, in bytes (every tag mlocks a buffer this big)
-    /// [default: 2M when queues x depth x 2M stays under 1/16 of RAM].
+    /// [default: 2M when queues x depth x 2M stays under 1/32 of RAM].
     #[arg(long = "io-buf", value_name = "IO_BUF", value_parser = parse_io_buf)]
     #[serde(default, rename = "io_buf_bytes")]
     pub io_buf: Option<u32>,

@@ -359,6 +359,11 @@ pub struct BenchArgs {
     /// stores, and report both times.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub discard_threads: Option<u16>,
+    /// Run the engine on a private, unlocked store without the memory
+    /// reserve, instead of the store the daemon runs (shared memory, the
+    /// reserve and its provisioner, mlock).
+    #[arg(long)]
+    pub private: bool,
     /// Print JSON.
     #[arg(long)]
     pub json: bool,

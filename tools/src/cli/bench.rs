@@ -8,13 +8,18 @@ use zblk_bench::engine::{self as bench, BenchOptions};
 /// Runs the bench and prints its report (a table, or JSON).
 pub fn bench(a: BenchArgs) -> CliResult {
     let data = bench::load_input(&a.input).map_err(|e| CliError(e.to_string()))?;
+    let base = if a.private {
+        BenchOptions::default()
+    } else {
+        BenchOptions::daemon()
+    };
     let opts = BenchOptions {
         algo: a.engine.algo,
         group_pages: usize::from(a.engine.group_pages),
         threads: usize::from(a.threads),
         request_pages: usize::from(a.request_pages),
         mode: a.engine.mode,
-        ..BenchOptions::default()
+        ..base
     };
     let report = bench::run(&opts, &data).map_err(|e| CliError(format!("bench failed: {e}")))?;
     let mut v = serde_json::to_value(&report).map_err(|e| CliError(e.to_string()))?;
