@@ -912,7 +912,7 @@ impl ObjAllocator for SlabAllocator {
                     }
                 }
                 if !self.back_fresh(class, st) && failed.is_none() {
-                    // This run's objects are in `dst`: rolled back below.
+                    // The objects of this run of one class are in `dst`: rolled back below.
                     failed = Some(AllocError { limit: 0 });
                 }
             },

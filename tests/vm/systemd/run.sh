@@ -103,7 +103,7 @@ build_rootfs() {
     log "Debian system built in $((SECONDS - t0)) s: kernel $(cat "$ROOTFS/.zblk-ready")"
 }
 
-# The disk of this run: the cached system (hard links: new files only, so
+# The disk these boots use: the cached system (hard links: new files only, so
 # the cache is never changed) plus the package, the workload, the guest
 # scripts and the unit that runs them.
 make_disk() {
