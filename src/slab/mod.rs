@@ -453,7 +453,7 @@ impl SlabAllocator {
         // was plentiful outlive them in the thread's own malloc arena, so
         // its prefaulted room (`CtxState::prefault`) does not last.
         if st.boxes.is_empty() && tight {
-            return Err(Refused::ReserveEmpty);
+            return Err(self.refuse(class));
         }
         // With memory to spare, the reserve's share of the spares stays for
         // when it is short, and this thread faults in a fresh zspage
@@ -479,12 +479,12 @@ impl SlabAllocator {
             }
         }
         if tight {
-            return Err(Refused::ReserveEmpty);
+            return Err(self.refuse(class));
         }
         if let Err(e) = self.charge(class.cost) {
             // At the memory limit the reserve's spares, charged already, are
             // what is left.
-            return self.take_spare(class, st, 0).ok_or(e.into());
+            return self.take_spare(class, st, keep_boxes).ok_or(e.into());
         }
         if crate::fault::fail("slab:zspage") {
             self.uncharge(class.cost);
@@ -497,6 +497,16 @@ impl SlabAllocator {
         st.fresh.push(id);
         self.init_zspage(class, st, id, keep_boxes);
         Ok(id)
+    }
+
+    /// Refuses a new zspage of `class` for want of spares, asking the
+    /// provisioner for the class's own (a pass visits the classes that
+    /// asked).
+    fn refuse(&self, class: &SizeClass) -> Refused {
+        if let Some(r) = &self.reserve {
+            r.wake_for(class.index);
+        }
+        Refused::ReserveEmpty
     }
 
     /// Makes the class's last spare, if it has one, a live empty zspage

@@ -54,7 +54,7 @@ use super::{lock, Backing, ClassState, SizeClass, SlabAllocator, STACK_ENTRIES};
 use crate::alloc::{AllocError, Handle, ObjAllocator, ReserveStats};
 use std::sync::atomic::{
     AtomicBool, AtomicU64,
-    Ordering::{AcqRel, Relaxed, Release},
+    Ordering::{Relaxed, SeqCst},
 };
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
@@ -187,14 +187,19 @@ impl Reserve {
 
     /// Marks class `index` as short of spares and asks for a pass.
     pub(super) fn wake_for(&self, index: usize) {
-        self.needy[(index / 64) % 4].fetch_or(1 << (index % 64), Relaxed);
+        // SeqCst here, in `wake`, `take_needy` and `sleep`: the mark must be
+        // seen by the pass that a skipped wake counts on (no store may pass
+        // the later load of `asked`, nor the provisioner's clearing of
+        // `asked` its later look at the marks).
+        self.needy[(index / 64) % 4].fetch_or(1 << (index % 64), SeqCst);
         self.wake();
     }
 
-    /// Takes the classes marked since the last look; all zero asks for a
-    /// pass over every class (a timed pass, or one an allocation waits for).
+    /// Takes the classes marked since the last look; all zero (a timed
+    /// pass) or all set (one an allocation waits for) asks for a pass over
+    /// every class.
     fn take_needy(&self) -> [u64; 4] {
-        std::array::from_fn(|i| self.needy[i].swap(0, AcqRel))
+        std::array::from_fn(|i| self.needy[i].swap(0, SeqCst))
     }
 
     /// Whether allocations take spares first even with memory to spare
@@ -206,7 +211,7 @@ impl Reserve {
     /// Asks the provisioner for a pass now, unless it was asked already
     /// and has not started that pass.
     pub(super) fn wake(&self) {
-        if self.asked.swap(true, AcqRel) {
+        if self.asked.swap(true, SeqCst) {
             return;
         }
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
@@ -217,6 +222,11 @@ impl Reserve {
     /// Wakes the provisioner and waits (at most `timeout`) until it finished
     /// a pass that started after this call.
     fn wait_pass(&self, timeout: Duration) {
+        // A pass over every class: the allocation may wait for one that
+        // asked nothing of the provisioner so far.
+        for word in &self.needy {
+            word.store(u64::MAX, SeqCst);
+        }
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
         // The pass running now may have looked at our class already.
         let want = s.0 + 2;
@@ -238,7 +248,7 @@ impl Reserve {
         // Under the lock, with the request taken: a wake from now on asks
         // for the next pass.
         s.1 = false;
-        self.asked.store(false, Release);
+        self.asked.store(false, SeqCst);
     }
 
     /// Counts a finished pass and wakes who waits for one.

@@ -92,11 +92,10 @@ impl Entry {
     /// memory, if it is not: more than its `host-memory-limit`.
     pub fn skip_reason(&self, ram_mb: f64) -> Option<String> {
         let limit = self.host_memory_limit?;
-        (ram_mb > limit as f64).then(|| {
-            format!(
-                "this machine's {} MB of memory is more than host-memory-limit = {limit}",
-                ram_mb.round()
-            )
+        // Whole MB, as zram-generator compares.
+        let ram = ram_mb.floor();
+        (ram > limit as f64).then(|| {
+            format!("this machine's {ram} MB of memory is more than host-memory-limit = {limit}")
         })
     }
 }
@@ -121,7 +120,10 @@ pub fn drop_ins(dirs: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
         for f in list {
             let f = f.map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
             let path = f.path();
-            if path.extension().is_some_and(|x| x == "conf") {
+            // Hidden files (an editor's lock or backup file) are not
+            // drop-ins, as zram-generator's reader skips them too.
+            let hidden = f.file_name().to_string_lossy().starts_with('.');
+            if !hidden && path.extension().is_some_and(|x| x == "conf") {
                 by_name.insert(f.file_name(), path);
             }
         }
@@ -844,6 +846,8 @@ mod tests {
             (&etc, "20-b.conf"),
             (&etc, "15-c.conf"),
             (&etc, "99-not.txt"),
+            // An editor's lock file: hidden, not a drop-in.
+            (&etc, ".#15-c.conf"),
         ] {
             std::fs::create_dir_all(dir).unwrap();
             std::fs::write(dir.join(name), "").unwrap();

@@ -63,13 +63,18 @@ fn foreground(entries: Vec<Entry>, ram_mb: f64) -> CliResult {
     let Some(e) = entries.into_iter().next() else {
         return Ok(());
     };
+    // A device that exists is served whatever the file says now: a
+    // restart after a crash or an upgrade must take its pages over (the
+    // swap's I/O waits on it), even if a section gained a
+    // host-memory-limit or the machine more memory since boot.
+    let id = e.add.dev.id.unwrap_or(0);
     match skip_line(&e, ram_mb) {
-        Some(line) => {
+        Some(line) if zblk_ublk::device::driver_state(id) == "gone" => {
             println!("{line}");
             ready_without_device(&line);
             Ok(())
         }
-        None => unit::serve(e),
+        _ => unit::serve(e),
     }
 }
 
