@@ -12,19 +12,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 use zblk::{Algo, Mode, QueueCtx, Store, PAGE_SIZE};
 use zblk_bench::engine::{codec_ceiling, load_input, run, BenchOptions, BenchReport};
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
-fn min(v: &[f64]) -> f64 {
-    v.iter().copied().fold(f64::INFINITY, f64::min)
-}
-
-fn max(v: &[f64]) -> f64 {
-    v.iter().copied().fold(0.0, f64::max)
-}
+use zblk_bench::{max, median, min};
 
 /// Percentile of a sorted sample.
 fn pct(sorted: &[f64], p: f64) -> f64 {

@@ -28,6 +28,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 use zblk::{Algo, Store, PAGE_SIZE};
 use zblk_bench::engine::{load_input, BenchOptions};
+use zblk_bench::{max, median, min};
 
 /// What one side did in one round.
 #[derive(Clone, Copy, Default)]
@@ -314,15 +315,9 @@ fn run_engine(
     Ok(sample(pages, write_s, read_s, cpu, bytes as f64 / used))
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
+/// A sample as its median and range.
 fn spread(v: &[f64]) -> String {
-    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-    let hi = v.iter().copied().fold(0.0, f64::max);
-    format!("{:.2} ({lo:.2}-{hi:.2})", median(v.to_vec()))
+    format!("{:.2} ({:.2}-{:.2})", median(v.to_vec()), min(v), max(v))
 }
 
 fn print_sides(sides: &[Side], s: &[Vec<Sample>]) {

@@ -11,7 +11,7 @@
 //! compaction. Both take the pages as a byte slice (see
 //! [`crate::engine::load_input`]) so the CLI, examples and tests share them.
 
-use crate::{Error, Result};
+use crate::{median, Error, Result};
 use serde::Serialize;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -150,11 +150,6 @@ fn discard_all(store: &Arc<Store>, pages: u64, threads: usize, req: usize) -> Re
         slowest = slowest.max(t?);
     }
     Ok(slowest)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 fn check_input(data: &[u8], threads: usize, req: usize, copies: usize) -> Result<()> {

@@ -57,6 +57,23 @@ impl From<zblk::Error> for Error {
 /// What the drivers return.
 pub type Result<T> = std::result::Result<T, Error>;
 
+/// The median of a sample of rounds (the upper one of an even count; 0 for
+/// none).
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// The smallest of a sample (infinity for none).
+pub fn min(v: &[f64]) -> f64 {
+    v.iter().copied().fold(f64::INFINITY, f64::min)
+}
+
+/// The largest of a sample of non-negative figures (0 for none).
+pub fn max(v: &[f64]) -> f64 {
+    v.iter().copied().fold(0.0, f64::max)
+}
+
 /// The repository's fixture of 96 real memory pages
 /// (`tests/fixtures/realmem-96.bin.zst`), for the bench crate's tests and
 /// criterion benches; it exists only in a source checkout.
