@@ -462,16 +462,14 @@ impl SlabAllocator {
         // the class locks (`native_zram --variants`: 3 µs of provisioner
         // CPU a stored page). Spares beyond that share, zspages kept when
         // they died, are reused first: memory already faulted in costs a
-        // tenth of a fresh page.
-        // Likewise the owner tables the provisioner made, one per spare and
-        // one more.
+        // tenth of a fresh page. Likewise the owner tables the provisioner
+        // made, one per spare and one more.
         let eager = self.reserve.as_ref().is_some_and(Reserve::eager);
-        let (keep, keep_boxes) = match tight || eager {
-            true => (0, 0),
-            false => {
-                let want = self.reserve_want(class, st);
-                (want, want + 1)
-            }
+        let (keep, keep_boxes) = if tight || eager {
+            (0, 0)
+        } else {
+            let want = self.reserve_want(class, st);
+            (want, want + 1)
         };
         if st.spare.len() > keep {
             if let Some(id) = self.take_spare(class, st, keep_boxes) {

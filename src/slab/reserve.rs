@@ -191,15 +191,16 @@ impl Reserve {
         // seen by the pass that a skipped wake counts on (no store may pass
         // the later load of `asked`, nor the provisioner's clearing of
         // `asked` its later look at the marks).
-        self.needy[(index / 64) % 4].fetch_or(1 << (index % 64), SeqCst);
+        let (word, bit) = ClassSet::place(index);
+        self.needy[word].fetch_or(bit, SeqCst);
         self.wake();
     }
 
     /// Takes the classes marked since the last look; all zero (a timed
     /// pass) or all set (one an allocation waits for) asks for a pass over
     /// every class.
-    fn take_needy(&self) -> [u64; 4] {
-        std::array::from_fn(|i| self.needy[i].swap(0, SeqCst))
+    fn take_needy(&self) -> ClassSet {
+        ClassSet(std::array::from_fn(|i| self.needy[i].swap(0, SeqCst)))
     }
 
     /// Whether allocations take spares first even with memory to spare
@@ -458,20 +459,18 @@ impl SlabAllocator {
         };
         // Classes that did something in the last pass: looked at again
         // before sleeping, without a pass over every class's lock.
-        let mut again = [0u64; 4];
+        let mut again = ClassSet::default();
         while !stop.load(Relaxed) {
-            let mut needy = r.take_needy();
-            needy.iter_mut().zip(again).for_each(|(n, a)| *n |= a);
-            let every = needy == [0; 4];
-            again = [0; 4];
+            let needy = r.take_needy().union(again);
+            again = ClassSet::default();
             for class in self.classes.iter() {
-                let (word, bit) = (class.index / 64 % 4, class.index % 64);
-                if (every || needy[word] & (1 << bit) != 0) && self.provision(class) {
-                    again[word] |= 1 << bit;
+                let asked = needy.is_empty() || needy.contains(class.index);
+                if asked && self.provision(class) {
+                    again.insert(class.index);
                 }
             }
             r.passed();
-            if again == [0; 4] {
+            if again.is_empty() {
                 r.sleep();
             }
         }
@@ -619,6 +618,35 @@ impl SlabAllocator {
             grew |= grow(class, |st| &mut st.groups[g]);
         }
         grew
+    }
+}
+
+/// A set of size classes, one bit each (class indices fit in a byte).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct ClassSet([u64; 4]);
+
+impl ClassSet {
+    /// The word and bit of class `index`.
+    fn place(index: usize) -> (usize, u64) {
+        (index / 64 % 4, 1 << (index % 64))
+    }
+
+    fn insert(&mut self, index: usize) {
+        let (word, bit) = Self::place(index);
+        self.0[word] |= bit;
+    }
+
+    fn contains(&self, index: usize) -> bool {
+        let (word, bit) = Self::place(index);
+        self.0[word] & bit != 0
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0 == [0; 4]
+    }
+
+    fn union(self, other: ClassSet) -> ClassSet {
+        ClassSet(std::array::from_fn(|i| self.0[i] | other.0[i]))
     }
 }
 
