@@ -8,6 +8,7 @@
 //! choice resolved).
 
 use crate::params;
+use crate::placement::QueueCpus;
 use crate::size::{parse_disk_size, parse_size};
 use crate::transport::TransportChoice;
 use clap::{Args, FromArgMatches};
@@ -60,6 +61,12 @@ pub struct DeviceConfig {
     #[arg(short, long, value_parser = clap::value_parser!(u16).range(1..=4096))]
     #[serde(default)]
     pub queues: Option<u16>,
+    /// Where each queue's thread runs: queue (on its queue's CPUs, where
+    /// the request was submitted), other (on the other CPUs: compression
+    /// beside the workload) or any.
+    #[arg(long, value_enum, default_value_t = QueueCpus::Queue)]
+    #[serde(default)]
+    pub queue_cpus: QueueCpus,
     /// Queue depth (requests in flight per queue).
     #[arg(short, long, default_value_t = 128, value_parser = clap::value_parser!(u16).range(1..=4096))]
     pub depth: u16,

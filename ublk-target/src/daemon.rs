@@ -18,7 +18,7 @@ use crate::policy::{self, Policy, Settings};
 use crate::queue::Queues;
 use crate::signals::StopSignals;
 use crate::transport::Transport;
-use crate::{device, fdpass, keeper, notify, paths, privileges, safety};
+use crate::{device, fdpass, keeper, notify, paths, placement, privileges, safety};
 use libublk::ctrl::UblkCtrl;
 use std::os::fd::{OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -306,6 +306,8 @@ fn start_device(
     let qs = queues.clone();
     let q_fn = move |qid: u16, d: &_| qs.serve(qid, d);
     let dev_fn = move |ctrl: &UblkCtrl| {
+        // libublk pinned the queue threads before starting the device.
+        placement::apply(info.config.queue_cpus, &queues.thread_ids());
         ready.fire(Ok(&info));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = policy::spawn(queues.clone(), policy.clone(), stop.clone())

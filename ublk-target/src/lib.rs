@@ -7,6 +7,8 @@
 //! - [`size`]: sizes on the command line (`512K`, `8G`);
 //! - [`params`]: the block device's limits (4 KB blocks, discard) and the
 //!   automatic I/O buffer size;
+//! - [`placement`]: where the queue threads run (their queue's CPUs, or
+//!   the others: compression beside the workload);
 //! - [`config`]: [`DeviceConfig`], the one configuration from the command
 //!   line to the daemon and the engine;
 //! - [`features`]: the driver's feature bits in words, and the recovery a
@@ -49,6 +51,7 @@ pub mod logsink;
 pub mod notify;
 pub mod params;
 pub mod paths;
+pub mod placement;
 mod policy;
 pub mod privileges;
 mod queue;

@@ -28,7 +28,7 @@ use libublk::io::{
 };
 use libublk::{BufDesc, BufDescList, UblkIORes};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use zblk::{QueueCtx, Store};
@@ -64,6 +64,9 @@ struct QueueShared {
     pending: AtomicU64,
     /// Where the queue's ring reads the eventfd counter to (never read).
     kick_buf: AtomicU64,
+    /// The queue thread's id (`gettid`; 0 until it starts), for
+    /// [`crate::placement`].
+    tid: AtomicI32,
 }
 
 impl QueueShared {
@@ -81,6 +84,7 @@ impl QueueShared {
             served: AtomicU64::new(0),
             pending: AtomicU64::new(0),
             kick_buf: AtomicU64::new(0),
+            tid: AtomicI32::new(0),
         })
     }
 
@@ -166,6 +170,15 @@ impl Queues {
     /// The device's engine.
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// The thread ids of the queue threads that have started.
+    pub fn thread_ids(&self) -> Vec<libc::pid_t> {
+        self.queues
+            .iter()
+            .map(|q| q.tid.load(Ordering::SeqCst))
+            .filter(|&t| t > 0)
+            .collect()
     }
 
     /// Queue threads still serving.
@@ -276,6 +289,10 @@ impl Queues {
     /// io-flusher): serves the queue until the device stops.
     pub fn serve(&self, qid: u16, dev: &UblkDev) {
         let qs = self.queues.get(usize::from(qid));
+        if let Some(q) = qs {
+            // SAFETY: gettid has no preconditions.
+            q.tid.store(unsafe { libc::gettid() }, Ordering::SeqCst);
+        }
         let _alive = AliveGuard(&self.alive, qs.map(|q| &q.done));
         let (Some(ctx), Some(qs)) = (self.take_ctx(qid), qs) else {
             log::error!("queue {qid}: no engine context");

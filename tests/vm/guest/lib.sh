@@ -145,13 +145,21 @@ zadd_env() {
     fi
 }
 
-# Splits a configuration of a scenario's list, KIND:ALGO[:MODE][@NAME=VALUE]
-# ($1), into CFG_KIND, CFG_ALGO, CFG_MODE (all after ALGO's colon, further
-# colons included; per-page when there is none) and CFG_ENV (NAME=VALUE,
-# for zadd_env; empty when there is none).
+# Splits a configuration of a scenario's list,
+# KIND:ALGO[:MODE][+FLAG=VALUE...][@NAME=VALUE] ($1), into CFG_KIND,
+# CFG_ALGO, CFG_MODE (all after ALGO's colon, further colons included;
+# per-page when there is none), CFG_FLAGS (each +FLAG=VALUE as the words
+# "--FLAG VALUE", for zblk add; empty when there is none) and CFG_ENV
+# (NAME=VALUE, for zadd_env; empty when there is none).
 cfg_parse() {
-    CFG_KIND=${1%%:*} cfg_rest=${1#*:} CFG_ENV=""
+    CFG_KIND=${1%%:*} cfg_rest=${1#*:} CFG_ENV="" CFG_FLAGS=""
     case $cfg_rest in *@*=*) CFG_ENV=${cfg_rest#*@} cfg_rest=${cfg_rest%%@*} ;; esac
+    case $cfg_rest in *+*=*)
+        for f in $(echo "${cfg_rest#*+}" | tr '+' ' '); do
+            CFG_FLAGS="$CFG_FLAGS --${f%%=*} ${f#*=}"
+        done
+        cfg_rest=${cfg_rest%%+*} ;;
+    esac
     CFG_ALGO=${cfg_rest%%:*} CFG_MODE=per-page
     if [ "$cfg_rest" != "$CFG_ALGO" ]; then CFG_MODE=${cfg_rest#*:}; fi
 }

@@ -27,8 +27,13 @@
 # included); the CPU figures are ticks (10 ms) and cgroup usec.
 # Each configuration of ZBLK_BD_CONFIGS runs in turn:
 #   zram:ALGO                 kernel zram
+#   ramdisk:none              libublk's ramdisk example (carried into the
+#                             guest: tools/scripts/build-ublk-ramdisk.sh),
+#                             the transport's floor for zblk:none
 #   zblk:ALGO[:MODE[:off]]    zblk with phase timers (":off" without: the
 #                             timers' own cost, by comparing walls)
+#   zblk:...+FLAG=VALUE       the same, made with zblk add --FLAG VALUE
+#                             (repeatable: +queue-cpus=other+queues=1)
 #   zblk:...@NAME=VALUE       the same, its daemon started with the
 #                             environment variable NAME=VALUE (an A/B of
 #                             an engine setting read from the environment)
@@ -89,7 +94,7 @@ dmn_ticks() {
     for t in /proc/"$DPID"/task/*; do
         echo "$(cat "$t/comm" 2>/dev/null) $(sed 's/.*) //' "$t/stat" 2>/dev/null | awk '{ print $12, $13 }')"
     done | awk '
-        NF == 3 { j = ($1 == "zblk") ? 1 : ($1 == "zblk-free") ? 2 : ($1 == "zblk-reserve") ? 3 : 4; u[j] += $2; s[j] += $3 }
+        NF == 3 { j = ($1 == "zblk" || $1 == "ramdisk") ? 1 : ($1 == "zblk-free") ? 2 : ($1 == "zblk-reserve") ? 3 : 4; u[j] += $2; s[j] += $3 }
         END { for (j = 1; j <= 4; j++) printf "%d %d ", u[j], s[j]; print "" }'
 }
 
@@ -106,6 +111,7 @@ sample() {
     c=$(awk '/^cpu / { print $2 + $3, $4, $5 + $6, $7 + $8 }' /proc/stat)
     g=$(awk '$1 == "user_usec" { u = $2 } $1 == "system_usec" { s = $2 } END { print u + 0, s + 0 }' "$CG/cpu.stat")
     d="0 0 0 0 0 0 0 0" e="0 0 0 0 0 0 0 0 0 0 0"
+    [ "$KIND" = ramdisk ] && d=$(dmn_ticks)
     if [ "$KIND" = zblk ]; then
         d=$(dmn_ticks)
         st=$(zstat | tr -d '\n')
@@ -154,23 +160,46 @@ $3" | awk -v phase="$1" -v cfg="$CFG" -v r="$R" -v hz=100 -v pc="$(cat /proc/sys
 bd_up() {
     cfg_parse "$1"
     KIND=$CFG_KIND env=$CFG_ENV algo=$CFG_ALGO mode=$CFG_MODE timers=--phase-timers
+    [ "$KIND" = zblk ] || [ -z "$CFG_FLAGS" ] || fail "$1: +FLAG=VALUE is for zblk configurations"
     case $mode in *:off) mode=${mode%:off} timers="" ;; esac
     case $KIND in
     zram)
         [ -z "$env" ] || fail "$1: @NAME=VALUE is for zblk configurations"
         zram_swap_with "$algo" "$ZBLK_DEV_MB" ;;
     zblk)
-        # shellcheck disable=SC2086 # timers is one word or none
-        zadd_env "$env" --size "${ZBLK_DEV_MB}M" --algo "$algo" --mode "$mode" $timers --swap
+        # shellcheck disable=SC2086 # timers and CFG_FLAGS are words or none
+        zadd_env "$env" --size "${ZBLK_DEV_MB}M" --algo "$algo" --mode "$mode" $timers $CFG_FLAGS --swap
         DPID=$(zdaemon_pid "$ZID") || fail "$1: no daemon holds /dev/ublkc$ZID" ;;
+    ramdisk)
+        [ -z "$env" ] || fail "$1: @NAME=VALUE is for zblk configurations"
+        rd_up ;;
     *) fail "unknown configuration '$1'" ;;
     esac
+}
+
+# libublk's ramdisk example (tools/scripts/build-ublk-ramdisk.sh) as swap:
+# the transport's floor, one queue copying each request to and from RAM
+# it zeroed at start. Sets DPID.
+RD_ID=9
+rd_up() {
+    command -v ramdisk >/dev/null ||
+        fail "ramdisk: not in the guest (tests/vm/run.sh --carry \"\$(tools/scripts/build-ublk-ramdisk.sh)\")"
+    ramdisk add "$RD_ID" "$ZBLK_DEV_MB" >/tmp/zblk-rd.out 2>&1 ||
+        fail "ramdisk add failed: $(tail -c 300 /tmp/zblk-rd.out | tr '\n' ' ')"
+    i=0
+    while [ ! -b "/dev/ublkb$RD_ID" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+    [ -b "/dev/ublkb$RD_ID" ] || fail "ramdisk: no /dev/ublkb$RD_ID"
+    mkswap "/dev/ublkb$RD_ID" >/dev/null && swapon "/dev/ublkb$RD_ID" || fail "ramdisk: swapon failed"
+    DPID=$(zdaemon_pid "$RD_ID") || fail "ramdisk: no daemon holds /dev/ublkc$RD_ID"
 }
 
 bd_down() {
     if [ "$KIND" = zram ]; then
         swapoff /dev/zram0 || fail "swapoff /dev/zram0 failed"
         echo 1 >/sys/block/zram0/reset
+    elif [ "$KIND" = ramdisk ]; then
+        swapoff "/dev/ublkb$RD_ID" || fail "swapoff /dev/ublkb$RD_ID failed"
+        ramdisk del "$RD_ID" >/dev/null 2>&1 || fail "ramdisk del $RD_ID failed"
     else
         # Where the daemon's CPU time went, by thread name.
         log "$CFG daemon threads (utime stime ticks): $(for t in /proc/"$DPID"/task/*; do echo "$(cat "$t/comm"):$(ticks "${t#/proc/}" | tr ' ' '+')"; done | tr '\n' ' ')"

@@ -22,7 +22,9 @@
 # at normal priority, not SCHED_FIFO 1), zblk.wm_timers=1 (zblk's phase
 # timers on, and an "engine" line per zblk configuration: see wm_engine),
 # a zblk configuration ending in @NAME=VALUE has its daemon started with
-# that environment variable (zblk:lz4@ZBLK_RESERVE_SCALE=4: an A/B),
+# that environment variable (zblk:lz4@ZBLK_RESERVE_SCALE=4: an A/B), and
+# one with +FLAG=VALUE is made with zblk add --FLAG VALUE
+# (zblk:lz4+queue-cpus=other),
 # zblk.wm_rounds, zblk.wm_procs.
 #
 # zblk serves this load through its memory reserve (docs/daemon.md,
@@ -64,7 +66,7 @@ log "vm.watermark_scale_factor=$(cat /proc/sys/vm/watermark_scale_factor) min_fr
 # Brings up the swap of configuration $1 (kind:algo[:mode]).
 wm_up() {
     cfg_parse "$1"
-    kind=$CFG_KIND env=$CFG_ENV algo=$CFG_ALGO mode=$CFG_MODE extra=""
+    kind=$CFG_KIND env=$CFG_ENV algo=$CFG_ALGO mode=$CFG_MODE extra=$CFG_FLAGS
     # zblk:ALGO:private: per-page, the store in private memory
     # (--no-recovery) rather than the memfd.
     [ "$mode" = private ] && mode=per-page extra=--no-recovery
