@@ -28,6 +28,8 @@ tdir=${CARGO_TARGET_DIR:-$REPO/target}
 src=$tdir/libublk-src
 rm -rf "$src"
 cp -r "$(dirname "$manifest")" "$src"
+# A package of its own, not a member of the workspace it now sits in.
+printf '\n[workspace]\n' >>"$src/Cargo.toml"
 target=$(rustc -vV | sed -n 's/^host: //p')
 # The example's own lock file is made fresh here: it is not one of zblk's.
 (cd "$src" && RUSTFLAGS='-C target-feature=+crt-static' \
