@@ -140,6 +140,28 @@ fn packed_store_recovers_every_page_and_its_gauges() {
 }
 
 #[test]
+fn an_lz4hc_store_recovers_every_page_and_only_as_lz4hc() {
+    let lz4hc = |level| {
+        let mut cfg = config(Mode::Packed);
+        cfg.algo = zblk::Algo::Lz4Hc(level);
+        cfg
+    };
+    let store = Store::new(lz4hc(12)).unwrap();
+    let mut ctx = store.new_ctx();
+    let mut model = zeros();
+    churn(&mut ctx, 11, &mut model);
+    let fd = crash(store, ctx);
+    let copy = fd.try_clone().unwrap();
+    let e = Store::recover(lz4hc(9), copy)
+        .err()
+        .expect("another level is refused");
+    assert!(e.to_string().contains("lz4hc:12"), "{e}");
+    let store = Store::recover(lz4hc(12), fd).unwrap();
+    assert_eq!(store.stats().recovery_dropped, 0);
+    verify(&mut store.new_ctx(), &model);
+}
+
+#[test]
 fn a_store_recovers_again_and_again() {
     let mut store = Store::new(config(Mode::Packed)).unwrap();
     let mut ctx = store.new_ctx();

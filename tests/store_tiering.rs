@@ -122,6 +122,8 @@ fn algos() -> impl Strategy<Value = (Algo, Algo)> {
     prop_oneof![
         Just((Algo::Lz4, Algo::Zstd(9))),
         Just((Algo::Lz4, Algo::Deflate(9))),
+        Just((Algo::Lz4, Algo::Lz4Hc(9))),
+        Just((Algo::Lz4Hc(12), Algo::Zstd(3))),
         Just((Algo::Zstd(1), Algo::Zstd(19))),
         Just((Algo::Deflate(1), Algo::Lz4)),
     ]

@@ -146,6 +146,8 @@ pub fn fill_data(fills: &[Fill], out: &mut [u8], base: u64) {
 pub enum AlgoSel {
     /// lz4.
     Lz4,
+    /// lz4hc at level 1 + n % 12.
+    Lz4Hc(u8),
     /// zstd at level 1 + n % 3.
     Zstd(u8),
     /// deflate at level 1 + n % 2.
@@ -157,6 +159,7 @@ impl AlgoSel {
     pub fn algo(self) -> Algo {
         match self {
             AlgoSel::Lz4 => Algo::Lz4,
+            AlgoSel::Lz4Hc(l) => Algo::Lz4Hc(1 + i32::from(l % 12)),
             AlgoSel::Zstd(l) => Algo::Zstd(1 + i32::from(l % 3)),
             AlgoSel::Deflate(l) => Algo::Deflate(1 + i32::from(l % 2)),
         }

@@ -9,12 +9,14 @@
 mod deflate;
 mod iaa;
 mod lz4;
+mod lz4hc;
 mod none;
 mod zstd;
 
 pub use self::deflate::DeflateCodec;
 pub use self::iaa::{IaaCodec, IaaOptions, IaaStats, IAA_MAX_BATCH};
 pub use self::lz4::Lz4Codec;
+pub use self::lz4hc::{Lz4HcCodec, LZ4HC_DEFAULT_LEVEL, LZ4HC_MAX_LEVEL};
 pub use self::none::NoneCodec;
 pub use self::zstd::ZstdCodec;
 
@@ -124,6 +126,9 @@ pub struct AccelEvents {
 pub enum Algo {
     /// LZ4 (lz4_flex block format).
     Lz4,
+    /// LZ4HC (liblz4's high-compression mode) at the given level: the LZ4
+    /// block format, decoded at lz4's speed.
+    Lz4Hc(i32),
     /// Zstandard at the given level.
     Zstd(i32),
     /// Raw deflate (libdeflate) at the given level, each buffer compressed
@@ -159,6 +164,7 @@ impl Algo {
     pub fn new_codec_for(&self, pages: usize) -> Box<dyn Codec> {
         match *self {
             Algo::Lz4 => Box::new(Lz4Codec::new()),
+            Algo::Lz4Hc(level) => Box::new(Lz4HcCodec::new(level)),
             Algo::Zstd(level) => Box::new(ZstdCodec::for_pages(level, pages)),
             Algo::Deflate(level) => Box::new(DeflateCodec::new(level, *self)),
             Algo::DeflateIaa => Box::new(IaaCodec::new()),
@@ -171,6 +177,8 @@ impl fmt::Display for Algo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Algo::Lz4 => write!(f, "lz4"),
+            Algo::Lz4Hc(l) if *l == LZ4HC_DEFAULT_LEVEL => write!(f, "lz4hc"),
+            Algo::Lz4Hc(l) => write!(f, "lz4hc:{l}"),
             Algo::Zstd(l) => write!(f, "zstd:{l}"),
             Algo::Deflate(l) if *l == DEFLATE_DEFAULT_LEVEL => write!(f, "deflate"),
             Algo::Deflate(l) => write!(f, "deflate:{l}"),
@@ -183,7 +191,7 @@ impl fmt::Display for Algo {
 impl FromStr for Algo {
     type Err = String;
 
-    /// Parses `lz4`, `zstd`, `zstd:LEVEL` (1..=22), `deflate`,
+    /// Parses `lz4`, `lz4hc`, `lz4hc:LEVEL` (1..=12), `zstd`, `zstd:LEVEL` (1..=22), `deflate`,
     /// `deflate:LEVEL` (1..=12), `deflate-iaa` or `none`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let (name, level) = match s.split_once(':') {
@@ -203,12 +211,17 @@ impl FromStr for Algo {
         };
         match name {
             "lz4" if level.is_none() => Ok(Algo::Lz4),
+            "lz4hc" => Ok(Algo::Lz4Hc(parse_level(
+                1,
+                LZ4HC_MAX_LEVEL,
+                LZ4HC_DEFAULT_LEVEL,
+            )?)),
             "zstd" => Ok(Algo::Zstd(parse_level(1, 22, ZSTD_DEFAULT_LEVEL)?)),
             "deflate" => Ok(Algo::Deflate(parse_level(1, 12, DEFLATE_DEFAULT_LEVEL)?)),
             "deflate-iaa" if level.is_none() => Ok(Algo::DeflateIaa),
             "none" if level.is_none() => Ok(Algo::None),
             _ => Err(format!(
-                "unknown algorithm '{s}': expected lz4, zstd[:LEVEL], deflate[:LEVEL], deflate-iaa or none"
+                "unknown algorithm '{s}': expected lz4, lz4hc[:LEVEL], zstd[:LEVEL], deflate[:LEVEL], deflate-iaa or none"
             )),
         }
     }
@@ -241,6 +254,9 @@ mod tests {
     fn every_codec_round_trips() {
         for algo in [
             Algo::Lz4,
+            Algo::Lz4Hc(9),
+            Algo::Lz4Hc(1),
+            Algo::Lz4Hc(12),
             Algo::Zstd(1),
             Algo::Zstd(3),
             Algo::Deflate(1),
@@ -259,7 +275,7 @@ mod tests {
 
     #[test]
     fn incompressible_into_small_buffer_reports_none() {
-        for algo in [Algo::Lz4, Algo::Zstd(1), Algo::Deflate(1)] {
+        for algo in [Algo::Lz4, Algo::Lz4Hc(9), Algo::Zstd(1), Algo::Deflate(1)] {
             let mut c = algo.new_codec();
             let page = &sample_pages()[2];
             let mut dst = vec![0u8; 3072];
@@ -269,7 +285,13 @@ mod tests {
 
     #[test]
     fn compressible_page_fits_the_huge_budget() {
-        for algo in [Algo::Lz4, Algo::Zstd(1), Algo::Deflate(1), Algo::DeflateIaa] {
+        for algo in [
+            Algo::Lz4,
+            Algo::Lz4Hc(9),
+            Algo::Zstd(1),
+            Algo::Deflate(1),
+            Algo::DeflateIaa,
+        ] {
             let mut c = algo.new_codec();
             let page = &sample_pages()[1];
             let mut dst = vec![0u8; 3071];
@@ -286,7 +308,7 @@ mod tests {
 
     #[test]
     fn corrupt_input_is_an_error_not_a_panic() {
-        for algo in [Algo::Lz4, Algo::Zstd(1), Algo::Deflate(1)] {
+        for algo in [Algo::Lz4, Algo::Lz4Hc(9), Algo::Zstd(1), Algo::Deflate(1)] {
             let mut c = algo.new_codec();
             let page = &sample_pages()[1];
             let mut dst = vec![0u8; 8192];
@@ -312,6 +334,9 @@ mod tests {
     #[test]
     fn algo_names_parse_and_print() {
         assert_eq!("lz4".parse::<Algo>(), Ok(Algo::Lz4));
+        assert_eq!("lz4hc".parse::<Algo>(), Ok(Algo::Lz4Hc(9)));
+        assert_eq!("lz4hc:12".parse::<Algo>(), Ok(Algo::Lz4Hc(12)));
+        assert_eq!("lz4hc:1".parse::<Algo>(), Ok(Algo::Lz4Hc(1)));
         assert_eq!("zstd".parse::<Algo>(), Ok(Algo::Zstd(1)));
         assert_eq!("zstd:3".parse::<Algo>(), Ok(Algo::Zstd(3)));
         assert_eq!("deflate".parse::<Algo>(), Ok(Algo::Deflate(1)));
@@ -324,11 +349,17 @@ mod tests {
             "zstd:x",
             "lz4:1",
             "deflate:13",
+            "lz4hc:0",
+            "lz4hc:13",
+            "lz4hc:x",
+            "lz4hc:",
         ] {
             assert!(bad.parse::<Algo>().is_err(), "{bad}");
         }
         for a in [
             Algo::Lz4,
+            Algo::Lz4Hc(9),
+            Algo::Lz4Hc(4),
             Algo::Zstd(3),
             Algo::Deflate(1),
             Algo::Deflate(6),
@@ -338,6 +369,53 @@ mod tests {
             assert_eq!(a.to_string().parse::<Algo>(), Ok(a));
         }
         assert!("none:1".parse::<Algo>().is_err());
+    }
+
+    #[test]
+    fn lz4hc_level_errors_name_the_range() {
+        let e = "lz4hc:13".parse::<Algo>().unwrap_err();
+        assert!(e.contains("1..=12"), "{e}");
+    }
+
+    #[test]
+    fn lz4hc_state_is_reused_across_pages_and_failures() {
+        // An output that did not fit leaves liblz4's state to be reset;
+        // the next page must still compress as it would alone.
+        let mut c = Algo::Lz4Hc(9).new_codec();
+        let pages = sample_pages();
+        let mut alone = vec![0u8; 8192];
+        let n = Algo::Lz4Hc(9)
+            .new_codec()
+            .compress(&pages[1], &mut alone)
+            .unwrap()
+            .unwrap();
+        for _ in 0..3 {
+            let mut small = vec![0u8; 100];
+            assert_eq!(c.compress(&pages[2], &mut small).unwrap(), None);
+            let mut dst = vec![0u8; 8192];
+            assert_eq!(c.compress(&pages[1], &mut dst).unwrap(), Some(n));
+            assert_eq!(dst[..n], alone[..n]);
+            let mut back = vec![0u8; 4096];
+            c.decompress(&dst[..n], &mut back).unwrap();
+            assert_eq!(back, pages[1]);
+        }
+    }
+
+    #[test]
+    fn lz4hc_output_decodes_with_lz4() {
+        let page = &sample_pages()[1];
+        let mut dst = vec![0u8; 8192];
+        let n = Algo::Lz4Hc(12)
+            .new_codec()
+            .compress(page, &mut dst)
+            .unwrap()
+            .unwrap();
+        let mut back = vec![0u8; 4096];
+        Algo::Lz4
+            .new_codec()
+            .decompress(&dst[..n], &mut back)
+            .unwrap();
+        assert_eq!(&back, page);
     }
 
     #[test]
@@ -358,7 +436,7 @@ mod tests {
         /// page of exactly the right length, never a panic.
         #[test]
         fn decoders_survive_random_objects(obj in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600)) {
-            for algo in [Algo::Lz4, Algo::Zstd(1), Algo::Deflate(1)] {
+            for algo in [Algo::Lz4, Algo::Lz4Hc(9), Algo::Zstd(1), Algo::Deflate(1)] {
                 let mut c = algo.new_codec();
                 let mut out = vec![0u8; 4096];
                 let _ = c.decompress(&obj, &mut out);
@@ -368,7 +446,7 @@ mod tests {
         /// Any string as an algorithm name: parsed or refused, and what
         /// parses prints back to itself.
         #[test]
-        fn algo_parser_survives_random_names(name in "\\PC{0,12}|(lz4|zstd|deflate|deflate-iaa)(:[0-9-]{0,4})?") {
+        fn algo_parser_survives_random_names(name in "\\PC{0,12}|(lz4|lz4hc|zstd|deflate|deflate-iaa)(:[0-9-]{0,4})?") {
             if let Ok(a) = name.parse::<Algo>() {
                 proptest::prop_assert_eq!(a.to_string().parse::<Algo>(), Ok(a));
             }

@@ -19,7 +19,7 @@ use zblk::{Algo, Mode, StoreConfig};
 /// and on its own the engine flags of `zblk bench`.
 #[derive(Debug, Clone, PartialEq, Eq, Args, Serialize, Deserialize)]
 pub struct EngineConfig {
-    /// Compression: lz4, zstd[:LEVEL], deflate[:LEVEL], deflate-iaa or none (pages stored raw).
+    /// Compression: lz4, lz4hc[:LEVEL], zstd[:LEVEL], deflate[:LEVEL], deflate-iaa or none (pages stored raw).
     #[arg(short, long, default_value = "lz4", value_parser = parse_algo)]
     #[serde(rename = "algorithm", with = "text")]
     pub algo: Algo,
