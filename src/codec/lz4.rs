@@ -1,6 +1,11 @@
-//! LZ4 through lz4_flex's block format (no frame: the slot knows the sizes).
+//! LZ4's block format (no frame: the slot knows the sizes): compressed by
+//! zblk-lz4 (lz4_flex's compressor), decoded by liblz4's
+//! `LZ4_decompress_safe` (through `lz4-sys`, bounds-checked on both
+//! buffers), which decodes these pages faster than lz4_flex's decoder
+//! (BENCHMARKS.md, "lz4hc": the `lz4_decoders` example).
 
 use super::{Algo, Codec, CodecError};
+use libc::c_int;
 
 /// LZ4 block codec. lz4_flex keeps its hash table on the stack; the
 /// instance holds a worst-case output buffer, because lz4_flex refuses to
@@ -42,14 +47,32 @@ impl Codec for Lz4Codec {
     }
 
     fn decompress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<(), CodecError> {
-        match lz4_flex::block::decompress_into(src, dst) {
-            Ok(n) if n == dst.len() => Ok(()),
-            Ok(n) => Err(CodecError::Corrupt(format!(
-                "lz4 decoded {n} bytes, expected {}",
-                dst.len()
-            ))),
-            Err(e) => Err(CodecError::Corrupt(format!("lz4: {e}"))),
-        }
+        decompress_block(src, dst)
+    }
+}
+
+/// Decodes one LZ4 block `src` into all of `dst` (lz4 and lz4hc objects
+/// alike): an error unless it decodes to exactly `dst.len()` bytes.
+pub(super) fn decompress_block(src: &[u8], dst: &mut [u8]) -> Result<(), CodecError> {
+    let (Ok(n), Ok(cap)) = (c_int::try_from(src.len()), c_int::try_from(dst.len())) else {
+        return Err(CodecError::Corrupt(format!(
+            "lz4: a {}-byte object is too large",
+            src.len()
+        )));
+    };
+    // SAFETY: `src` and `dst` are valid for `n` and `cap` bytes;
+    // `LZ4_decompress_safe` reads at most `n` and writes at most `cap`
+    // whatever the input holds.
+    let out = unsafe {
+        lz4_sys::LZ4_decompress_safe(src.as_ptr().cast(), dst.as_mut_ptr().cast(), n, cap)
+    };
+    match usize::try_from(out) {
+        Ok(k) if k == dst.len() => Ok(()),
+        Ok(k) => Err(CodecError::Corrupt(format!(
+            "lz4 decoded {k} bytes, expected {}",
+            dst.len()
+        ))),
+        Err(_) => Err(CodecError::Corrupt(format!("lz4: liblz4 error {out}"))),
     }
 }
 

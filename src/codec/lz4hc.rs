@@ -1,8 +1,6 @@
 //! LZ4HC (lz4's high-compression mode) through liblz4's C sources, which
 //! the `lz4-sys` crate bundles: the output is the plain LZ4 block format,
-//! so pages decode at lz4's speed. They are decoded with liblz4's
-//! `LZ4_decompress_safe` (bounds-checked on both buffers), which decodes
-//! them faster than lz4_flex's decoder does (BENCHMARKS.md, "lz4hc").
+//! so pages decode at lz4's speed, with the lz4 codec's decoder.
 //!
 //! The compression state (`LZ4_streamHC_t`, 256 KB of hash and chain
 //! tables) lives in a buffer the codec allocates once: `LZ4_compress_HC`
@@ -118,25 +116,6 @@ impl Codec for Lz4HcCodec {
     }
 
     fn decompress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<(), CodecError> {
-        let (Ok(n), Ok(cap)) = (c_int::try_from(src.len()), c_int::try_from(dst.len())) else {
-            return Err(CodecError::Corrupt(format!(
-                "lz4hc: a {}-byte object is too large",
-                src.len()
-            )));
-        };
-        // SAFETY: `src` and `dst` are valid for `n` and `cap` bytes;
-        // `LZ4_decompress_safe` reads at most `n` and writes at most `cap`
-        // whatever the input holds.
-        let out = unsafe {
-            lz4_sys::LZ4_decompress_safe(src.as_ptr().cast(), dst.as_mut_ptr().cast(), n, cap)
-        };
-        match usize::try_from(out) {
-            Ok(k) if k == dst.len() => Ok(()),
-            Ok(k) => Err(CodecError::Corrupt(format!(
-                "lz4hc decoded {k} bytes, expected {}",
-                dst.len()
-            ))),
-            Err(_) => Err(CodecError::Corrupt(format!("lz4hc: liblz4 error {out}"))),
-        }
+        super::lz4::decompress_block(src, dst)
     }
 }
