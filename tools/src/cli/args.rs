@@ -42,10 +42,17 @@ pub enum Cmd {
     Idle(IdleArgs),
     /// Recompress a device's pages with a stronger secondary algorithm.
     Recompress(RecompressArgs),
-    /// Write a device's pages back to its backing device (--backing-dev).
+    /// Write a device's pages back to its backing device (--backing-dev), by type or by index.
     Writeback(WritebackArgs),
-    /// One line per stored page: its size, access time, kind and algorithm
-    /// (zram's block_state).
+    /// One line per stored page: size, access time, flags, kind, algorithm (zram's block_state).
+    ///
+    /// Columns: INDEX; SIZE, the bytes the page takes (its object, 4096 raw,
+    /// its share of a packed group, 0 same-filled); ATIME, its last access
+    /// in seconds of the store's clock; FLAGS, one letter each or '.': s
+    /// same-filled, w written back, h huge, p packed, i idle, n
+    /// incompressible; KIND; ALGO, the primary or secondary algorithm ('-'
+    /// raw or same-filled). Empty slots are left out. The daemon answers a
+    /// chunk of slots at a time, one slot lock at a time, while it serves.
     Dump(DumpArgs),
     /// Run the engine over a file of pages (no device, no root).
     Bench(BenchArgs),
@@ -300,7 +307,8 @@ pub struct WritebackArgs {
     /// Device id.
     #[arg(short = 'n', long)]
     pub id: u32,
-    /// Which pages: idle, huge, incompressible or huge_idle.
+    /// Which pages: idle, huge, incompressible or huge_idle (or --pages,
+    /// not both).
     #[arg(long = "type", value_name = "TYPE")]
     pub kind: Option<String>,
     /// Every stored page of these, whatever its type: a page index N or
@@ -325,7 +333,8 @@ pub struct DumpArgs {
     /// Device id.
     #[arg(short = 'n', long)]
     pub id: u32,
-    /// One JSON object per page and line (JSON lines).
+    /// One JSON object per page and line (JSON lines): index, kind, size,
+    /// algo, idle, incompressible, atime.
     #[arg(long)]
     pub json: bool,
 }

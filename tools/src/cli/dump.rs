@@ -13,7 +13,7 @@ use zblk_ublk::control::{self, Request, DUMP_CHUNK};
 const CHUNK_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The text format's header line.
-const HEADER: &str = "    INDEX  SIZE    ATIME FLAGS  KIND          ALGO";
+const HEADER: &str = "    INDEX  SIZE    ATIME FLAGS   KIND          ALGO";
 
 /// Why printing stopped early.
 enum Stop {
