@@ -57,8 +57,9 @@ by_index() {
     wb=$(zblk writeback -n "$ZID" --pages 8-40 --pages 50 2>&1) || { cleanup_bd; fail "writeback by index failed: $wb"; }
     [ "$(word_after "$wb" written)" = 26 ] || { cleanup_bd; fail "writeback by index: $wb (26 pages expected)"; }
     [ "$(zstat | jnum bd_count)" = 26 ] || { cleanup_bd; fail "bd_count $(zstat | jnum bd_count) after writing back 26 pages"; }
-    k="$(dump_kinds 16 40)/$(dump_kinds 50 50)/$(dump_kinds 0 15)/$(dump_kinds 41 63)"
-    [ "$k" = " 25 written_back / 1 written_back / 16 same / 22 compressed " ] || { cleanup_bd; fail "dump after writeback by index: '$k'"; }
+    # 41-63 are compressed but for 50.
+    k="$(dump_kinds 16 40)/$(dump_kinds 0 15)/$(dump_kinds 41 63)"
+    [ "$k" = " 25 written_back / 16 same / 22 compressed 1 written_back " ] || { cleanup_bd; fail "dump after writeback by index: '$k'"; }
     dd if="$ZDEV" bs=4096 count=64 iflag=direct 2>/dev/null | cmp -s - /tmp/zblk-vm.pages || { cleanup_bd; fail "pages written back by index read back changed"; }
     bdr=$(zstat | jnum bd_reads)
     [ "$bdr" -ge 26 ] || { cleanup_bd; fail "bd_reads $bdr after reading 26 written-back pages"; }
