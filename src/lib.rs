@@ -39,6 +39,7 @@
 pub mod accel;
 pub mod alloc;
 mod backing;
+mod block_state;
 mod clock;
 pub mod codec;
 mod compact;
@@ -65,6 +66,7 @@ pub mod testing;
 mod write;
 mod writeback;
 
+pub use block_state::{SlotKind, SlotState};
 pub use codec::Algo;
 pub use config::{
     AllocatorKind, CodecFactory, Mode, StoreConfig, AUTO_COMPACT_MIN_PAGES, AUTO_COMPACT_PERCENT,
@@ -78,4 +80,4 @@ pub use store::{QueueCtx, Store, StoreStats};
 // Hooks for tests: corrupting objects, crashing, older layouts.
 #[cfg(feature = "test-support")]
 pub use store::{debug_as_layout3, debug_corrupt_object, debug_crash, debug_flip_object_byte};
-pub use writeback::{Writeback, WritebackReport, WritebackType};
+pub use writeback::{PageRange, Writeback, WritebackReport, WritebackSelect, WritebackType};

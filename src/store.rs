@@ -15,12 +15,15 @@
 //!   then the allocator's own compaction through `SlotTable`'s `Relocate`;
 //! - idle marking and recompression: [`Store::mark_idle`],
 //!   [`Store::recompress`] -> `recompress`;
-//! - writeback to the backing store: [`Store::writeback`] -> `writeback`.
+//! - writeback to the backing store: [`Store::writeback`] -> `writeback`;
+//! - what each slot holds (zram's `block_state`): [`Store::slot_states`]
+//!   -> `block_state::collect`.
 //!
 //! Each queue thread calls them through its [`QueueCtx`].
 
 use crate::alloc::{HeapAllocator, ObjAllocator};
 use crate::backing::Backing;
+use crate::block_state::{AlgoNames, SlotState};
 use crate::clock::Clock;
 use crate::codec::{AccelEvents, Algo};
 use crate::config::{
@@ -477,6 +480,19 @@ impl Store {
             }
             Ok(r)
         })
+    }
+
+    /// The state of every stored page in `range` (zram's `block_state`),
+    /// in page order, empty slots left out; the part of `range` past the
+    /// device's end is ignored. Each slot is locked only to read it,
+    /// nothing else is held: call it range by range to walk a device
+    /// while it serves.
+    pub fn slot_states(&self, range: std::ops::Range<u64>) -> Vec<SlotState> {
+        let names = AlgoNames {
+            primary: self.cfg.algo.to_string(),
+            secondary: self.secondary_algo().map(|a| a.to_string()),
+        };
+        crate::block_state::collect(&self.table, range, &names)
     }
 
     /// Sets the writeback limit (zram's `writeback_limit` with

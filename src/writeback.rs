@@ -4,8 +4,10 @@
 //!
 //! Pages are chosen as zram's `type=` does: `idle`, `huge` (stored raw),
 //! `incompressible` (raw, and recompression could not shrink them either)
-//! or `huge_idle`; same-filled pages stay in their slots (they cost no
-//! object), packed stores are refused (a group's object is shared).
+//! or `huge_idle`; or by index, as zram's `page_index=` and
+//! `page_indexes=` do: every stored page of the ranges given, whatever its
+//! type. Same-filled pages stay in their slots (they cost no object),
+//! packed stores are refused (a group's object is shared).
 //!
 //! Each page is looked at under its slot's lock, and its object copied
 //! into the batch buffer right there (a copy of at most 4 KB, what a read
@@ -48,6 +50,7 @@ use crate::slot::{BackedAt, Entry, Kind, INCOMPRESSIBLE};
 use crate::stats::{Counter, Op};
 use crate::table::{Held, MovePoints, SlotTable};
 use serde::Serialize;
+use std::ops::Range;
 use std::time::Instant;
 
 /// Which pages a writeback moves (zram's `type=`).
@@ -79,11 +82,111 @@ impl std::str::FromStr for WritebackType {
     }
 }
 
+/// Pages `first` to `last` (inclusive) of a device, by index (zram's
+/// `page_index=N` and `page_indexes=LOW-HIGH`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageRange {
+    /// The first page.
+    pub first: u64,
+    /// The last page (inclusive).
+    pub last: u64,
+}
+
+impl std::str::FromStr for PageRange {
+    type Err = String;
+
+    /// `N` or `LOW-HIGH` (inclusive, LOW <= HIGH).
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        let index = |t: &str| {
+            t.trim().parse::<u64>().map_err(|_| {
+                format!("invalid page range '{s}': expected a page index N or LOW-HIGH")
+            })
+        };
+        let (first, last) = match s.split_once('-') {
+            Some((lo, hi)) => (index(lo)?, index(hi)?),
+            None => (index(s)?, index(s)?),
+        };
+        if first > last {
+            return Err(format!(
+                "invalid page range '{s}': its first page is past its last"
+            ));
+        }
+        Ok(PageRange { first, last })
+    }
+}
+
+impl std::fmt::Display for PageRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.first == self.last {
+            write!(f, "{}", self.first)
+        } else {
+            write!(f, "{}-{}", self.first, self.last)
+        }
+    }
+}
+
+/// Which pages a writeback looks at: a type over the whole device, or
+/// every stored page of some index ranges (zram's `type=` and
+/// `page_index=`/`page_indexes=`, which do not combine).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WritebackSelect {
+    /// The pages of this type.
+    Type(WritebackType),
+    /// Every stored page in these ranges.
+    Pages(Vec<PageRange>),
+}
+
+impl From<WritebackType> for WritebackSelect {
+    fn from(kind: WritebackType) -> Self {
+        WritebackSelect::Type(kind)
+    }
+}
+
+impl WritebackSelect {
+    /// The type a page must be (None: any stored page).
+    fn kind(&self) -> Option<WritebackType> {
+        match self {
+            WritebackSelect::Type(k) => Some(*k),
+            WritebackSelect::Pages(_) => None,
+        }
+    }
+
+    /// The pages to look at, of a device of `pages` pages: ascending,
+    /// disjoint ranges (overlapping ones merged, so that no page is copied
+    /// twice into a batch); an error names a range past the device's end.
+    pub(crate) fn spans(&self, pages: u64) -> Result<Vec<Range<u64>>> {
+        let WritebackSelect::Pages(list) = self else {
+            return Ok(std::iter::once(0..pages).collect());
+        };
+        if list.is_empty() {
+            return Err(Error::InvalidConfig(
+                "writeback: no page range given".into(),
+            ));
+        }
+        if let Some(r) = list.iter().find(|r| r.last >= pages) {
+            return Err(Error::InvalidConfig(format!(
+                "page range {r} is past the device's end (its pages are 0-{})",
+                pages.saturating_sub(1)
+            )));
+        }
+        let mut sorted: Vec<Range<u64>> = list.iter().map(|r| r.first..r.last + 1).collect();
+        sorted.sort_by_key(|r| r.start);
+        let mut out: Vec<Range<u64>> = Vec::with_capacity(sorted.len());
+        for r in sorted {
+            match out.last_mut() {
+                Some(prev) if r.start <= prev.end => prev.end = prev.end.max(r.end),
+                _ => out.push(r),
+            }
+        }
+        Ok(out)
+    }
+}
+
 /// What to write back.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Writeback {
     /// Which pages.
-    pub kind: WritebackType,
+    pub select: WritebackSelect,
     /// Write back at most this many pages (0: no limit but the device's
     /// writeback limit).
     pub limit: u64,
@@ -108,16 +211,18 @@ pub struct WritebackReport {
     pub limited: bool,
 }
 
-/// Whether `e` is a page of type `kind`.
-fn selected(e: &Entry, kind: WritebackType) -> bool {
+/// Whether `e` is a page of type `kind` (None: any page with a RAM
+/// object of its own).
+fn selected(e: &Entry, kind: Option<WritebackType>) -> bool {
     let huge = e.kind == Kind::Huge;
     let stored = huge || e.kind == Kind::Compressed;
     stored
         && match kind {
-            WritebackType::Idle => e.idle,
-            WritebackType::Huge => huge,
-            WritebackType::Incompressible => huge && e.n == INCOMPRESSIBLE,
-            WritebackType::HugeIdle => huge && e.idle,
+            None => true,
+            Some(WritebackType::Idle) => e.idle,
+            Some(WritebackType::Huge) => huge,
+            Some(WritebackType::Incompressible) => huge && e.n == INCOMPRESSIBLE,
+            Some(WritebackType::HugeIdle) => huge && e.idle,
         }
 }
 
@@ -145,22 +250,26 @@ pub(crate) fn run(
     p: &Writeback,
     budget: u64,
 ) -> Result<WritebackReport> {
+    let spans = p.select.spans(table.pages())?;
+    let kind = p.select.kind();
     let mut guard = backing.batch.lock().unwrap_or_else(|e| e.into_inner());
     let batch = &mut *guard;
     batch.items.clear();
     let mut r = WritebackReport::default();
     let mut fill = Fill::default();
-    let mut page = 0;
-    while page < table.pages() && r.selected < budget && !r.full {
-        match gather(table, batch, &mut fill, page, p.kind) {
-            Gather::Skipped => page += 1,
-            Gather::Added => {
-                r.selected += 1;
-                page += 1;
-            }
-            Gather::Full => {
-                flush(table, backing, st, batch, &mut r)?;
-                fill = Fill::default();
+    for span in spans {
+        let mut page = span.start;
+        while page < span.end && r.selected < budget && !r.full {
+            match gather(table, batch, &mut fill, page, kind) {
+                Gather::Skipped => page += 1,
+                Gather::Added => {
+                    r.selected += 1;
+                    page += 1;
+                }
+                Gather::Full => {
+                    flush(table, backing, st, batch, &mut r)?;
+                    fill = Fill::default();
+                }
             }
         }
     }
@@ -174,7 +283,7 @@ fn gather(
     batch: &mut Batch,
     fill: &mut Fill,
     page: u64,
-    kind: WritebackType,
+    kind: Option<WritebackType>,
 ) -> Gather {
     let guard = table.lock(page);
     let e = guard.entry();
@@ -311,4 +420,64 @@ fn switch(
     st.shard.add(Counter::BdWrites, 1);
     r.written += 1;
     r.bytes += len as u64;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ranges(list: &[&str]) -> WritebackSelect {
+        WritebackSelect::Pages(list.iter().map(|s| s.parse().unwrap()).collect())
+    }
+
+    #[test]
+    fn page_ranges_parse_as_zram_writes_them() {
+        let r = |s: &str| s.parse::<PageRange>();
+        assert_eq!(r("7"), Ok(PageRange { first: 7, last: 7 }));
+        assert_eq!(r("3-9"), Ok(PageRange { first: 3, last: 9 }));
+        assert_eq!(r("4-4"), Ok(PageRange { first: 4, last: 4 }));
+        assert!(r("9-3")
+            .unwrap_err()
+            .contains("first page is past its last"));
+        for bad in ["", "-", "x", "1-", "-5", "1-2-3", "0x10"] {
+            assert!(r(bad).unwrap_err().contains("invalid page range"), "{bad}");
+        }
+        assert_eq!(r("3-9").unwrap().to_string(), "3-9");
+        assert_eq!(r("7").unwrap().to_string(), "7");
+    }
+
+    #[test]
+    fn spans_are_sorted_merged_and_inside_the_device() {
+        let all = WritebackSelect::Type(WritebackType::Idle);
+        assert_eq!(
+            all.spans(10).unwrap(),
+            std::iter::once(0..10).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            ranges(&["8-9", "0", "2-4", "3-5", "6"]).spans(10).unwrap(),
+            vec![0..1, 2..7, 8..10]
+        );
+        let e = ranges(&["2-10"]).spans(10).unwrap_err().to_string();
+        assert!(
+            e.contains("page range 2-10 is past the device's end (its pages are 0-9)"),
+            "{e}"
+        );
+        assert!(ranges(&[]).spans(10).is_err());
+    }
+
+    #[test]
+    fn a_range_selects_every_page_with_an_object_of_its_own() {
+        let e = |kind, idle| Entry {
+            idle,
+            ..Entry::new(kind, 100, 1)
+        };
+        assert!(selected(&e(Kind::Compressed, false), None));
+        assert!(selected(&e(Kind::Huge, false), None));
+        for k in [Kind::Empty, Kind::Same, Kind::Packed, Kind::Backed] {
+            assert!(!selected(&e(k, true), None), "{k:?}");
+        }
+        let idle = Some(WritebackType::Idle);
+        assert!(!selected(&e(Kind::Compressed, false), idle));
+        assert!(selected(&e(Kind::Compressed, true), idle));
+    }
 }

@@ -175,7 +175,7 @@ fn crash_child() {
             Op::Writeback => {
                 store.mark_idle(None).unwrap();
                 let r = store.writeback(&zblk::Writeback {
-                    kind: zblk::WritebackType::Idle,
+                    select: zblk::WritebackType::Idle.into(),
                     limit: 6,
                 });
                 assert_eq!(r.is_ok(), mode == Mode::PerPage, "{r:?}");

@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use zblk::{
-    Algo, Mode, QueueCtx, Recompress, RecompressType, Store, StoreConfig, Writeback, WritebackType,
-    PAGE_SIZE,
+    Algo, Mode, PageRange, QueueCtx, Recompress, RecompressType, Store, StoreConfig, Writeback,
+    WritebackSelect, WritebackType, PAGE_SIZE,
 };
 
 const PAGES: u64 = 40;
@@ -47,18 +47,27 @@ fn config(pages: u64, backing: &Path, shared: bool) -> StoreConfig {
 /// steps and idle marks.
 #[derive(Debug, Clone)]
 enum Own {
-    Writeback { kind: WritebackType, limit: u64 },
+    Writeback { select: WritebackSelect, limit: u64 },
     Recompress { kind: RecompressType },
     SetLimit { pages: u64 },
 }
 
 fn op() -> impl Strategy<Value = Op<Own>> {
     let range = model::range(PAGES, 12);
+    // Page ranges too (zram's page_indexes=), overlapping ones included.
+    let pages = prop::collection::vec(model::range(PAGES, 12), 1..3).prop_map(|rs| {
+        let rs = rs.into_iter().map(|(first, n)| PageRange {
+            first,
+            last: first + n - 1,
+        });
+        WritebackSelect::Pages(rs.collect())
+    });
     let wb = prop_oneof![
-        Just(WritebackType::Idle),
-        Just(WritebackType::Huge),
-        Just(WritebackType::Incompressible),
-        Just(WritebackType::HugeIdle),
+        Just(WritebackType::Idle.into()),
+        Just(WritebackType::Huge.into()),
+        Just(WritebackType::Incompressible.into()),
+        Just(WritebackType::HugeIdle.into()),
+        pages,
     ];
     let rc = prop_oneof![Just(RecompressType::All), Just(RecompressType::Huge)];
     prop_oneof![
@@ -68,7 +77,7 @@ fn op() -> impl Strategy<Value = Op<Own>> {
         1 => Just(Op::Tick { steps: 1 }),
         // Every page, or those not accessed since the last clock step.
         2 => any::<bool>().prop_map(|all| Op::MarkIdle { steps: (!all).then_some(0) }),
-        3 => (wb, prop_oneof![Just(0u64), Just(1), Just(5)]).prop_map(|(kind, limit)| Op::Own(Own::Writeback { kind, limit })),
+        3 => (wb, prop_oneof![Just(0u64), Just(1), Just(5)]).prop_map(|(select, limit)| Op::Own(Own::Writeback { select, limit })),
         1 => rc.prop_map(|kind| Op::Own(Own::Recompress { kind })),
         1 => prop_oneof![Just(0u64), Just(3), Just(20)].prop_map(|pages| Op::Own(Own::SetLimit { pages })),
     ]
@@ -86,9 +95,14 @@ fn apply(
         return Ok(());
     };
     match own {
-        Own::Writeback { kind, limit } => {
+        Own::Writeback { select, limit } => {
             let before = store.stats();
-            let r = store.writeback(&Writeback { kind, limit }).unwrap();
+            let r = store
+                .writeback(&Writeback {
+                    select: select.clone(),
+                    limit,
+                })
+                .unwrap();
             let after = store.stats();
             let (b, a) = (&before.counters, &after.counters);
             prop_assert!(r.written + r.raced <= r.selected, "{r:?}");
@@ -101,8 +115,15 @@ fn apply(
                 m.limit = Some(left - r.written);
                 prop_assert_eq!(after.writeback_limit, left - r.written);
             }
-            if kind == WritebackType::Idle {
-                prop_assert!(r.selected <= m.idle());
+            match &select {
+                WritebackSelect::Type(WritebackType::Idle) => {
+                    prop_assert!(r.selected <= m.idle());
+                }
+                WritebackSelect::Pages(rs) => {
+                    let asked: u64 = rs.iter().map(|r| r.last - r.first + 1).sum();
+                    prop_assert!(r.selected <= asked, "{r:?} of {rs:?}");
+                }
+                WritebackSelect::Type(_) => {}
             }
             prop_assert_eq!(a.bd_count, b.bd_count + r.written);
             prop_assert_eq!(a.bd_writes, b.bd_writes + r.written);
@@ -230,7 +251,7 @@ fn written_back(n: u64, bd: &Path, shared: bool) -> (Arc<Store>, QueueCtx, Vec<u
     store.mark_idle(None).unwrap();
     let r = store
         .writeback(&Writeback {
-            kind: WritebackType::Idle,
+            select: WritebackType::Idle.into(),
             limit: 0,
         })
         .unwrap();
@@ -343,7 +364,7 @@ fn recovery_rebuilds_the_free_map_from_written_back_slots() {
     store.mark_idle(None).unwrap();
     store
         .writeback(&Writeback {
-            kind: WritebackType::Idle,
+            select: WritebackType::Idle.into(),
             limit: 0,
         })
         .unwrap();
@@ -369,7 +390,7 @@ fn recovery_without_the_backing_device_empties_only_written_back_slots() {
 fn writeback_refuses_what_it_cannot_do_in_one_line() {
     let plain = Store::new(StoreConfig::new(16 * P)).unwrap();
     let wb = Writeback {
-        kind: WritebackType::Idle,
+        select: WritebackType::Idle.into(),
         limit: 0,
     };
     let e = plain.writeback(&wb).unwrap_err().to_string();
@@ -396,7 +417,7 @@ fn the_writeback_limit_stops_writeback_and_is_consumed() {
     store.mark_idle(None).unwrap();
     store.set_writeback_limit(10);
     let wb = Writeback {
-        kind: WritebackType::Idle,
+        select: WritebackType::Idle.into(),
         limit: 0,
     };
     let r = store.writeback(&wb).unwrap();
@@ -419,7 +440,7 @@ fn incompressible_selects_huge_pages_recompression_could_not_shrink() {
     let huge = store.stats().counters.huge_pages;
     assert!(huge >= 2);
     let inc = Writeback {
-        kind: WritebackType::Incompressible,
+        select: WritebackType::Incompressible.into(),
         limit: 0,
     };
     assert_eq!(store.writeback(&inc).unwrap().selected, 0, "not tried yet");
@@ -543,7 +564,7 @@ fn writeback_racing_writes_reads_and_discards_loses_nothing() {
     let (_d, bd) = backing_file(N);
     let store = Store::new(config(N, &bd, false)).unwrap();
     let wb = Writeback {
-        kind: WritebackType::Idle,
+        select: WritebackType::Idle.into(),
         limit: 0,
     };
     let written = race_maintenance(&store, N, |store| {
@@ -647,7 +668,7 @@ fn writeback_keeps_a_page_overwritten_with_the_same_handle_meanwhile() {
     store.mark_idle(None).unwrap();
     overwrite_twice_at(&store, "writeback:written", second.clone());
     let wb = Writeback {
-        kind: WritebackType::Idle,
+        select: WritebackType::Idle.into(),
         limit: 0,
     };
     let r = store.writeback(&wb).unwrap();

@@ -103,7 +103,7 @@ fn main() -> Result<(), String> {
     let t0 = Instant::now();
     let r = wb
         .writeback(&Writeback {
-            kind: WritebackType::Idle,
+            select: WritebackType::Idle.into(),
             limit: 0,
         })
         .map_err(|e| e.to_string())?;

@@ -23,7 +23,7 @@ use zblk_ublk::keeper::KeeperRequest;
 use zblk_ublk::{Request, Response};
 
 /// Every command of both sockets, and a few near misses.
-const CMDS: [&str; 18] = [
+const CMDS: [&str; 19] = [
     "info",
     "stats",
     "compact",
@@ -40,11 +40,12 @@ const CMDS: [&str; 18] = [
     "set-mem-limit",
     "huge_idle",
     "writeback",
+    "dump",
     "set_writeback_limit",
     "set_policy",
 ];
 /// Every field of any request, and keys of replies.
-const KEYS: [&str; 16] = [
+const KEYS: [&str; 18] = [
     "cmd",
     "bytes",
     "force",
@@ -58,6 +59,8 @@ const KEYS: [&str; 16] = [
     "error",
     "limit",
     "pages",
+    "start",
+    "count",
     "recompress_idle_after",
     "writeback_idle_after",
     "recompress_algo",
@@ -137,8 +140,23 @@ fn model(v: &Value) -> Option<Request> {
             max_pages: u64_or_0("max_pages")?,
         }),
         "writeback" => Some(Request::Writeback {
-            kind: o.get("kind")?.as_str()?.to_string(),
+            kind: match o.get("kind") {
+                None | Some(Value::Null) => None,
+                Some(k) => Some(k.as_str()?.to_string()),
+            },
+            pages: match o.get("pages") {
+                None => Vec::new(),
+                Some(p) => p
+                    .as_array()?
+                    .iter()
+                    .map(|r| r.as_str().map(str::to_string))
+                    .collect::<Option<_>>()?,
+            },
             limit: u64_or_0("limit")?,
+        }),
+        "dump" => Some(Request::Dump {
+            start: u64_or_0("start")?,
+            count: u64_or_0("count")?,
         }),
         "set_writeback_limit" => Some(Request::SetWritebackLimit {
             pages: o.get("pages")?.as_u64()?,
@@ -210,10 +228,20 @@ fn wire(r: &Request) -> Value {
             put("threshold", (*threshold).into());
             put("max_pages", (*max_pages).into());
         }
-        Request::Writeback { kind, limit } => {
+        Request::Writeback { kind, pages, limit } => {
             put("cmd", "writeback".into());
-            put("kind", kind.as_str().into());
+            if let Some(kind) = kind {
+                put("kind", kind.as_str().into());
+            }
+            if !pages.is_empty() {
+                put("pages", pages.clone().into());
+            }
             put("limit", (*limit).into());
+        }
+        Request::Dump { start, count } => {
+            put("cmd", "dump".into());
+            put("start", (*start).into());
+            put("count", (*count).into());
         }
         Request::SetWritebackLimit { pages } => {
             put("cmd", "set_writeback_limit".into());
@@ -301,8 +329,13 @@ enum Typed {
         max_pages: u64,
     },
     Writeback {
-        kind: String,
+        kind: Option<String>,
+        pages: Vec<String>,
         limit: u64,
+    },
+    Dump {
+        start: u64,
+        count: u64,
     },
     SetWritebackLimit(u64),
     SetPolicy {
@@ -336,9 +369,14 @@ impl Typed {
                 threshold: *threshold,
                 max_pages: *max_pages,
             },
-            Typed::Writeback { kind, limit } => Request::Writeback {
+            Typed::Writeback { kind, pages, limit } => Request::Writeback {
                 kind: kind.clone(),
+                pages: pages.clone(),
                 limit: *limit,
+            },
+            Typed::Dump { start, count } => Request::Dump {
+                start: *start,
+                count: *count,
             },
             Typed::SetWritebackLimit(pages) => Request::SetWritebackLimit { pages: *pages },
             Typed::SetPolicy {

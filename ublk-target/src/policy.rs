@@ -429,7 +429,7 @@ impl Policy {
         if s.writeback_idle_after > 0 && used < budget {
             store.remark_idle(s.writeback_idle_after)?;
             let r = store.writeback(&Writeback {
-                kind: WritebackType::Idle,
+                select: WritebackType::Idle.into(),
                 limit: budget - used,
             })?;
             used += r.selected;

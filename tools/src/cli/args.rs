@@ -5,6 +5,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use zblk::PageRange;
 use zblk_ublk::size::parse_size;
 use zblk_ublk::DeviceConfig;
 
@@ -41,8 +42,18 @@ pub enum Cmd {
     Idle(IdleArgs),
     /// Recompress a device's pages with a stronger secondary algorithm.
     Recompress(RecompressArgs),
-    /// Write a device's pages back to its backing device (--backing-dev).
+    /// Write a device's pages back to its backing device (--backing-dev), by type or by index.
     Writeback(WritebackArgs),
+    /// One line per stored page: size, access time, flags, kind, algorithm (zram's block_state).
+    ///
+    /// Columns: INDEX; SIZE, the bytes the page takes (its object, 4096 raw,
+    /// its share of a packed group, 0 same-filled); ATIME, its last access
+    /// in seconds of the store's clock; FLAGS, one letter each or '.': s
+    /// same-filled, w written back, h huge, p packed, i idle, n
+    /// incompressible; KIND; ALGO, the primary or secondary algorithm ('-'
+    /// raw or same-filled). Empty slots are left out. The daemon answers a
+    /// chunk of slots at a time, one slot lock at a time, while it serves.
+    Dump(DumpArgs),
     /// Run the engine over a file of pages (no device, no root).
     Bench(BenchArgs),
     /// Start a daemon that takes over a device whose daemon died.
@@ -288,19 +299,44 @@ pub struct SetArgs {
     pub recompress_algo: Option<String>,
 }
 
-/// `zblk writeback`.
+/// `zblk writeback`: by type or by page index, exactly one of the two
+/// (the group makes them conflict, as zram's `type=` and `page_index=`).
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["kind", "pages"])))]
 pub struct WritebackArgs {
     /// Device id.
     #[arg(short = 'n', long)]
     pub id: u32,
-    /// Which pages: idle, huge, incompressible or huge_idle.
-    #[arg(long = "type")]
-    pub kind: String,
+    /// Which pages: idle, huge, incompressible or huge_idle (or --pages,
+    /// not both).
+    #[arg(long = "type", value_name = "TYPE")]
+    pub kind: Option<String>,
+    /// Every stored page of these, whatever its type: a page index N or
+    /// an inclusive range LOW-HIGH (repeatable; zram's page_index= and
+    /// page_indexes=). Same-filled pages stay in RAM.
+    #[arg(long, value_name = "LOW-HIGH", value_parser = parse_page_range, action = clap::ArgAction::Append)]
+    pub pages: Vec<PageRange>,
     /// Write back at most this many pages (0: no limit but the device's
     /// --writeback-limit).
     #[arg(long, value_name = "PAGES", default_value_t = 0)]
     pub limit: u64,
+}
+
+/// Parses `--pages`: N or LOW-HIGH, LOW <= HIGH.
+fn parse_page_range(s: &str) -> Result<PageRange, String> {
+    s.parse()
+}
+
+/// `zblk dump`.
+#[derive(Debug, Args)]
+pub struct DumpArgs {
+    /// Device id.
+    #[arg(short = 'n', long)]
+    pub id: u32,
+    /// One JSON object per page and line (JSON lines): index, kind, size,
+    /// algo, idle, incompressible, atime.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `zblk idle`.
@@ -612,10 +648,15 @@ mod tests {
         else {
             panic!()
         };
-        assert_eq!((w.id, w.kind.as_str(), w.limit), (2, "huge_idle", 0));
-        assert!(
-            parse(&["writeback", "-n", "2"]).is_err(),
-            "--type is required"
+        assert_eq!(
+            (w.id, w.kind.as_deref(), w.limit),
+            (2, Some("huge_idle"), 0)
+        );
+        assert!(w.pages.is_empty());
+        assert_eq!(
+            parse(&["writeback", "-n", "2"]).unwrap_err().kind(),
+            ErrorKind::MissingRequiredArgument,
+            "--type or --pages"
         );
         let Cmd::Bench(b) = parse(&["bench", "--input", "x.zst", "--threads", "2"])
             .unwrap()
@@ -659,6 +700,57 @@ mod tests {
         );
         assert!(parse(&["setup", "--foreground"]).is_err(), "needs --id");
         assert!(parse(&["setup", "-n", "1", "-f", "--dry-run"]).is_err());
+    }
+
+    #[test]
+    fn writeback_by_page_index() {
+        let Cmd::Writeback(w) = parse(&[
+            "writeback",
+            "-n",
+            "1",
+            "--pages",
+            "10-20",
+            "--pages",
+            "7",
+            "--limit",
+            "5",
+        ])
+        .unwrap()
+        .cmd
+        else {
+            panic!()
+        };
+        let range = |first, last| PageRange { first, last };
+        assert_eq!(w.pages, [range(10, 20), range(7, 7)]);
+        assert_eq!((w.kind, w.limit), (None, 5));
+        let e = parse(&["writeback", "-n", "1", "--pages", "3", "--type", "idle"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ArgumentConflict);
+        let line = super::super::one_line(&e.to_string());
+        assert!(
+            line.contains("--type") && line.contains("--pages"),
+            "{line}"
+        );
+        for (bad, why) in [
+            ("20-10", "first page is past its last"),
+            ("ten", "invalid page range 'ten'"),
+            ("1-", "invalid page range"),
+        ] {
+            let e = parse(&["writeback", "-n", "1", "--pages", bad]).unwrap_err();
+            assert!(e.to_string().contains(why), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn dump_takes_an_id_and_json() {
+        let Cmd::Dump(d) = parse(&["dump", "-n", "3", "--json"]).unwrap().cmd else {
+            panic!()
+        };
+        assert_eq!((d.id, d.json), (3, true));
+        let Cmd::Dump(d) = parse(&["dump", "--id", "0"]).unwrap().cmd else {
+            panic!()
+        };
+        assert_eq!((d.id, d.json), (0, false));
+        assert!(parse(&["dump"]).is_err(), "needs --id");
     }
 
     #[test]

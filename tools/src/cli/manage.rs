@@ -135,10 +135,11 @@ pub fn set(a: SetArgs) -> CliResult {
     Ok(())
 }
 
-/// `zblk writeback -n ID --type T [--limit PAGES]`.
+/// `zblk writeback -n ID --type T | --pages LOW-HIGH... [--limit PAGES]`.
 pub fn writeback(a: WritebackArgs) -> CliResult {
     let req = Request::Writeback {
         kind: a.kind,
+        pages: a.pages.iter().map(ToString::to_string).collect(),
         limit: a.limit,
     };
     // A whole device's worth of pages through the backing device's I/O.

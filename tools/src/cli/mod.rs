@@ -6,6 +6,7 @@ mod bench;
 pub mod columns;
 pub mod conf;
 mod docs;
+mod dump;
 mod exporter;
 mod manage;
 mod metrics;
@@ -147,6 +148,7 @@ pub fn run(cli: Cli) -> CliResult {
                 Cmd::Idle(a) => manage::idle(a),
                 Cmd::Recompress(a) => manage::recompress(a),
                 Cmd::Writeback(a) => manage::writeback(a),
+                Cmd::Dump(a) => dump::dump(a),
                 Cmd::Bench(a) => bench::bench(a),
                 Cmd::Recover(a) => manage::recover(a),
                 Cmd::Restart(a) => manage::restart(a),

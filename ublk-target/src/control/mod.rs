@@ -58,13 +58,33 @@ pub enum Request {
     },
     /// Writes pages back to the device's backing device (zram's
     /// `writeback`): a `zblk::WritebackReport` and `pages_compacted`.
+    /// Exactly one of `kind` and `pages` says which pages.
     Writeback {
         /// Which pages: `idle`, `huge`, `incompressible` or `huge_idle`.
-        kind: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        kind: Option<String>,
+        /// Or every stored page of these ranges: `N` or `LOW-HIGH`
+        /// (inclusive; zram's `page_index=` and `page_indexes=`).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pages: Vec<String>,
         /// Write back at most this many pages (0: no limit but the
         /// device's writeback limit).
         #[serde(default)]
         limit: u64,
+    },
+    /// What the slots from page `start` on hold (zram's `block_state`):
+    /// `{"slots": [zblk::SlotState, ..], "next": N}` for the stored pages
+    /// of at most `count` slots (and no more than [`DUMP_CHUNK`]); `next`
+    /// is where to ask from next, null at the device's end. A client walks
+    /// the device chunk by chunk, so the daemon never holds more than one
+    /// slot nor builds more than one chunk.
+    Dump {
+        /// The first page.
+        #[serde(default)]
+        start: u64,
+        /// Slots to look at (0 or more than [`DUMP_CHUNK`]: [`DUMP_CHUNK`]).
+        #[serde(default)]
+        count: u64,
     },
     /// Sets the writeback limit in pages (zram's `writeback_limit`;
     /// 0: off).
@@ -102,6 +122,10 @@ pub enum Request {
     /// [`crate::keeper::EXIT_HANDOVER`]. Refused unless recovery is on.
     Handover,
 }
+
+/// Most slots one `dump` reply covers: a reply of that many stored pages
+/// stays well under [`MAX_LINE`] (about 120 bytes of JSON each).
+pub const DUMP_CHUNK: u64 = 4096;
 
 /// The default recompression type.
 fn all() -> String {
@@ -299,6 +323,29 @@ mod tests {
                     max_pages: 5,
                 },
                 r#"{"cmd":"recompress","algo":"zstd:9","kind":"idle","threshold":1000,"max_pages":5}"#,
+            ),
+            (
+                Request::Writeback {
+                    kind: Some("idle".into()),
+                    pages: vec![],
+                    limit: 0,
+                },
+                r#"{"cmd":"writeback","kind":"idle","limit":0}"#,
+            ),
+            (
+                Request::Writeback {
+                    kind: None,
+                    pages: vec!["3".into(), "10-20".into()],
+                    limit: 5,
+                },
+                r#"{"cmd":"writeback","pages":["3","10-20"],"limit":5}"#,
+            ),
+            (
+                Request::Dump {
+                    start: 4096,
+                    count: 100,
+                },
+                r#"{"cmd":"dump","start":4096,"count":100}"#,
             ),
         ];
         for (req, wire) in cases {

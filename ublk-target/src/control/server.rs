@@ -1,7 +1,9 @@
 //! The daemon side of the control socket: binds `/run/zblk/<id>.sock` and
 //! answers one request per connection.
 
-use super::{read_request, refuse_non_root, write_response, DeviceInfo, Request, Response};
+use super::{
+    read_request, refuse_non_root, write_response, DeviceInfo, Request, Response, DUMP_CHUNK,
+};
 use crate::error::{Error, Result, Step};
 use crate::policy::{Policy, Update};
 use crate::queue::Queues;
@@ -156,7 +158,10 @@ fn answer(queues: &Queues, policy: &Policy, info: &DeviceInfo, req: Request) -> 
             threshold,
             max_pages,
         } => recompress(queues, info, &algo, &kind, threshold, max_pages),
-        Request::Writeback { kind, limit } => writeback(queues, info, &kind, limit),
+        Request::Writeback { kind, pages, limit } => {
+            writeback(queues, info, kind.as_deref(), &pages, limit)
+        }
+        Request::Dump { start, count } => dump(queues, start, count),
         Request::SetWritebackLimit { pages } => {
             queues.store().set_writeback_limit(pages);
             log::info!(
@@ -239,15 +244,40 @@ fn recompress(
     }
 }
 
+/// Which pages a writeback request names: a type or page ranges, not both.
+fn writeback_select(
+    kind: Option<&str>,
+    pages: &[String],
+) -> std::result::Result<zblk::WritebackSelect, String> {
+    match (kind, pages.is_empty()) {
+        (Some(_), false) => Err("writeback: a type and page ranges do not combine".into()),
+        (None, true) => Err("writeback: give a type or page ranges".into()),
+        (Some(k), true) => Ok(zblk::WritebackSelect::Type(k.parse()?)),
+        (None, false) => {
+            let ranges = pages
+                .iter()
+                .map(|p| p.parse())
+                .collect::<std::result::Result<_, _>>()?;
+            Ok(zblk::WritebackSelect::Pages(ranges))
+        }
+    }
+}
+
 /// Runs a writeback from the control loop, as recompression runs: off the
 /// queue threads; the engine does its I/O with no slot lock held, so
 /// swap-ins go on meanwhile.
-fn writeback(queues: &Queues, info: &DeviceInfo, kind: &str, limit: u64) -> Response {
-    let kind = match kind.parse::<zblk::WritebackType>() {
-        Ok(k) => k,
+fn writeback(
+    queues: &Queues,
+    info: &DeviceInfo,
+    kind: Option<&str>,
+    pages: &[String],
+    limit: u64,
+) -> Response {
+    let select = match writeback_select(kind, pages) {
+        Ok(s) => s,
         Err(e) => return Response::err(e),
     };
-    match queues.store().writeback(&zblk::Writeback { kind, limit }) {
+    match queues.store().writeback(&zblk::Writeback { select, limit }) {
         Ok(r) => {
             // As after recompression: the freed objects are all over
             // their zspages, which only compaction gives back.
@@ -277,6 +307,27 @@ fn writeback(queues: &Queues, info: &DeviceInfo, kind: &str, limit: u64) -> Resp
         }
         Err(e) => Response::err(e.to_string()),
     }
+}
+
+/// One chunk of the device's slot states from page `start` on, and where
+/// the next one starts (null at the device's end). No maintenance lock:
+/// the engine locks one slot at a time.
+fn dump(queues: &Queues, start: u64, count: u64) -> Response {
+    let pages = queues.store().size() / zblk::PAGE_SIZE_U64;
+    if start > pages {
+        return Response::err(format!(
+            "dump: page {start} is past the device's end ({pages} pages)"
+        ));
+    }
+    let count = if count == 0 {
+        DUMP_CHUNK
+    } else {
+        count.min(DUMP_CHUNK)
+    };
+    let end = start.saturating_add(count).min(pages);
+    let slots = queues.store().slot_states(start..end);
+    let next = (end < pages).then_some(end);
+    json_reply(serde_json::to_value(&slots).map(|s| serde_json::json!({"slots": s, "next": next})))
 }
 
 /// Changes the idle policy; replies with its report, or why not.
@@ -479,10 +530,10 @@ mod tests {
         assert!(back == text);
     }
 
-    #[test]
-    fn writeback_and_its_limit_through_the_control_loop() {
-        let dir = tempfile::tempdir().unwrap();
-        let bd = dir.path().join("backing");
+    /// A device of one queue (no threads) with a backing file of 64
+    /// blocks in `dir`, and 8 pages of text written at its start.
+    fn with_backing(dir: &Path) -> (DeviceConfig, PathBuf, Arc<zblk::Store>, Queues, Vec<u8>) {
+        let bd = dir.join("backing");
         std::fs::File::create(&bd)
             .unwrap()
             .set_len(64 * PAGE_SIZE as u64)
@@ -492,16 +543,24 @@ mod tests {
         let store = zblk::Store::new(dc.store_config()).unwrap();
         let shared = Queues::with_store(&dc, store.clone()).unwrap();
         fake::no_threads(&shared);
-        let mut ctx = store.new_ctx();
         let text: Vec<u8> = b"cold pages, written back; "
             .iter()
             .copied()
             .cycle()
             .take(8 * PAGE_SIZE)
             .collect();
-        ctx.write(0, &text).unwrap();
+        store.new_ctx().write(0, &text).unwrap();
+        (dc, bd, store, shared, text)
+    }
+
+    #[test]
+    fn writeback_and_its_limit_through_the_control_loop() {
+        let dir = tempfile::tempdir().unwrap();
+        let (dc, bd, store, shared, text) = with_backing(dir.path());
+        let mut ctx = store.new_ctx();
         let wb = |kind: &str, limit| Request::Writeback {
-            kind: kind.into(),
+            kind: Some(kind.into()),
+            pages: vec![],
             limit,
         };
         let (r, _) = ask(&shared, wb("cold", 0));
@@ -549,6 +608,74 @@ mod tests {
         let (r, _) = ask(&plain, wb("huge", 0));
         let e = r.error.unwrap();
         assert!(e.contains("no backing device") && !e.contains('\n'), "{e}");
+    }
+
+    #[test]
+    fn writeback_by_page_ranges_and_dump_through_the_control_loop() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, _, store, shared, text) = with_backing(dir.path());
+        let wb = |kind: Option<&str>, pages: &[&str]| Request::Writeback {
+            kind: kind.map(Into::into),
+            pages: pages.iter().map(|p| p.to_string()).collect(),
+            limit: 0,
+        };
+        for (req, want) in [
+            (wb(Some("idle"), &["1"]), "do not combine"),
+            (wb(None, &[]), "give a type or page ranges"),
+            (wb(None, &["5-2"]), "first page is past its last"),
+            (
+                wb(None, &["250-256"]),
+                "past the device's end (its pages are 0-255)",
+            ),
+        ] {
+            let (r, _) = ask(&shared, req);
+            let e = r.error.unwrap_or_default();
+            assert!(e.contains(want) && !e.contains('\n'), "{want}: {e}");
+        }
+        let (r, _) = ask(&shared, wb(None, &["1-2", "6", "2"]));
+        assert!(r.ok, "{r:?}");
+        assert_eq!(
+            (&r.data["selected"], &r.data["written"]),
+            (&3.into(), &3.into())
+        );
+
+        let (r, _) = ask(&shared, Request::Dump { start: 0, count: 0 });
+        assert!(r.ok, "{r:?}");
+        assert!(r.data["next"].is_null(), "256 pages fit one chunk");
+        let slots: Vec<zblk::SlotState> = serde_json::from_value(r.data["slots"].clone()).unwrap();
+        let kinds: Vec<_> = slots.iter().map(|s| (s.index, s.kind.name())).collect();
+        let want: Vec<_> = (0..8u64)
+            .map(|i| {
+                let backed = matches!(i, 1 | 2 | 6);
+                (i, if backed { "written_back" } else { "compressed" })
+            })
+            .collect();
+        assert_eq!(kinds, want);
+        let (r, _) = ask(
+            &shared,
+            Request::Dump {
+                start: 7,
+                count: 100,
+            },
+        );
+        assert_eq!(
+            (r.data["slots"].as_array().unwrap().len(), &r.data["next"]),
+            (1, &107.into())
+        );
+        let (r, _) = ask(
+            &shared,
+            Request::Dump {
+                start: 257,
+                count: 1,
+            },
+        );
+        assert!(r
+            .error
+            .unwrap_or_default()
+            .contains("past the device's end"));
+        let mut back = vec![0u8; 8 * PAGE_SIZE];
+        store.new_ctx().read(0, &mut back).unwrap();
+        assert!(back == text);
     }
 
     /// Polls `f` every few milliseconds for up to ten seconds.
