@@ -49,7 +49,8 @@ pub enum Cmd {
     Recover(RecoverArgs),
     /// Hand a device over to a new daemon (e.g. an upgraded binary), no swapoff.
     Restart(IdArgs),
-    /// Bring up the swap devices of the configuration file (/etc/zblk/zblk.conf).
+    /// Bring up the devices of the configuration file (/etc/zblk/zblk.conf):
+    /// swap, or filesystems on their mount-point.
     Setup(SetupArgs),
     /// Serve every device's statistics to Prometheus over HTTP (/metrics).
     Exporter(ExporterArgs),
@@ -58,6 +59,10 @@ pub enum Cmd {
     /// Write the man pages and shell completions into a directory.
     #[command(hide = true)]
     GenDocs(GenDocsArgs),
+    /// Write the systemd units of the filesystems of /etc/zblk/zblk.conf
+    /// (what /usr/lib/systemd/system-generators/zblk-generator runs).
+    #[command(hide = true)]
+    Generator(GeneratorArgs),
     /// Serve a device (what `add` starts in the background).
     #[command(hide = true)]
     Daemon(DaemonArgs),
@@ -110,13 +115,20 @@ pub struct SetupArgs {
     #[arg(short = 'n', long)]
     pub id: Option<u32>,
     /// Serve that device in this process until stopped, telling systemd
-    /// when it is swap (what zblk@N.service runs).
+    /// when it is swap, or formatted for its mount-point (mounting it is
+    /// the mount unit's); what zblk@N.service runs.
     #[arg(short, long, requires = "id", conflicts_with = "dry_run")]
     pub foreground: bool,
-    /// Swap that device off and delete it, unless its daemon just died
-    /// under systemd, which will restart it (zblk@N.service's ExecStop).
+    /// Unmount that device or swap it off, and delete it, unless its
+    /// daemon just died under systemd, which will restart it
+    /// (zblk@N.service's ExecStop).
     #[arg(long, requires = "id", conflicts_with_all = ["dry_run", "foreground"])]
     pub stop: bool,
+    /// Bring up the swap devices only, leaving the sections with a
+    /// mount-point to the units zblk's systemd generator writes for them
+    /// (what zblk-setup.service runs).
+    #[arg(long, conflicts_with_all = ["foreground", "stop"])]
+    pub swap_only: bool,
 }
 
 impl SetupArgs {
@@ -238,6 +250,15 @@ pub struct GenDocsArgs {
     pub out_dir: PathBuf,
 }
 
+/// The hidden `zblk generator`: systemd runs generators with three
+/// directories (normal, early, late); the units go into the first.
+#[derive(Debug, Args)]
+pub struct GeneratorArgs {
+    /// The directories systemd gives a generator.
+    #[arg(required = true, num_args = 1..=3)]
+    pub dirs: Vec<PathBuf>,
+}
+
 /// `zblk del`.
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("which").required(true).args(["id", "all"])))]
@@ -245,7 +266,8 @@ pub struct DelArgs {
     /// Device id.
     #[arg(short = 'n', long)]
     pub id: Option<u32>,
-    /// Every zblk device.
+    /// Every zblk device but a mounted one (a filesystem's device goes
+    /// after its unmount: by -n, or by its unit).
     #[arg(short, long)]
     pub all: bool,
     /// swapoff first if the device is active swap.
