@@ -766,6 +766,22 @@ mod tests {
         assert_eq!(e[1].add.dev.size, 2048 << 20);
         assert_eq!(e[1].add.dev.mem_limit, 512 << 20);
         assert!(parse_ok(include_str!("../../../dist/zblk.conf"), 16384.0).is_empty());
+        // Its commented-out filesystem section parses once uncommented.
+        let fs_part = ex.split_once("#[ublkb2]").map_or("", |(_, rest)| rest);
+        let fs_text: String = fs_part
+            .lines()
+            .map(|l| format!("{}\n", l.trim_start_matches('#')))
+            .collect();
+        let e = parse_ok(&format!("[ublkb2]{fs_text}"), 16384.0);
+        let m = e[0].mount.clone().unwrap();
+        assert_eq!(
+            (m.point.as_path(), m.fs, m.options.as_str()),
+            (
+                Path::new("/var/tmp/zblk"),
+                FsType::Ext4,
+                "discard,nodev,nosuid"
+            )
+        );
     }
 
     #[test]

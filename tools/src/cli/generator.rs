@@ -7,7 +7,7 @@
 //! anything: so for each section with a `mount-point`, the generator
 //! writes into DIR
 //! - `WHERE.mount` (the path escaped as `systemd-escape --path` does):
-//!   `What=/dev/ublkbN`, `Where=`, `Type=`, `Options=`, `Requires=` and
+//!   `What=/dev/ublkbN`, `Where=`, `Type=`, `Options=`, `Wants=` and
 //!   `After=zblk@N.service`, `Before=local-fs.target`, and a link in
 //!   `local-fs.target.wants/` that pulls it in at boot;
 //! - `zblk@N.service.d/zblk-generator.conf`: its description, and
@@ -17,7 +17,16 @@
 //! formats it and only then says `READY=1`, so the mount comes after the
 //! `mkfs`. Stopping goes the other way: the mount is stopped (unmounted)
 //! before `zblk@N.service`, whose `ExecStop` deletes the device, and that
-//! before `zblk-setup.service`'s stop (`zblk del --all`) begins. Swap
+//! before `zblk-setup.service`'s stop (`zblk del --all`) begins.
+//!
+//! `Wants=`, not `Requires=`: systemd 252 (Debian 12) restarts a service
+//! that crashed by a restart job, which a `Requires=` would carry to the
+//! mount: an unmount while no daemon serves the device, whose superblock
+//! write the driver holds until the next daemon, which waits for that
+//! unmount. With `Wants=` the mount stays through the daemon's restart,
+//! its I/O held and then served by the daemon that took the device over.
+//! A stop of `zblk@N.service` alone unmounts first all the same: its
+//! `ExecStop` (`zblk setup --id N --stop`) does. Swap
 //! sections get nothing here: `zblk-setup.service` or an enabled
 //! `zblk@N.service` brings them up as before.
 //!
@@ -103,13 +112,14 @@ fn mount_unit(sect: &str, id: u32, m: &Mount, source: &Path) -> String {
     format!(
         "# Written by zblk-generator from [{sect}] of {src}.\n\
          # zblk@{id}.service makes /dev/ublkb{id} and formats it before it is\n\
-         # ready; this unit mounts it, and unmounts it before that unit stops.\n\
+         # ready; this unit mounts it, and unmounts it before that unit stops\n\
+         # (Wants=: a restart of its crashed daemon leaves the mount alone).\n\
          \n\
          [Unit]\n\
          Description=zblk filesystem on {point}\n\
          Documentation=man:zblk-setup(1)\n\
          SourcePath={src}\n\
-         Requires=zblk@{id}.service\n\
+         Wants=zblk@{id}.service\n\
          After=zblk@{id}.service\n\
          Before=local-fs.target\n\
          \n\
@@ -216,13 +226,14 @@ mod tests {
             unit,
             "# Written by zblk-generator from [ublkb1] of /etc/zblk/zblk.conf.\n\
              # zblk@1.service makes /dev/ublkb1 and formats it before it is\n\
-             # ready; this unit mounts it, and unmounts it before that unit stops.\n\
+             # ready; this unit mounts it, and unmounts it before that unit stops\n\
+             # (Wants=: a restart of its crashed daemon leaves the mount alone).\n\
              \n\
              [Unit]\n\
              Description=zblk filesystem on /mnt/zblk-scratch\n\
              Documentation=man:zblk-setup(1)\n\
              SourcePath=/etc/zblk/zblk.conf\n\
-             Requires=zblk@1.service\n\
+             Wants=zblk@1.service\n\
              After=zblk@1.service\n\
              Before=local-fs.target\n\
              \n\
@@ -250,7 +261,7 @@ mod tests {
         };
         assert!(unit.contains("\nWhere=/var/tmp/50%%\n"), "{unit}");
         assert!(unit.contains("\nType=xfs\nOptions=\n"), "{unit}");
-        assert!(unit.contains("Requires=zblk@2.service\n"), "{unit}");
+        assert!(unit.contains("Wants=zblk@2.service\n"), "{unit}");
     }
 
     #[test]
