@@ -51,6 +51,7 @@ pub enum Cmd {
     Restart(IdArgs),
     /// Bring up the devices of the configuration file (/etc/zblk/zblk.conf):
     /// swap, or filesystems on their mount-point.
+    #[command(after_help = SETUP_KEYS)]
     Setup(SetupArgs),
     /// Serve every device's statistics to Prometheus over HTTP (/metrics).
     Exporter(ExporterArgs),
@@ -95,6 +96,18 @@ pub struct AddArgs {
     #[arg(long)]
     pub json: bool,
 }
+
+/// The keys of a section, for `zblk setup --help` and its man page.
+const SETUP_KEYS: &str = "\
+A [ublkbN] section makes /dev/ublkbN: size (MB, or an expression of ram: \"ram / 2\"), \
+compression-algorithm, mode, group-pages, mem-limit, recovery, backing-dev, \
+recompress-idle-after, recompress-algorithm, writeback-idle-after, host-memory-limit; \
+then swap (swap-priority, options: swapon's, default \"discard\") or, with \
+mount-point = \"/PATH\", a filesystem mounted there: fs-type (ext4, the default, made \
+without a journal; ext2, ext3, xfs, btrfs: its mkfs.TYPE must be installed) and options \
+(mount options, default \"discard\"). At boot zblk-generator writes a mount unit for \
+each mount-point, before local-fs.target, that pulls in zblk@N.service. \
+Every key: /usr/share/doc/zblk/zblk.conf.example.";
 
 /// Where `zblk setup` reads its devices from by default (the format is
 /// `conf`'s).

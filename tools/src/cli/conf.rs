@@ -196,25 +196,28 @@ pub fn parse_files(files: &[(&Path, &str)], ram_mb: f64) -> Result<Vec<Entry>, S
             }
         }
     }
+    one_device_per_mount_point(&parts)?;
     let mut entries = parts
         .into_iter()
         .map(|(name, part)| part.finish(name))
         .collect::<Result<Vec<_>, _>>()?;
     entries.sort_by_key(|e| e.add.dev.id);
-    one_device_per_mount_point(&entries)?;
     Ok(entries)
 }
 
 /// Two sections may not mount on the same place.
-fn one_device_per_mount_point(entries: &[Entry]) -> Result<(), String> {
+fn one_device_per_mount_point(parts: &BTreeMap<String, Part>) -> Result<(), String> {
     let mut seen: BTreeMap<&Path, &str> = BTreeMap::new();
-    for e in entries {
-        let Some(m) = &e.mount else { continue };
-        if let Some(first) = seen.insert(&m.point, &e.name) {
+    for (name, part) in parts {
+        let Some(Setting::MountPoint(point)) = part.keys.get("mount-point") else {
+            continue;
+        };
+        if let Some(first) = seen.insert(point, name) {
             return Err(format!(
-                "[{first}] and [{}] both have mount-point = \"{}\"",
-                e.name,
-                super::escape_controls(&m.point.to_string_lossy())
+                "{}: [{}]: mount-point = \"{}\" is [{first}]'s already",
+                part.at,
+                super::escape_controls(name),
+                super::escape_controls(&point.to_string_lossy())
             ));
         }
     }
@@ -951,7 +954,10 @@ mod tests {
             "[ublkb0]\nsize = 64\nmount-point = \"/m\"\n\
              [ublkb1]\nsize = 64\nmount-point = \"/m/\"\n",
         );
-        assert_eq!(e, "[ublkb0] and [ublkb1] both have mount-point = \"/m\"");
+        assert_eq!(
+            e,
+            format!("{FILE}:4: [ublkb1]: mount-point = \"/m\" is [ublkb0]'s already")
+        );
     }
 
     const DROP: &str = "/etc/zblk/zblk.conf.d/50-more.conf";
