@@ -113,7 +113,8 @@ fs_round ext4 "mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0" "e2fsc
 all=$FIGS
 # zblk setup's filesystem and a kill -9 of its daemon; sets FIGS.
 setup_round() {
-    local conf=/tmp/zblk-vm.setup.conf mnt=/mnt/zblk-setup id=7 taken pid want got log=/run/zblk/7.log
+    local conf=/tmp/zblk-vm.setup.conf mnt=/mnt/zblk-setup id=7 taken pid want got log=/run/zblk/7.log t0
+    t0=$(now)
     cat >"$conf" <<CONF
 [ublkb$id]
 size = 128
@@ -138,7 +139,7 @@ CONF
     out=$(zblk setup --config "$conf" --id $id --stop 2>&1) || fail "setup: zblk setup --stop: $out"
     ! grep -q "^/dev/ublkb$id " /proc/mounts || fail "setup: still mounted after zblk setup --stop ($out)"
     [ ! -e /dev/ublkb$id ] || fail "setup: /dev/ublkb$id still there after zblk setup --stop ($out)"
-    FIGS="zblk setup: ext4 on $mnt, 12 MB of files identical after kill -9 of its daemon (recovered, mount kept), e2fsck clean, --stop unmounted and deleted it"
+    FIGS="zblk setup: ext4 on $mnt, 12 MB of files identical after kill -9 of its daemon (recovered, mount kept), e2fsck clean, --stop unmounted and deleted it, in $(elapsed "$t0") s"
     log "$FIGS"
 }
 
