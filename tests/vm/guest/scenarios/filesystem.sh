@@ -113,22 +113,25 @@ fs_round ext4 "mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0" "e2fsc
 all=$FIGS
 # zblk setup's filesystem and a kill -9 of its daemon; sets FIGS.
 setup_round() {
-    local conf=/tmp/zblk-vm.setup.conf mnt=/mnt/zblk-setup id=7 taken pid want got log=/run/zblk/7.log t0
+    local conf=/tmp/zblk-vm.setup.conf mnt=/mnt/zblk-setup id=7 taken pid want got log=/run/zblk/7.log t0 t1 t_up t_kill
     t0=$(now)
     cat >"$conf" <<CONF
 [ublkb$id]
-size = 128
+size = 64
 mount-point = "$mnt"
 CONF
     out=$(zblk setup --config "$conf" 2>&1) || fail "setup: zblk setup: $out"
+    t_up=$(elapsed "$t0")
     m=$(awk -v d=/dev/ublkb$id '$1 == d { print $2, $3, $4 }' /proc/mounts)
     case "$m" in "$mnt ext4 "*discard*) ;; *) fail "setup: /dev/ublkb$id is mounted as '$m', want $mnt ext4 with discard ($out)";; esac
     cp "$SRC/rand1" "$SRC/text1" "$mnt/" || fail "setup: copying the files failed"
     sync
     pid=$(zdaemon_pid $id) || fail "setup: no daemon serves ublkb$id"
     taken=$(takeovers $log)
+    t1=$(now)
     kill -9 "$pid"
     wait_takeover $log "$taken" 300 || fail "setup: no new daemon within 30 s of kill -9: $(tail -3 $log | tr '\n' '|')"
+    t_kill=$(elapsed "$t1")
     drop_caches
     want=$(cd "$SRC" && sha256sum rand1 text1) got=$(cd "$mnt" && sha256sum rand1 text1 2>&1)
     [ "$got" = "$want" ] || fail "setup: the files differ after the kill: $(echo "$got" | tr '\n' '|')"
@@ -139,7 +142,7 @@ CONF
     out=$(zblk setup --config "$conf" --id $id --stop 2>&1) || fail "setup: zblk setup --stop: $out"
     ! grep -q "^/dev/ublkb$id " /proc/mounts || fail "setup: still mounted after zblk setup --stop ($out)"
     [ ! -e /dev/ublkb$id ] || fail "setup: /dev/ublkb$id still there after zblk setup --stop ($out)"
-    FIGS="zblk setup: ext4 on $mnt, 12 MB of files identical after kill -9 of its daemon (recovered, mount kept), e2fsck clean, --stop unmounted and deleted it, in $(elapsed "$t0") s"
+    FIGS="zblk setup: ext4 on $mnt, 12 MB of files identical after kill -9 of its daemon (recovered, mount kept), e2fsck clean, --stop unmounted and deleted it, in $(elapsed "$t0") s (setup ${t_up} s, kill to take-over ${t_kill} s)"
     log "$FIGS"
 }
 
