@@ -11,7 +11,10 @@
 //!   `After=zblk@N.service`, `Before=local-fs.target`, and a link in
 //!   `local-fs.target.wants/` that pulls it in at boot;
 //! - `zblk@N.service.d/zblk-generator.conf`: its description, and
-//!   `After=zblk-setup.service`.
+//!   `After=zblk-setup.service`;
+//! - `dev-ublkbN.device.d/zblk-generator.conf`: `After=zblk@N.service`,
+//!   so that the mount's wait for the device starts when the device is
+//!   made ([`device_drop_in`]).
 //!
 //! `zblk@N.service` (`zblk setup --id N --foreground`) makes the device,
 //! formats it and only then says `READY=1`, so the mount comes after the
@@ -101,6 +104,10 @@ pub fn units(entries: &[&Entry], source: &Path) -> Vec<GenFile> {
             path: PathBuf::from(format!("zblk@{id}.service.d/zblk-generator.conf")),
             content: Content::Text(service_drop_in(id, m)),
         });
+        files.push(GenFile {
+            path: PathBuf::from(format!("dev-ublkb{id}.device.d/zblk-generator.conf")),
+            content: Content::Text(device_drop_in(id)),
+        });
     }
     files
 }
@@ -143,6 +150,20 @@ fn service_drop_in(id: u32, m: &Mount) -> String {
          # Stopped (its device deleted) before zblk-setup.service's stop, which\n\
          # deletes every zblk device left (zblk del --all), begins.\n\
          After=zblk-setup.service\n"
+    )
+}
+
+/// The drop-in of the device unit the mount waits for (systemd gives a
+/// mount of `/dev/ublkbN` a dependency on `dev-ublkbN.device`): the
+/// device appears only when `zblk@N.service` makes it, and the wait for
+/// it (systemd's device timeout, 90 s) would otherwise start with the
+/// boot's transaction, running out on a slow boot before that unit even
+/// starts. Ordered after it, the wait starts once its start is done.
+fn device_drop_in(id: u32) -> String {
+    format!(
+        "# Written by zblk-generator: zblk@{id}.service makes /dev/ublkb{id}.\n\
+         [Unit]\n\
+         After=zblk@{id}.service\n"
     )
 }
 
@@ -210,9 +231,11 @@ mod tests {
                 "mnt-zblk\\x2dscratch.mount",
                 "local-fs.target.wants/mnt-zblk\\x2dscratch.mount",
                 "zblk@1.service.d/zblk-generator.conf",
+                "dev-ublkb1.device.d/zblk-generator.conf",
                 "var-tmp-50\\x25.mount",
                 "local-fs.target.wants/var-tmp-50\\x25.mount",
                 "zblk@2.service.d/zblk-generator.conf",
+                "dev-ublkb2.device.d/zblk-generator.conf",
             ]
         );
         assert_eq!(
@@ -256,7 +279,14 @@ mod tests {
 
     #[test]
     fn values_keep_a_percent_sign_and_take_the_fs_type_and_options_written() {
-        let Content::Text(unit) = &made()[3].content else {
+        let Content::Text(device) = &made()[3].content else {
+            panic!("not a drop-in")
+        };
+        assert!(
+            device.ends_with("[Unit]\nAfter=zblk@1.service\n"),
+            "{device}"
+        );
+        let Content::Text(unit) = &made()[4].content else {
             panic!("not a unit")
         };
         assert!(unit.contains("\nWhere=/var/tmp/50%%\n"), "{unit}");
