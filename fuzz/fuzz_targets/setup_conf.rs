@@ -6,7 +6,8 @@
 //! naming the file (and, with a line number, a line of the file); every
 //! device the file makes has a section name `ublkbN` with `N` its id, ids
 //! unique and in order, a size that `eval_size` gives for its expression,
-//! a multiple of 4096 and at least 4096, and is a swap device; a file of
+//! a multiple of 4096 and at least 4096, and is swap or a filesystem
+//! (`mount-point`), never both; a file of
 //! valid values only is taken whole (a device per section); a size
 //! expression that evaluates is a multiple of 4096, at least 4096, and a
 //! plain number evaluates to its MB rounded down to 4 KB; a parsed column
@@ -208,7 +209,7 @@ fn check_file(text: &str, ram_mb: f64) -> Result<usize, String> {
         let size = e.add.dev.size;
         assert!(size >= PAGE && size % PAGE == 0, "size {size} of {e:?}");
         assert_eq!(eval_size(&e.size_expr, ram_mb), Ok(size), "{e:?}");
-        assert!(e.add.swap, "{e:?}");
+        assert!(e.add.swap != e.mount.is_some(), "swap or a filesystem: {e:?}");
     }
     Ok(entries.len())
 }

@@ -4,7 +4,7 @@
 #   tools/scripts/build-deb.sh [--no-build] [OUTDIR]
 #
 # It holds the release binary (/usr/bin/zblk), the systemd units
-# (dist/systemd/), the example configuration
+# (dist/systemd/) and generator (dist/systemd-generators/), the example configuration
 # (/usr/share/doc/zblk/zblk.conf.example), the conffile /etc/zblk/zblk.conf
 # (comments only: no device until one is written), and, when
 # tools/scripts/gen-docs.sh exists, the man pages and shell completions it
@@ -50,6 +50,8 @@ fi
 for unit in dist/systemd/*.service; do
     install -D -m 0644 "$unit" "$root/usr/lib/systemd/system/$(basename "$unit")"
 done
+install -D -m 0755 dist/systemd-generators/zblk-generator \
+    "$root/usr/lib/systemd/system-generators/zblk-generator"
 install -D -m 0644 dist/zblk.conf "$root/etc/zblk/zblk.conf"
 doc=$root/usr/share/doc/zblk
 install -D -m 0644 dist/zblk.conf.example "$doc/zblk.conf.example"
@@ -106,13 +108,15 @@ Architecture: $arch
 Maintainer: zblk developers <zblk@localhost>
 Installed-Size: $size
 Depends: libc6, util-linux
+Recommends: e2fsprogs
 Section: admin
 Priority: optional
 Description: compressed RAM block device (like zram) served through ublk
  zblk serves /dev/ublkbN from userspace through Linux ublk: pages written
  to it are compressed (lz4, zstd, deflate) and kept in RAM, built first of
  all to be a swap device. zblk-setup.service brings up the devices of
- /etc/zblk/zblk.conf at boot, before swap.target.
+ /etc/zblk/zblk.conf at boot, before swap.target; a section with a
+ mount-point is a filesystem, mounted before local-fs.target.
 CONTROL
 
 mkdir -p "$out"

@@ -32,6 +32,7 @@ for s in postinst postrm; do
 done
 for path in ./usr/bin/zblk ./usr/lib/systemd/system/zblk@.service \
     ./usr/lib/systemd/system/zblk-setup.service ./etc/zblk/zblk.conf \
+    ./usr/lib/systemd/system-generators/zblk-generator \
     ./usr/share/doc/zblk/zblk.conf.example ./usr/share/doc/zblk/copyright; do
     check "contains $path" grep -q " $path\$" <<<"$contents"
 done

@@ -11,6 +11,10 @@ PHASE=$(tr ' ' '\n' </proc/cmdline | sed -n 's/^zblk\.phase=//p')
 echo +memory >/sys/fs/cgroup/cgroup.subtree_control 2>/dev/null
 ZID=0
 ZDEV=/dev/ublkb0
+# The filesystem of the [ublkb1] section, and the mount unit zblk-generator
+# writes for it (systemd-escape --path).
+FSMNT=/mnt/zblk-scratch
+FSUNIT='mnt-zblk\x2dscratch.mount'
 
 # The swap priority of $1 in /proc/swaps (empty: not swap).
 swap_prio() { awk -v d="$1" '$1 == d { print $5 }' /proc/swaps; }
@@ -33,7 +37,7 @@ check_swap_up() {
 check_gone() {
     wait_until "! grep -q '^/dev/ublkb0 ' /proc/swaps && [ ! -e /dev/ublkb0 ]" 60 ||
         fail "$1: /dev/ublkb0 still there: $(cat /proc/swaps | tr '\n' '|')"
-    [ -z "$(zblk list --noheadings 2>/dev/null)" ] || fail "$1: zblk list still shows $(zblk list --noheadings)"
+    ! zblk list --noheadings 2>/dev/null | grep -q '^/dev/ublkb0 ' || fail "$1: zblk list still shows $(zblk list --noheadings)"
     [ ! -e /run/zblk/0.keeper.sock ] || fail "$1: the keeper's socket is left behind"
 }
 
@@ -49,8 +53,15 @@ phase_install() (
 [ublkb0]
 size = "min(ram / 2, 1024)"
 compression-algorithm = "lz4"
+
+[ublkb1]
+size = 256
+mount-point = "$FSMNT"
 CONF
     zblk setup --dry-run | grep -q 'would create /dev/ublkb0' || fail "setup --dry-run: $(zblk setup --dry-run 2>&1)"
+    zblk setup --dry-run | grep -q "mkfs.ext4 .* /dev/ublkb1, then mount -t ext4 -o discard /dev/ublkb1 $FSMNT" ||
+        fail "setup --dry-run shows no mkfs and mount of ublkb1: $(zblk setup --dry-run 2>&1 | tr '\n' '|')"
+    [ -x /usr/lib/systemd/system-generators/zblk-generator ] || fail "no zblk-generator"
     must systemctl enable zblk-setup.service >/dev/null
     pass "package $(dpkg-query -W -f='${Version}' zblk) installed, zblk-setup.service enabled"
 )
@@ -76,6 +87,8 @@ phase_setup_unit() (
     pid0=$(zdaemon_pid 0)
     must systemctl stop zblk-setup.service
     check_gone "after systemctl stop"
+    # Its zblk del --all left the mounted filesystem of [ublkb1] alone.
+    grep -q "^/dev/ublkb1 $FSMNT " /proc/mounts || fail "systemctl stop zblk-setup.service took $FSMNT away"
     must systemctl start zblk-setup.service
     check_swap_up "after systemctl start"
     pid1=$(zdaemon_pid 0)
@@ -133,6 +146,41 @@ phase_fdstore() (
     pass "3 kills + 1 zblk restart under usemem, kill-to-serving ms:$ms, $(echo "$UJ" | jget total_mb) MB verified x6 passes, peak $PEAK pages, recoveries $REC, memory back to baseline, $handed"
 )
 
+# The filesystem of [ublkb1]: mounted at boot by the generator's mount unit
+# (before local-fs.target), ext4 with discard; a file on it survives kill -9
+# of zblk@1's daemon (the fd store); systemctl stop zblk@1 unmounts, then
+# deletes the device; starting the mount unit brings both back.
+phase_mount() (
+    SCEN=systemd-mount
+    U1=zblk@1.service
+    [ "$(prop "$FSUNIT" ActiveState)" = active ] || fail "$FSUNIT is $(prop "$FSUNIT" ActiveState): $(journalctl -b -u "$FSUNIT" -u $U1 -n 8 --no-pager | tr '\n' '|')"
+    m=$(awk -v p="$FSMNT" '$2 == p { print $1, $3, $4 }' /proc/mounts)
+    case "$m" in "/dev/ublkb1 ext4 "*discard*) ;; *) fail "at boot $FSMNT is '$m', want /dev/ublkb1 ext4 with discard";; esac
+    t_mnt=$(prop "$FSUNIT" ActiveEnterTimestampMonotonic) t_fs=$(prop local-fs.target ActiveEnterTimestampMonotonic)
+    [ "$t_mnt" -gt 0 ] && [ "$t_mnt" -le "$t_fs" ] || fail "$FSMNT mounted at $t_mnt us, local-fs.target reached at $t_fs us"
+    [ "$(prop $U1 NFileDescriptorStore)" = 1 ] || fail "$U1's fd store holds $(prop $U1 NFileDescriptorStore) fds, want 1"
+    head -c 8388608 /dev/urandom >/tmp/zblk-vm.fsfile
+    must cp /tmp/zblk-vm.fsfile "$FSMNT/file"
+    sync
+    mounted_at=$(prop "$FSUNIT" ActiveEnterTimestampMonotonic)
+    old=$(prop $U1 MainPID)
+    kill -9 "$old"
+    wait_until "[ \"\$(systemctl show -p NRestarts --value $U1)\" = 1 ] && [ \"\$(systemctl show -p MainPID --value $U1)\" != $old ] && zblk stat -n 1 --json >/dev/null 2>&1" 30 ||
+        fail "kill: no new daemon serves ublkb1: $(journalctl -b -u $U1 -n 6 --no-pager | tr '\n' '|')"
+    echo 3 >/proc/sys/vm/drop_caches
+    cmp -s /tmp/zblk-vm.fsfile "$FSMNT/file" || fail "the file differs after kill -9 of zblk@1's daemon"
+    [ "$(zstat 1 | jnum recoveries)" = 1 ] || fail "ublkb1 recoveries=$(zstat 1 | jnum recoveries) after one kill"
+    [ "$(prop "$FSUNIT" ActiveEnterTimestampMonotonic)" = "$mounted_at" ] || fail "$FSUNIT was restarted with its daemon"
+    must systemctl stop $U1
+    ! grep -q "^/dev/ublkb1 " /proc/mounts || fail "$FSMNT still mounted after systemctl stop $U1"
+    wait_until "[ ! -e /dev/ublkb1 ]" 30 || fail "/dev/ublkb1 still there after systemctl stop $U1"
+    must systemctl start "$FSUNIT"
+    [ "$(prop $U1 ActiveState)" = active ] && grep -q "^/dev/ublkb1 $FSMNT ext4 " /proc/mounts ||
+        fail "systemctl start $FSUNIT: $U1 $(prop $U1 ActiveState), mounts: $(grep ublkb /proc/mounts | tr '\n' '|')"
+    [ ! -e "$FSMNT/file" ] || fail "the new filesystem has the old file"
+    pass "$FSMNT: /dev/ublkb1 ext4 (discard) mounted before local-fs.target ($t_mnt <= $t_fs us); 8 MB file identical after kill -9 of zblk@1's daemon, the mount kept; stop unmounted and deleted it; start made a new one"
+)
+
 # Kills what a failed group left running (its workload would make the
 # shutdown's swapoff crawl under the cgroup's memory.high).
 cleanup() { [ -f /tmp/zblk-vm.pids ] && kill -9 $(cat /tmp/zblk-vm.pids) 2>/dev/null; rm -f /tmp/zblk-vm.pids; }
@@ -147,6 +195,7 @@ install)
     ;;
 check)
     phase_boot; cleanup
+    phase_mount; cleanup
     phase_setup_unit; cleanup
     phase_fdstore; cleanup
     echo "END check"

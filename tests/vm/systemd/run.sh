@@ -9,7 +9,10 @@
 #          writes /etc/zblk/zblk.conf and enables zblk-setup.service;
 #   boot 2 checks that swap came up on /dev/ublkb0 at boot, at priority 100,
 #          with discard (pages freed by an exiting workload leave the
-#          device), that `zblk stat` answers, that `systemctl stop`, `start`
+#          device), that the [ublkb1] section's filesystem was mounted by
+#          zblk-generator's mount unit before local-fs.target (ext4, discard)
+#          and keeps a file across kill -9 of zblk@1's daemon, that
+#          `zblk stat` answers, that `systemctl stop`, `start`
 #          and `restart` of zblk-setup.service behave, and that zblk@0.service
 #          keeps the store in its fd store: kill -9 of its daemon under a
 #          verifying swap workload, three times, then `zblk restart -n 0`,
@@ -160,7 +163,7 @@ main_systemd() {
     echo
     echo "==================== zblk systemd VM test ===================="
     echo "${results:-no result lines}"
-    for want in systemd-install systemd-boot systemd-setup-unit systemd-fdstore; do
+    for want in systemd-install systemd-boot systemd-mount systemd-setup-unit systemd-fdstore; do
         echo "$results" | grep -q "^PASS $want" || { echo "missing PASS $want"; rc=1; }
     done
     echo "$results" | grep -q '^FAIL' && rc=1

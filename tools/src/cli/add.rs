@@ -4,6 +4,7 @@
 //! a crash.
 
 use super::args::{AddArgs, DaemonArgs, KeeperArgs, RecoverArgs};
+use super::fs::{self, FsType};
 use super::{show, sys, CliError, CliResult};
 use std::fmt::Display;
 use std::io::{BufRead, BufReader, Write};
@@ -23,11 +24,34 @@ const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// device, optionally makes it swap, prints it.
 pub fn add(a: AddArgs) -> CliResult {
     preflight(&a)?;
+    let format = Format::swap_if(&a, Discard::Both);
     if a.foreground {
-        return foreground(a, Discard::Both, Holder::Nobody);
+        return foreground(a, format, Holder::Nobody);
     }
-    let info = start(&a, Discard::Both)?;
+    let info = start(&a, &format)?;
     show::print_device(&info, a.json)
+}
+
+/// What a new device becomes once it serves I/O.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Format {
+    /// Nothing: a block device as the driver made it.
+    Raw,
+    /// Swap at this priority, with this discard.
+    Swap(i32, Discard),
+    /// A new filesystem of this type (mounting it is the caller's, or a
+    /// mount unit's).
+    Fs(FsType),
+}
+
+impl Format {
+    /// Swap with `--swap` (its `--priority`), else nothing.
+    pub(super) fn swap_if(a: &AddArgs, discard: Discard) -> Format {
+        match a.swap {
+            true => Format::Swap(a.priority, discard),
+            false => Format::Raw,
+        }
+    }
 }
 
 /// The driver is there, we are root, and no daemon serves the device id
@@ -50,10 +74,10 @@ pub(super) fn is_live(id: u32) -> bool {
     control::request(id, &Request::Info, Duration::from_secs(2)).is_ok()
 }
 
-/// Starts the daemon in the background, waits for the device and, with
-/// `--swap`, makes it swap with `discard` (a failure removes the device).
-/// What `zblk add` and `zblk setup` both run.
-pub(super) fn start(a: &AddArgs, discard: Discard) -> Result<DeviceInfo, CliError> {
+/// Starts the daemon in the background, waits for the device and makes
+/// it what `format` says (a failure removes the device). What `zblk add`
+/// and `zblk setup` both run.
+pub(super) fn start(a: &AddArgs, format: &Format) -> Result<DeviceInfo, CliError> {
     let info = spawn_daemon(&a.dev)?;
     let bdev = PathBuf::from(&info.path);
     if !sys::wait_for(Duration::from_secs(10), || bdev.exists()) {
@@ -63,40 +87,52 @@ pub(super) fn start(a: &AddArgs, discard: Discard) -> Result<DeviceInfo, CliErro
             bdev.display()
         )));
     }
-    if a.swap {
-        if let Err(e) = make_swap(&bdev, a.priority, discard) {
-            let _ = control::request(
-                info.id(),
-                &Request::Shutdown { force: true },
-                Duration::from_secs(10),
-            );
-            return Err(CliError(format!("{e}; device {} removed", info.id())));
-        }
+    if let Err(e) = prepare(&bdev, format) {
+        return Err(remove(info.id(), e));
     }
     Ok(info)
 }
 
+/// Deletes device `id`, which failed to become what it was made for;
+/// `why` is that failure, worded for the caller.
+pub(super) fn remove(id: u32, why: CliError) -> CliError {
+    let _ = control::request(
+        id,
+        &Request::Shutdown { force: true },
+        Duration::from_secs(10),
+    );
+    CliError(format!("{why}; device {id} removed"))
+}
+
+/// Makes a new device swap or a filesystem, as `format` says.
+fn prepare(bdev: &Path, format: &Format) -> CliResult {
+    match format {
+        Format::Raw => Ok(()),
+        Format::Swap(prio, discard) => make_swap(bdev, *prio, *discard),
+        Format::Fs(t) => fs::make_fs(bdev, *t),
+    }
+}
+
 /// Serves the device in this process until SIGTERM/SIGINT or `zblk del`.
 /// With `Holder::Nobody` the device has no recovery.
-pub(super) fn foreground(a: AddArgs, discard: Discard, holder: Holder) -> CliResult {
-    let ready = foreground_ready(a.json, a.swap.then_some((a.priority, discard)));
+pub(super) fn foreground(a: AddArgs, format: Format, holder: Holder) -> CliResult {
+    let ready = foreground_ready(a.json, format);
     let start = Start::Fresh { holder };
     Ok(zblk_ublk::daemon::run(&a.dev, start, None, ready)?)
 }
 
 /// What a foreground daemon does once its device serves I/O: print it,
-/// make it swap if asked, then tell systemd (`READY=1`; nothing outside a
-/// `Type=notify` unit), so that units ordered after it find swap on.
-pub(super) fn foreground_ready(json: bool, swap: Option<(i32, Discard)>) -> Ready {
+/// make it swap or a filesystem if asked, then tell systemd (`READY=1`;
+/// nothing outside a `Type=notify` unit), so that units ordered after it
+/// find swap on, or the filesystem made for their mount.
+pub(super) fn foreground_ready(json: bool, format: Format) -> Ready {
     Box::new(move |r: Result<&DeviceInfo, &zblk_ublk::Error>| {
         let Ok(info) = r else { return };
         if let Err(e) = show::print_device(info, json) {
             log::error!("{e}");
         }
-        if let Some((prio, discard)) = swap {
-            if let Err(e) = make_swap(Path::new(&info.path), prio, discard) {
-                log::error!("{e}");
-            }
+        if let Err(e) = prepare(Path::new(&info.path), &format) {
+            log::error!("{e}");
         }
         if let Err(e) = notify::ready(&format!("serving {}", info.path)) {
             log::warn!("cannot tell systemd the device is ready: {e}");
@@ -393,7 +429,7 @@ mod tests {
         let sock = UnixDatagram::bind(&path).unwrap();
         sock.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         std::env::set_var("NOTIFY_SOCKET", &path);
-        foreground_ready(true, None)(Ok(&info));
+        foreground_ready(true, Format::Raw)(Ok(&info));
         std::env::remove_var("NOTIFY_SOCKET");
         let mut buf = [0u8; 256];
         let n = sock.recv(&mut buf).unwrap();
@@ -401,7 +437,7 @@ mod tests {
         assert_eq!(msg, "READY=1\nSTATUS=serving /dev/ublkb5\n");
         // A device that failed to start is not ready: nothing is sent.
         std::env::set_var("NOTIFY_SOCKET", &path);
-        foreground_ready(true, None)(Err(&zblk_ublk::Error::Refused("no".into())));
+        foreground_ready(true, Format::Raw)(Err(&zblk_ublk::Error::Refused("no".into())));
         std::env::remove_var("NOTIFY_SOCKET");
         sock.set_read_timeout(Some(Duration::from_millis(200)))
             .unwrap();

@@ -60,7 +60,9 @@ pub enum Cmd {
     Recover(RecoverArgs),
     /// Hand a device over to a new daemon (e.g. an upgraded binary), no swapoff.
     Restart(IdArgs),
-    /// Bring up the swap devices of the configuration file (/etc/zblk/zblk.conf).
+    /// Bring up the devices of the configuration file (/etc/zblk/zblk.conf):
+    /// swap, or filesystems on their mount-point.
+    #[command(after_help = SETUP_KEYS)]
     Setup(SetupArgs),
     /// Serve every device's statistics to Prometheus over HTTP (/metrics).
     Exporter(ExporterArgs),
@@ -69,6 +71,10 @@ pub enum Cmd {
     /// Write the man pages and shell completions into a directory.
     #[command(hide = true)]
     GenDocs(GenDocsArgs),
+    /// Write the systemd units of the filesystems of /etc/zblk/zblk.conf
+    /// (what /usr/lib/systemd/system-generators/zblk-generator runs).
+    #[command(hide = true)]
+    Generator(GeneratorArgs),
     /// Serve a device (what `add` starts in the background).
     #[command(hide = true)]
     Daemon(DaemonArgs),
@@ -102,6 +108,18 @@ pub struct AddArgs {
     pub json: bool,
 }
 
+/// The keys of a section, for `zblk setup --help` and its man page.
+const SETUP_KEYS: &str = "\
+A [ublkbN] section makes /dev/ublkbN: size (MB, or an expression of ram: \"ram / 2\"), \
+compression-algorithm, mode, group-pages, mem-limit, recovery, backing-dev, \
+recompress-idle-after, recompress-algorithm, writeback-idle-after, host-memory-limit; \
+then swap (swap-priority, options: swapon's, default \"discard\") or, with \
+mount-point = \"/PATH\", a filesystem mounted there: fs-type (ext4, the default, made \
+without a journal; ext2, ext3, xfs, btrfs: its mkfs.TYPE must be installed) and options \
+(mount options, default \"discard\"). At boot zblk-generator writes a mount unit for \
+each mount-point, before local-fs.target, that pulls in zblk@N.service. \
+Every key: /usr/share/doc/zblk/zblk.conf.example.";
+
 /// Where `zblk setup` reads its devices from by default (the format is
 /// `conf`'s).
 pub const DEFAULT_CONF_PATH: &str = "/etc/zblk/zblk.conf";
@@ -121,13 +139,20 @@ pub struct SetupArgs {
     #[arg(short = 'n', long)]
     pub id: Option<u32>,
     /// Serve that device in this process until stopped, telling systemd
-    /// when it is swap (what zblk@N.service runs).
+    /// when it is swap, or formatted for its mount-point (mounting it is
+    /// the mount unit's); what zblk@N.service runs.
     #[arg(short, long, requires = "id", conflicts_with = "dry_run")]
     pub foreground: bool,
-    /// Swap that device off and delete it, unless its daemon just died
-    /// under systemd, which will restart it (zblk@N.service's ExecStop).
+    /// Unmount that device or swap it off, and delete it, unless its
+    /// daemon just died under systemd, which will restart it
+    /// (zblk@N.service's ExecStop).
     #[arg(long, requires = "id", conflicts_with_all = ["dry_run", "foreground"])]
     pub stop: bool,
+    /// Bring up the swap devices only, leaving the sections with a
+    /// mount-point to the units zblk's systemd generator writes for them
+    /// (what zblk-setup.service runs).
+    #[arg(long, conflicts_with_all = ["foreground", "stop"])]
+    pub swap_only: bool,
 }
 
 impl SetupArgs {
@@ -249,6 +274,15 @@ pub struct GenDocsArgs {
     pub out_dir: PathBuf,
 }
 
+/// The hidden `zblk generator`: systemd runs generators with three
+/// directories (normal, early, late); the units go into the first.
+#[derive(Debug, Args)]
+pub struct GeneratorArgs {
+    /// The directories systemd gives a generator.
+    #[arg(required = true, num_args = 1..=3)]
+    pub dirs: Vec<PathBuf>,
+}
+
 /// `zblk del`.
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("which").required(true).args(["id", "all"])))]
@@ -256,7 +290,8 @@ pub struct DelArgs {
     /// Device id.
     #[arg(short = 'n', long)]
     pub id: Option<u32>,
-    /// Every zblk device.
+    /// Every zblk device but a mounted one (a filesystem's device goes
+    /// after its unmount: by -n, or by its unit).
     #[arg(short, long)]
     pub all: bool,
     /// swapoff first if the device is active swap.

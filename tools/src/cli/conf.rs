@@ -11,6 +11,12 @@
 //! recompress-idle-after = 600     # optional: seconds; the idle policy
 //! recompress-algorithm = "zstd:9" #   recompresses with this
 //! writeback-idle-after = 3600     # optional: needs backing-dev
+//!
+//! [ublkb1]
+//! size = 1024
+//! mount-point = "/var/tmp/zblk"   # a filesystem there, not swap
+//! fs-type = "ext4"                # the default
+//! options = "discard"             # mount options (the default)
 //! ```
 //!
 //! A section is named after the device it makes (`[ublkb0]` makes
@@ -25,9 +31,12 @@
 //!
 //! Each section becomes the [`AddArgs`] of `zblk add --swap`: its values
 //! go through `zblk add`'s own flag parsers, so the file takes exactly
-//! what the flags take (`zstd:3`, `2G`) and gets the same defaults.
+//! what the flags take (`zstd:3`, `2G`) and gets the same defaults. A
+//! section with `mount-point` is a filesystem instead ([`Mount`]): not
+//! swap, its `options` mount options.
 
 use super::args::AddArgs;
+use super::fs::{self, FsType, Mount};
 use clap::{Args, FromArgMatches};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -53,8 +62,14 @@ struct Section {
     /// expression of `ram` in MB ([`is_expression`]).
     mem_limit: Option<Spanned<toml::Value>>,
     swap_priority: Option<Spanned<i64>>,
-    /// swapon options, as in fstab (`discard`, `discard=pages`).
+    /// swapon options, as in fstab (`discard`, `discard=pages`); mount
+    /// options with `mount-point`.
     options: Option<Spanned<String>>,
+    /// Makes the device a filesystem mounted there instead of swap
+    /// (zram-generator's key of that name).
+    mount_point: Option<Spanned<String>>,
+    /// The filesystem of `mount-point` (default ext4).
+    fs_type: Option<Spanned<String>>,
     recovery: Option<bool>,
     /// Like `--backing-dev`: the block device or file `zblk writeback`
     /// moves pages to (zram-generator's `writeback-device`).
@@ -79,10 +94,13 @@ pub struct Entry {
     pub size_expr: String,
     /// The `mem-limit` as written when it is an expression of `ram`.
     pub mem_limit_expr: Option<String>,
-    /// What `zblk add` would have parsed its flags into (`swap` set).
+    /// What `zblk add` would have parsed its flags into (`swap` set, but
+    /// for a filesystem).
     pub add: AddArgs,
-    /// The discard policy from `options`.
+    /// The discard policy from `options` (swap only).
     pub discard: Discard,
+    /// The filesystem, for a section with `mount-point`: no swap then.
+    pub mount: Option<Mount>,
     /// `host-memory-limit` in MB: none for `"none"` or no key.
     pub host_memory_limit: Option<u64>,
 }
@@ -178,12 +196,32 @@ pub fn parse_files(files: &[(&Path, &str)], ram_mb: f64) -> Result<Vec<Entry>, S
             }
         }
     }
+    one_device_per_mount_point(&parts)?;
     let mut entries = parts
         .into_iter()
         .map(|(name, part)| part.finish(name))
         .collect::<Result<Vec<_>, _>>()?;
     entries.sort_by_key(|e| e.add.dev.id);
     Ok(entries)
+}
+
+/// Two sections may not mount on the same place.
+fn one_device_per_mount_point(parts: &BTreeMap<String, Part>) -> Result<(), String> {
+    let mut seen: BTreeMap<&Path, &str> = BTreeMap::new();
+    for (name, part) in parts {
+        let Some(Setting::MountPoint(point)) = part.keys.get("mount-point") else {
+            continue;
+        };
+        if let Some(first) = seen.insert(point, name) {
+            return Err(format!(
+                "{}: [{}]: mount-point = \"{}\" is [{first}]'s already",
+                part.at,
+                super::escape_controls(name),
+                super::escape_controls(&point.to_string_lossy())
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Evaluates an expression of `ram` in MB into bytes (not yet rounded);
@@ -361,9 +399,20 @@ impl Doc<'_> {
             keys.push(("host-memory-limit", Setting::HostLimit(limit)));
         }
         if let Some(o) = s.options {
-            let d = Discard::from_options(o.get_ref())
-                .map_err(|e| self.error_at(o.span(), &key("options"), &e))?;
-            keys.push(("options", Setting::Discard(d)));
+            // Swap or mount options: that depends on mount-point, which
+            // a later file may write; checked once every file is read.
+            let at = format!("{}:{}", self.file.display(), self.line_of(o.span().start));
+            keys.push(("options", Setting::Options(o.into_inner(), at)));
+        }
+        if let Some(p) = s.mount_point {
+            let point = fs::mount_point(p.get_ref())
+                .map_err(|e| self.error_at(p.span(), &key("mount-point"), &e))?;
+            keys.push(("mount-point", Setting::MountPoint(point)));
+        }
+        if let Some(t) = s.fs_type {
+            let fs = FsType::parse(t.get_ref())
+                .map_err(|e| self.error_at(t.span(), &key("fs-type"), &e))?;
+            keys.push(("fs-type", Setting::FsType(fs)));
         }
         if let Some(r) = s.recovery {
             // Written either way: true in a drop-in undoes an earlier false.
@@ -439,8 +488,12 @@ enum Setting {
     /// Words for `zblk add --swap`, and the expression of `ram` written
     /// when the value is one (for `--dry-run`).
     Flag(Vec<String>, Option<String>),
-    /// `options`.
-    Discard(Discard),
+    /// `options` as written, and `file:line` where, for its error.
+    Options(String, String),
+    /// `mount-point`, checked.
+    MountPoint(PathBuf),
+    /// `fs-type`.
+    FsType(FsType),
     /// `host-memory-limit` in MB (`None`: `"none"`).
     HostLimit(Option<u64>),
 }
@@ -456,7 +509,9 @@ impl Part {
         };
         let id = section_id(&sect).unwrap_or(0);
         let mut words = vec!["--id".to_string(), id.to_string()];
-        let (mut discard, mut host_memory_limit, mut mem_limit_expr) = (Discard::Both, None, None);
+        let (mut host_memory_limit, mut mem_limit_expr) = (None, None);
+        let (mut options, mut point, mut fs_type) = (None, None, None);
+        let swap_priority = keys.contains_key("swap-priority");
         for (k, setting) in keys {
             match setting {
                 Setting::Flag(w, expr) => {
@@ -465,23 +520,58 @@ impl Part {
                         mem_limit_expr = expr;
                     }
                 }
-                Setting::Discard(d) => discard = d,
+                Setting::Options(text, line) => options = Some((text, line)),
+                Setting::MountPoint(p) => point = Some(p),
+                Setting::FsType(t) => fs_type = Some(t),
                 Setting::HostLimit(h) => host_memory_limit = h,
             }
         }
         let words: Vec<&str> = words.iter().map(String::as_str).collect();
-        let add = add_args(&words)
+        let mut add = add_args(&words)
             .map_err(|e| format!("{at}: {sect}: {}", super::escape_controls(&e)))?;
+        let options_error =
+            |line: &str, e: &str| format!("{line}: {sect}.options: {}", super::escape_controls(e));
+        let (mut discard, mut mount) = (Discard::Both, None);
+        match (point, fs_type) {
+            (Some(point), fs_type) => {
+                if swap_priority {
+                    return Err(format!("{at}: [{sect}]: {SWAP_AND_MOUNT}"));
+                }
+                let options = match options {
+                    Some((text, line)) => {
+                        fs::mount_options(&text).map_err(|e| options_error(&line, &e))?
+                    }
+                    None => fs::DEFAULT_MOUNT_OPTIONS.to_string(),
+                };
+                let fs = fs_type.unwrap_or(fs::DEFAULT_FS);
+                mount = Some(Mount { point, fs, options });
+                add.swap = false;
+            }
+            (None, Some(_)) => return Err(format!("{at}: [{sect}]: {FS_WITHOUT_MOUNT}")),
+            (None, None) => {
+                if let Some((text, line)) = options {
+                    discard = Discard::from_options(&text).map_err(|e| options_error(&line, &e))?;
+                }
+            }
+        }
         Ok(Entry {
             name: sect,
             size_expr,
             mem_limit_expr,
             add,
             discard,
+            mount,
             host_memory_limit,
         })
     }
 }
+
+/// A section with both.
+const SWAP_AND_MOUNT: &str = "swap-priority and mount-point exclude each other: \
+    with mount-point the device is a filesystem, not swap";
+
+/// A section with fs-type alone.
+const FS_WITHOUT_MOUNT: &str = "fs-type needs mount-point: without it the device is swap";
 
 /// The keys that are a `zblk add` flag taking the value as written:
 /// key, flag, value (taken out of `s`).
@@ -679,6 +769,22 @@ mod tests {
         assert_eq!(e[1].add.dev.size, 2048 << 20);
         assert_eq!(e[1].add.dev.mem_limit, 512 << 20);
         assert!(parse_ok(include_str!("../../../dist/zblk.conf"), 16384.0).is_empty());
+        // Its commented-out filesystem section parses once uncommented.
+        let fs_part = ex.split_once("#[ublkb2]").map_or("", |(_, rest)| rest);
+        let fs_text: String = fs_part
+            .lines()
+            .map(|l| format!("{}\n", l.trim_start_matches('#')))
+            .collect();
+        let e = parse_ok(&format!("[ublkb2]{fs_text}"), 16384.0);
+        let m = e[0].mount.clone().unwrap();
+        assert_eq!(
+            (m.point.as_path(), m.fs, m.options.as_str()),
+            (
+                Path::new("/var/tmp/zblk"),
+                FsType::Ext4,
+                "discard,nodev,nosuid"
+            )
+        );
     }
 
     #[test]
@@ -773,6 +879,85 @@ mod tests {
                 "{bad}: {e}"
             );
         }
+    }
+
+    /// A section with mount-point is a filesystem: not swap, its options
+    /// mount options; fs-type ext4 and options "discard" by default.
+    #[test]
+    fn mount_point_makes_a_filesystem() {
+        let text = "[ublkb0]\nsize = 64\noptions = \"discard=once\"\n\
+                    [ublkb1]\nsize = 256\nmount-point = \"/var/tmp/zblk/\"\n\
+                    [ublkb2]\nsize = 256\nmount-point = \"/srv/x\"\nfs-type = \"xfs\"\n\
+                    options = \"noatime,nodev\"\n";
+        let e = parse_ok(text, 4096.0);
+        assert!(e[0].add.swap && e[0].mount.is_none());
+        assert_eq!(e[0].discard, Discard::Once);
+        let m = e[1].mount.clone().unwrap();
+        assert!(!e[1].add.swap);
+        assert_eq!(
+            (m.point.as_path(), m.fs, m.options.as_str()),
+            (Path::new("/var/tmp/zblk"), FsType::Ext4, "discard")
+        );
+        let m = e[2].mount.clone().unwrap();
+        assert_eq!((m.fs, m.options.as_str()), (FsType::Xfs, "noatime,nodev"));
+        // A drop-in may turn a swap section into a filesystem: the
+        // options written before are then mount options.
+        let files = [
+            (
+                Path::new(FILE),
+                "[ublkb0]\nsize = 64\noptions = \"nodev\"\n",
+            ),
+            (Path::new(DROP), "[ublkb0]\nmount-point = \"/mnt/z\"\n"),
+        ];
+        let e = parse_files(&files, 1.0).unwrap();
+        assert_eq!(
+            e[0].mount.as_ref().map(|m| m.options.as_str()),
+            Some("nodev")
+        );
+    }
+
+    #[test]
+    fn a_bad_filesystem_section_says_why_in_one_line() {
+        let cases = [
+            (
+                "mount-point = \"tmp/x\"",
+                "3: ublkb0.mount-point: 'tmp/x' is not a plain absolute path",
+            ),
+            (
+                "mount-point = \"/\"",
+                "3: ublkb0.mount-point: / cannot be a zblk filesystem",
+            ),
+            (
+                "mount-point = \"/m\"\nfs-type = \"zfs\"",
+                "4: ublkb0.fs-type: unknown fs-type 'zfs': one of ext2, ext3, ext4, xfs, btrfs",
+            ),
+            (
+                "mount-point = \"/m\"\noptions = \"a, b\"",
+                "4: ublkb0.options: mount options 'a, b' hold a blank",
+            ),
+            (
+                "mount-point = \"/m\"\nswap-priority = 5",
+                "1: [ublkb0]: swap-priority and mount-point exclude each other",
+            ),
+            (
+                "fs-type = \"ext4\"",
+                "1: [ublkb0]: fs-type needs mount-point",
+            ),
+        ];
+        for (lines, want) in cases {
+            let e = parse_err(&format!("[ublkb0]\nsize = 64\n{lines}\n"));
+            let want = format!("{FILE}:{want}");
+            assert!(e.starts_with(&want), "{lines}: {e}");
+            assert!(!e.contains('\n'), "{e:?}");
+        }
+        let e = parse_err(
+            "[ublkb0]\nsize = 64\nmount-point = \"/m\"\n\
+             [ublkb1]\nsize = 64\nmount-point = \"/m/\"\n",
+        );
+        assert_eq!(
+            e,
+            format!("{FILE}:4: [ublkb1]: mount-point = \"/m\" is [ublkb0]'s already")
+        );
     }
 
     const DROP: &str = "/etc/zblk/zblk.conf.d/50-more.conf";

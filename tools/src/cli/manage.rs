@@ -25,6 +25,9 @@ pub fn del(a: DelArgs) -> CliResult {
     };
     let mut first_err = None;
     for id in ids {
+        if a.all && mounted(id) {
+            continue;
+        }
         if let Err(e) = del_one(id, a.force) {
             if a.all {
                 // Go on with the others; report every failure.
@@ -39,6 +42,20 @@ pub fn del(a: DelArgs) -> CliResult {
         Some(_) => Err(CliError("some devices were not deleted".into())),
         None => Ok(()),
     }
+}
+
+/// Whether device `id` holds a mounted filesystem, which `del --all`
+/// leaves, saying so: deleting the device under it would lose the files
+/// and leave a mount whose every I/O fails (zblk-setup.service's stop runs
+/// `del --all --force`; a filesystem's zblk@N.service deletes its device
+/// after the unmount).
+fn mounted(id: u32) -> bool {
+    let bdev = paths::bdev_path(id);
+    let points = super::fs::mounts_of(&bdev);
+    if let Some(p) = points.first() {
+        eprintln!("zblk: {} is mounted on {p}: left alone", bdev.display());
+    }
+    !points.is_empty()
 }
 
 /// Deletes device `id` (swapping it off first with `force`).

@@ -8,6 +8,8 @@ pub mod conf;
 mod docs;
 mod dump;
 mod exporter;
+mod fs;
+mod generator;
 mod manage;
 mod metrics;
 mod scrape;
@@ -154,6 +156,7 @@ pub fn run(cli: Cli) -> CliResult {
                 Cmd::Restart(a) => manage::restart(a),
                 Cmd::Exporter(a) => exporter::exporter(a),
                 Cmd::GenDocs(a) => docs::gen_docs(&a.out_dir),
+                Cmd::Generator(a) => generator::generator(&a.dirs[0]),
                 Cmd::Add(_) | Cmd::Setup(_) | Cmd::Top(_) | Cmd::Daemon(_) | Cmd::Keeper(_) => {
                     Ok(())
                 }

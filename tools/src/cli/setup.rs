@@ -1,16 +1,17 @@
 //! `zblk setup`: brings up the devices of the configuration file
 //! ([`super::conf`]) through `zblk add --swap`'s code, leaving alone those
-//! already served, one line per device; or, with `--id N --foreground`,
+//! already served, one line per device: swap, or a filesystem formatted
+//! and mounted on its `mount-point`; or, with `--id N --foreground`,
 //! serves one of them in this process (systemd's `zblk@N.service`,
 //! [`super::unit`]).
 
 use super::args::SetupArgs;
 use super::conf::{self, Entry};
-use super::{add, sys, unit, CliError, CliResult};
+use super::{add, fs, sys, unit, CliError, CliResult};
 use std::path::{Path, PathBuf};
 
 /// Where the kernel command line is read from.
-const CMDLINE: &str = "/proc/cmdline";
+pub(super) const CMDLINE: &str = "/proc/cmdline";
 
 /// `zblk setup [--config F] [--dry-run] [--id N [--foreground]]`.
 pub fn setup(a: SetupArgs) -> CliResult {
@@ -32,14 +33,19 @@ pub fn setup(a: SetupArgs) -> CliResult {
     };
     let entries = conf::read(file, &drop_ins, ram_mb)?;
     let entries = select(entries, a.id, file)?;
+    let (entries, left) = swap_only(entries, a.swap_only, a.dry_run);
     if a.dry_run {
         if let Some(line) = files_line(file, &drop_ins) {
             println!("{line}");
         }
-        for line in dry_run_lines(&entries, ram_mb, add::is_live) {
+        let lines = dry_run_lines(&entries, ram_mb, add::is_live);
+        for line in lines.iter().chain(&left).chain(&missing_mkfs(&entries)) {
             println!("{line}");
         }
         return Ok(());
+    }
+    for line in &left {
+        println!("{line}");
     }
     if a.foreground {
         return foreground(entries, ram_mb);
@@ -117,7 +123,7 @@ fn bring_up_all(entries: &[Entry], ram_mb: f64) -> CliResult {
 /// Whether the kernel command line in `file` says `zblk.disable` (as
 /// zram-generator's `systemd.zram=0`); a file that is not there (no
 /// /proc in a container) says nothing.
-fn disabled(file: &Path) -> Result<bool, CliError> {
+pub(super) fn disabled(file: &Path) -> Result<bool, CliError> {
     match std::fs::read_to_string(file) {
         Ok(text) => {
             cmdline_disables(&text).map_err(|e| CliError(format!("{}: {e}", file.display())))
@@ -182,7 +188,41 @@ fn select(entries: Vec<Entry>, id: Option<u32>, file: &Path) -> Result<Vec<Entry
     Ok(one)
 }
 
-/// Creates one device unless it is live already; says what it did.
+/// With `--swap-only`, the entries that are swap, and a line for each
+/// filesystem left out: zblk-setup.service runs so, leaving the sections
+/// with a mount-point to the units zblk's generator writes for them.
+fn swap_only(entries: Vec<Entry>, only: bool, dry_run: bool) -> (Vec<Entry>, Vec<String>) {
+    if !only {
+        return (entries, Vec::new());
+    }
+    let verb = if dry_run { "would leave" } else { "left" };
+    let (fs, swap): (Vec<Entry>, Vec<Entry>) = entries.into_iter().partition(|e| e.mount.is_some());
+    let lines = fs
+        .iter()
+        .map(|e| {
+            let id = e.add.dev.id.unwrap_or(0);
+            format!(
+                "{}: a filesystem: {verb} /dev/ublkb{id} to zblk@{id}.service and its mount unit \
+                 (--swap-only)",
+                e.name
+            )
+        })
+        .collect();
+    (swap, lines)
+}
+
+/// A line for each filesystem whose `mkfs` this machine lacks.
+fn missing_mkfs(entries: &[Entry]) -> Vec<String> {
+    entries
+        .iter()
+        .filter_map(|e| e.mount.as_ref().map(|m| (e, m.fs)))
+        .filter(|(_, t)| fs::program_path(&t.mkfs()).is_none())
+        .map(|(e, t)| format!("{}: {}", e.name, t.missing_mkfs()))
+        .collect()
+}
+
+/// Creates one device unless it is live already (a filesystem: formats
+/// and mounts it); says what it did.
 fn bring_up(e: &Entry) -> Result<String, CliError> {
     let id = e.add.dev.id.unwrap_or(0);
     if add::is_live(id) {
@@ -191,7 +231,13 @@ fn bring_up(e: &Entry) -> Result<String, CliError> {
             e.name
         ));
     }
-    let info = add::start(&e.add, e.discard)?;
+    if let Some(m) = &e.mount {
+        m.fs.check_mkfs()?;
+    }
+    let info = add::start(&e.add, &unit::format(e))?;
+    if let Some(m) = &e.mount {
+        fs::mount(Path::new(&info.path), m).map_err(|err| add::remove(id, err))?;
+    }
     Ok(format!(
         "{}: created {}: {}",
         e.name,
@@ -247,9 +293,10 @@ fn settings(e: &Entry) -> String {
         (n, None) => format!("{n} bytes"),
         (n, Some(expr)) => format!("{expr} = {} MiB ({n} bytes)", n >> 20),
     };
+    let id = d.id.unwrap_or(0);
     format!(
         "size {} = {} MiB ({} bytes), {}, {}, {} pages a group, mem-limit {mem_limit}, \
-         recovery {}; swap at priority {} with {}",
+         recovery {}; {}",
         e.size_expr,
         d.size >> 20,
         d.size,
@@ -257,8 +304,27 @@ fn settings(e: &Entry) -> String {
         d.engine.mode,
         d.engine.group_pages,
         if d.no_recovery { "off" } else { "on" },
-        e.add.priority,
-        e.discard,
+        purpose(e, id),
+    )
+}
+
+/// What the device is for, in words: swap, or the filesystem's mkfs and
+/// mount.
+fn purpose(e: &Entry, id: u32) -> String {
+    let Some(m) = &e.mount else {
+        return format!("swap at priority {} with {}", e.add.priority, e.discard);
+    };
+    let bdev = zblk_ublk::paths::bdev_path(id);
+    let options = match m.options.as_str() {
+        "" => String::new(),
+        o => format!(" -o {o}"),
+    };
+    format!(
+        "{}, then mount -t {}{options} {} {}",
+        m.fs.mkfs_line(&bdev),
+        m.fs.name(),
+        bdev.display(),
+        m.point.display()
     )
 }
 
@@ -338,6 +404,39 @@ mod tests {
         assert!(lines[1].starts_with("ublkb1: would create"), "{}", lines[1]);
         let lines = dry_run_lines(&entries, 4096.0, |_| false);
         assert!(lines[0].starts_with("ublkb0: would create"), "{}", lines[0]);
+    }
+
+    #[test]
+    fn dry_run_shows_a_filesystem_s_mkfs_and_mount() {
+        let text = "[ublkb0]\nsize = 64\n\
+                    [ublkb1]\nsize = 256\nmount-point = \"/mnt/scratch\"\n\
+                    [ublkb2]\nsize = 256\nmount-point = \"/srv/x\"\nfs-type = \"xfs\"\n\
+                    options = \"\"\n";
+        let entries = conf::parse(Path::new("t.conf"), text, 4096.0).unwrap();
+        let lines = dry_run_lines(&entries, 4096.0, |_| false);
+        assert!(
+            lines[1].ends_with(
+                "recovery on; mkfs.ext4 -q -F -O ^has_journal -E nodiscard,lazy_itable_init=0 \
+                 /dev/ublkb1, then mount -t ext4 -o discard /dev/ublkb1 /mnt/scratch"
+            ),
+            "{}",
+            lines[1]
+        );
+        assert!(
+            lines[2]
+                .ends_with("mkfs.xfs -q -f -K /dev/ublkb2, then mount -t xfs /dev/ublkb2 /srv/x"),
+            "{}",
+            lines[2]
+        );
+        // zblk-setup.service's --swap-only leaves the filesystems to their
+        // units.
+        let (swap, left) = swap_only(entries, true, true);
+        assert_eq!(swap.len(), 1);
+        assert_eq!(
+            left[0],
+            "ublkb1: a filesystem: would leave /dev/ublkb1 to zblk@1.service and its mount \
+             unit (--swap-only)"
+        );
     }
 
     #[test]

@@ -13,10 +13,16 @@
 //! serving and exits with status 75, which the unit restarts on. A stop
 //! (`systemctl stop`) runs `ExecStop` with the main process alive: swap
 //! off, delete the device; the unit's store is closed with it.
+//!
+//! A section with `mount-point` is a filesystem: a new device is formatted
+//! before `READY=1`, and the mount unit zblk's generator writes
+//! ([`super::generator`]) mounts it after that and unmounts it before the
+//! stop.
 
+use super::add::Format;
 use super::args::AddArgs;
 use super::conf::Entry;
-use super::{add, CliError, CliResult};
+use super::{add, fs, CliError, CliResult};
 use std::os::fd::OwnedFd;
 use std::time::Duration;
 use zblk_ublk::{device, notify, Holder, Start};
@@ -75,7 +81,7 @@ fn recover(a: AddArgs, memfd: OwnedFd) -> CliResult {
     log::info!("device {id}: recovering from the store systemd kept");
     let mut dev = a.dev;
     dev.no_recovery = false;
-    let ready = add::foreground_ready(a.json, None);
+    let ready = add::foreground_ready(a.json, Format::Raw);
     Ok(zblk_ublk::daemon::run(
         &dev,
         Start::Recover { memfd },
@@ -84,12 +90,25 @@ fn recover(a: AddArgs, memfd: OwnedFd) -> CliResult {
     )?)
 }
 
-/// A new device, swap as the file says, its store in the unit's fd store
-/// when systemd offers one (else without recovery: nobody would keep it).
+/// A new device, swap or a filesystem as the file says, its store in the
+/// unit's fd store when systemd offers one (else without recovery: nobody
+/// would keep it).
 fn fresh(e: Entry) -> CliResult {
+    let format = format(&e);
+    if let Format::Fs(t) = format {
+        t.check_mkfs()?;
+    }
     let (a, holder) = foreground_args(e.add, notify::fd_store_offered());
     add::preflight(&a)?;
-    add::foreground(a, e.discard, holder)
+    add::foreground(a, format, holder)
+}
+
+/// What a section's new device becomes: swap, or its filesystem.
+pub fn format(e: &Entry) -> Format {
+    match &e.mount {
+        Some(m) => Format::Fs(m.fs),
+        None => Format::swap_if(&e.add, e.discard),
+    }
 }
 
 /// The arguments and store holder of a device served in the foreground
@@ -117,7 +136,8 @@ pub fn foreground_args(mut a: AddArgs, fd_store: bool) -> (AddArgs, Holder) {
 /// `zblk setup --id N --stop`, the unit's `ExecStop`. systemd runs it on
 /// every stop, also after the main process died on its own; then
 /// `MAINPID` is unset and the device is left to the restart, which
-/// recovers it. Otherwise (or run by hand): swap off, delete the device.
+/// recovers it. Otherwise (or run by hand): unmount it (under systemd its
+/// mount unit has done so already) or swap it off, delete it.
 pub fn stop(id: u32) -> CliResult {
     let gone = main_process_gone(
         std::env::var_os("SERVICE_RESULT").is_some(),
@@ -127,6 +147,7 @@ pub fn stop(id: u32) -> CliResult {
         println!("zblk@{id}: the daemon is gone; /dev/ublkb{id} is left to the restart");
         return Ok(());
     }
+    fs::unmount_all(&zblk_ublk::paths::bdev_path(id))?;
     super::manage::del_one(id, true)
 }
 

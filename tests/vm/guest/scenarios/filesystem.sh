@@ -6,6 +6,14 @@
 # and verify the kept files again; at the end a whole-device discard leaves
 # no page and the memory at its baseline.
 #
+# Then a filesystem made by `zblk setup` from a section with a mount-point
+# (ext4, no journal, mounted with discard), and a daemon crash under it:
+# files written and synced, the daemon killed (SIGKILL) and its keeper's
+# new daemon taking the device over from the store, as in the crash
+# scenario, while the filesystem stays mounted; the files read back
+# identical with the page cache dropped, e2fsck -fn clean, and
+# `zblk setup --id N --stop` unmounts and deletes the device.
+#
 # The tools come from the host (run.sh carries mkfs.ext4, e2fsck, mkfs.xfs,
 # xfs_repair and fstrim when it has them: e2fsprogs, xfsprogs) and the
 # modules from the kernel package. ext4 is required (missing tools or
@@ -103,6 +111,41 @@ m=$(missing ext4 mkfs.ext4 e2fsck fstrim)
 # tables later would blur the stored-pages figures.
 fs_round ext4 "mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0" "e2fsck -fn"
 all=$FIGS
+# zblk setup's filesystem and a kill -9 of its daemon; sets FIGS.
+setup_round() {
+    local conf=/tmp/zblk-vm.setup.conf mnt=/mnt/zblk-setup id=7 taken pid want got log=/run/zblk/7.log t0 t1 t_up t_kill
+    t0=$(now)
+    cat >"$conf" <<CONF
+[ublkb$id]
+size = 64
+mount-point = "$mnt"
+CONF
+    out=$(zblk setup --config "$conf" 2>&1) || fail "setup: zblk setup: $out"
+    t_up=$(elapsed "$t0")
+    m=$(awk -v d=/dev/ublkb$id '$1 == d { print $2, $3, $4 }' /proc/mounts)
+    case "$m" in "$mnt ext4 "*discard*) ;; *) fail "setup: /dev/ublkb$id is mounted as '$m', want $mnt ext4 with discard ($out)";; esac
+    cp "$SRC/rand1" "$SRC/text1" "$mnt/" || fail "setup: copying the files failed"
+    sync
+    pid=$(zdaemon_pid $id) || fail "setup: no daemon serves ublkb$id"
+    taken=$(takeovers $log)
+    t1=$(now)
+    kill -9 "$pid"
+    wait_takeover $log "$taken" 300 || fail "setup: no new daemon within 30 s of kill -9: $(tail -3 $log | tr '\n' '|')"
+    t_kill=$(elapsed "$t1")
+    drop_caches
+    want=$(cd "$SRC" && sha256sum rand1 text1) got=$(cd "$mnt" && sha256sum rand1 text1 2>&1)
+    [ "$got" = "$want" ] || fail "setup: the files differ after the kill: $(echo "$got" | tr '\n' '|')"
+    [ "$(zstat $id | jnum recoveries)" = 1 ] || fail "setup: recoveries=$(zstat $id | jnum recoveries) after one kill"
+    must umount "$mnt"
+    out=$(e2fsck -fn /dev/ublkb$id 2>&1) || fail "setup: e2fsck -fn after the kill: $(echo "$out" | tail -4 | tr '\n' '|')"
+    must mount -t ext4 -o discard /dev/ublkb$id "$mnt"
+    out=$(zblk setup --config "$conf" --id $id --stop 2>&1) || fail "setup: zblk setup --stop: $out"
+    ! grep -q "^/dev/ublkb$id " /proc/mounts || fail "setup: still mounted after zblk setup --stop ($out)"
+    [ ! -e /dev/ublkb$id ] || fail "setup: /dev/ublkb$id still there after zblk setup --stop ($out)"
+    FIGS="zblk setup: ext4 on $mnt, 12 MB of files identical after kill -9 of its daemon (recovered, mount kept), e2fsck clean, --stop unmounted and deleted it, in $(elapsed "$t0") s (setup ${t_up} s, kill to take-over ${t_kill} s)"
+    log "$FIGS"
+}
+
 m=$(missing xfs mkfs.xfs xfs_repair fstrim)
 if [ -z "$m" ]; then
     fs_round xfs "mkfs.xfs -q -f" "xfs_repair -n"
@@ -111,4 +154,6 @@ else
     echo "SKIP $SCEN xfs: $m"
     all="$all; xfs skipped: $m"
 fi
+setup_round
+all="$all; $FIGS"
 pass "$all"
