@@ -284,7 +284,7 @@ const FIELDS: &[Field] = &[
 ];
 
 /// Fields of the reply that are labels of `zblk_device_info`.
-const INFO_LABELS: [(Part, &str); 8] = [
+const INFO_LABELS: [(Part, &str); 9] = [
     (D, "path"),
     (D, "backing_dev"),
     (S, "algorithm"),
@@ -293,6 +293,7 @@ const INFO_LABELS: [(Part, &str); 8] = [
     (D, "recovery"),
     (D, "features"),
     (D, "transport_in_use"),
+    (D, "queue_cpus"),
 ];
 
 /// Fields left out: the same value as an exported one (`size` is
