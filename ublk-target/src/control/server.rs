@@ -836,6 +836,7 @@ mod tests {
             "mode",
             "mem_limit",
             "queues",
+            "queue_cpus",
             "depth",
             "io_buf_bytes",
             "no_recovery",
@@ -847,7 +848,8 @@ mod tests {
         ] {
             assert!(keys.contains(&k), "{k} missing from {keys:?}");
         }
-        assert_eq!(keys.len(), 17, "{keys:?}");
+        assert_eq!(keys.len(), 18, "{keys:?}");
+        assert_eq!(v["queue_cpus"], "queue");
         assert_eq!(v["transport"], "classic");
         assert_eq!(v["transport_in_use"], "batch");
         assert_eq!(v["recovery"], "reissue");
