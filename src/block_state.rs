@@ -71,8 +71,8 @@ pub struct SlotState {
 pub(crate) struct AlgoNames {
     /// The primary's.
     pub(crate) primary: String,
-    /// The secondary's, once the first recompression chose it.
-    pub(crate) secondary: Option<String>,
+    /// The secondaries', in the order slots name them (`algo` 1-3).
+    pub(crate) secondaries: Vec<String>,
 }
 
 /// The state of every stored page of `range` (clipped to the device), in
@@ -101,9 +101,9 @@ fn state(index: u64, e: &Entry, names: &AlgoNames) -> Option<SlotState> {
         Kind::Backed => (SlotKind::WrittenBack, e.len, e.len as usize != PAGE_SIZE),
     };
     let algo = compressed
-        .then(|| match e.algo {
+        .then(|| match usize::from(e.algo) {
             0 => Some(names.primary.clone()),
-            _ => names.secondary.clone(),
+            k => names.secondaries.get(k - 1).cloned(),
         })
         .flatten();
     Some(SlotState {
@@ -124,7 +124,7 @@ mod tests {
     fn names() -> AlgoNames {
         AlgoNames {
             primary: "lz4".into(),
-            secondary: Some("zstd:9".into()),
+            secondaries: vec!["zstd:9".into(), "lz4hc".into()],
         }
     }
 
@@ -155,6 +155,12 @@ mod tests {
             (c.kind, c.size, c.algo.as_deref(), c.idle, c.atime),
             (SlotKind::Compressed, 900, Some("zstd:9"), true, 42)
         );
+        let second = Entry {
+            algo: 2,
+            ..Entry::new(Kind::Compressed, 800, 1)
+        };
+        let c2 = state(3, &second, &n).unwrap();
+        assert_eq!(c2.algo.as_deref(), Some("lz4hc"));
         let packed = Entry {
             n: 8,
             idx: 3,

@@ -9,13 +9,14 @@
 
 use crate::alloc::Handle;
 use crate::backing::AlignedBuf;
-use crate::codec::{Algo, Codec};
+use crate::codec::Codec;
 use crate::config::{Mode, StoreConfig};
 use crate::free::FreeBatch;
 use crate::page::PAGE_SIZE;
+use crate::secondary::{Secondaries, MAX_SECONDARIES};
 use crate::slot::Entry;
 use crate::stats::{Phase, StatsShard};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Instant;
 
 /// Bytes a queue thread's malloc arena is grown by before it serves
@@ -41,11 +42,12 @@ pub(crate) struct CtxState {
     /// The request's time on the store's clock, modulo 2^24 (set once per
     /// request): what writes and reads stamp slots with.
     pub(crate) now: u32,
-    /// The store's secondary algorithm, once the first recompression chose
-    /// it (shared by every context of the store).
-    secondary_algo: Arc<OnceLock<Algo>>,
-    /// This thread's codec of the secondary algorithm, made on first use.
-    secondary: Option<Box<dyn Codec>>,
+    /// The store's secondary algorithms, as recompressions chose them
+    /// (shared by every context of the store).
+    secondary_algos: Arc<Secondaries>,
+    /// This thread's codecs of the secondary algorithms (entry `i` for
+    /// slots' `algo` `i + 1`), each made on first use.
+    secondary: [Option<Box<dyn Codec>>; MAX_SECONDARIES],
     /// With a backing store: the block a read of a written-back page
     /// reads into, made with the context so that a swap-in never
     /// allocates (`O_DIRECT` wants it aligned).
@@ -56,14 +58,14 @@ pub(crate) struct CtxState {
 
 impl CtxState {
     /// Fresh state for thread `id` of `cfg`'s store, writing into `shard`;
-    /// `epoch` is the store's recovery count, `secondary` its secondary
-    /// algorithm (set or not).
+    /// `epoch` is the store's recovery count, `secondaries` its secondary
+    /// algorithms.
     pub(crate) fn new(
         cfg: &StoreConfig,
         id: usize,
         epoch: u64,
         shard: Arc<StatsShard>,
-        secondary: Arc<OnceLock<Algo>>,
+        secondaries: Arc<Secondaries>,
     ) -> Self {
         let g = cfg.group_pages;
         let packed = cfg.mode == Mode::Packed;
@@ -78,8 +80,8 @@ impl CtxState {
             next_pack_id: first_pack_id(id, epoch),
             timers: cfg.phase_timers,
             now: 0,
-            secondary_algo: secondary,
-            secondary: None,
+            secondary_algos: secondaries,
+            secondary: Default::default(),
             bd_buf: cfg
                 .backing
                 .as_ref()
@@ -198,19 +200,21 @@ impl CtxState {
         id
     }
 
-    /// The codec of the store's secondary algorithm, or `None` if the store
-    /// has none (a slot that says otherwise is corrupt).
-    pub(crate) fn secondary_codec(&mut self) -> Option<&mut Box<dyn Codec>> {
-        if self.secondary.is_none() {
-            let algo = self.secondary_algo.get()?;
+    /// The codec of the secondary algorithm slots' `algo` value `algo`
+    /// (1..=3) names, or `None` if the store has no such one (a slot that
+    /// says otherwise is corrupt).
+    pub(crate) fn secondary_codec(&mut self, algo: u8) -> Option<&mut Box<dyn Codec>> {
+        let slot = self.secondary.get_mut(usize::from(algo).checked_sub(1)?)?;
+        if slot.is_none() {
+            let a = self.secondary_algos.get(algo)?;
             // Queue threads only decode with it: no compression context.
             // Made on first use (a read of a recompressed page), so its
             // memory is faulted in then, all at once, not page by page.
-            let mut codec = algo.new_codec_for(0);
+            let mut codec = a.new_codec_for(0);
             codec.prefault();
-            self.secondary = Some(codec);
+            *slot = Some(codec);
         }
-        self.secondary.as_mut()
+        slot.as_mut()
     }
 }
 

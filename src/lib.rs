@@ -55,6 +55,7 @@ mod provision;
 mod read;
 mod recompress;
 mod recover;
+mod secondary;
 mod shm;
 pub mod slab;
 mod slot;
@@ -75,9 +76,12 @@ pub use config::{
 pub use error::{Error, Result};
 pub use page::{PAGE_SIZE, PAGE_SIZE_U64};
 pub use recompress::{Recompress, RecompressReport, RecompressType, MIN_SAVING_PERCENT};
+pub use secondary::{AlgoList, MAX_SECONDARIES};
 pub use stats::{Counters, Latencies, Latency, PhaseTimes};
 pub use store::{QueueCtx, Store, StoreStats};
 // Hooks for tests: corrupting objects, crashing, older layouts.
 #[cfg(feature = "test-support")]
-pub use store::{debug_as_layout3, debug_corrupt_object, debug_crash, debug_flip_object_byte};
+pub use store::{
+    debug_as_layout3, debug_as_layout4, debug_corrupt_object, debug_crash, debug_flip_object_byte,
+};
 pub use writeback::{PageRange, Writeback, WritebackReport, WritebackSelect, WritebackType};

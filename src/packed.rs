@@ -338,7 +338,7 @@ pub(crate) fn read_page(
 }
 
 /// Decompresses a group's blob with the codec of the algorithm its slot
-/// names (0 the primary; 1 the secondary, for a recompressed group).
+/// names (0 the primary; 1-3 a secondary, for a recompressed group).
 fn decode_group(
     st: &mut CtxState,
     e: &Entry,
@@ -347,10 +347,9 @@ fn decode_group(
 ) -> std::result::Result<(), String> {
     let codec = match e.algo {
         0 => &mut st.codec,
-        1 => st
-            .secondary_codec()
-            .ok_or("the group names a secondary algorithm this store does not have")?,
-        a => return Err(format!("the group names algorithm {a}, which no store has")),
+        a => st.secondary_codec(a).ok_or_else(|| {
+            format!("the group names secondary algorithm {a}, which this store does not have")
+        })?,
     };
     codec.decompress(blob, buf).map_err(|err| err.to_string())
 }

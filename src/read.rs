@@ -104,8 +104,7 @@ fn decode_with(
 ) -> std::result::Result<(), String> {
     let codec = match algo {
         0 => Some(&mut st.codec),
-        1 => st.secondary_codec(),
-        _ => None,
+        a => st.secondary_codec(a),
     };
     match codec {
         Some(c) => c.decompress(obj, out).map_err(|err| err.to_string()),

@@ -1,12 +1,14 @@
 //! Recompression: the store's half of `zblk recompress` (zram's
 //! `recompress`), and idle marking (zram's `idle` file).
 //!
-//! Recompression stores chosen pages again with the store's secondary
-//! algorithm (a stronger one: `zstd:9`, `deflate:9`) and keeps the result
-//! only when it is at least [`MIN_SAVING_PERCENT`] percent smaller than
-//! what the page has now: a smaller gain would cost a slower decompression
-//! on every later read for almost no memory. The slot then says that the
-//! secondary holds it (`Entry::algo` 1), which is what reads decode with.
+//! Recompression stores chosen pages again with one of the store's
+//! secondary algorithms (stronger ones: `lz4hc`, `zstd:9`, `deflate:9`),
+//! tried in the order asked (zram's priorities), and keeps the first
+//! result at least [`MIN_SAVING_PERCENT`] percent smaller than what the
+//! page has now: a smaller gain would cost a slower decompression on every
+//! later read for almost no memory. The slot then names the secondary
+//! that holds it (`Entry::algo` 1-3, its entry in the store's list,
+//! `crate::secondary`), which is what reads decode with.
 //!
 //! A page is read under its lock (not as an access: its time and idle mark
 //! stay), compressed and allocated unlocked, and installed only if its slot
@@ -17,7 +19,7 @@
 //! selected pages of a window of G pages (its compression group's span,
 //! which is what the slab's relocation looks through for an object's
 //! holders) are read, whatever holds them (packed groups of the primary,
-//! per-page objects), compressed together by the secondary into one new
+//! per-page objects), compressed together by the first secondary that fits into one new
 //! group object, and installed slot by slot. The whole group is kept or
 //! dropped by the same 5 % rule, measured against the pages' shares of
 //! what they were stored in. Ordering: the object is written in full
@@ -34,6 +36,7 @@ use crate::error::{Error, Result};
 use crate::packed;
 use crate::page::PAGE_SIZE;
 use crate::read::read_entry;
+use crate::secondary::MAX_SECONDARIES;
 use crate::slot::{Entry, Kind, SlotGuard, ATIME_MASK, INCOMPRESSIBLE};
 use crate::stats::Counter;
 use crate::table::{Held, MovePoints, SlotTable};
@@ -77,8 +80,9 @@ impl std::str::FromStr for RecompressType {
 /// What to recompress, and with what.
 #[derive(Debug, Clone)]
 pub struct Recompress {
-    /// The secondary algorithm.
-    pub algo: Algo,
+    /// The secondary algorithms, in the order they are tried (1 to
+    /// [`MAX_SECONDARIES`]).
+    pub algos: Vec<Algo>,
     /// Which pages.
     pub kind: RecompressType,
     /// Only pages whose object is at least this many bytes (0: any).
@@ -92,7 +96,7 @@ pub struct Recompress {
 pub struct RecompressReport {
     /// Pages it tried (selected by type and threshold).
     pub tried: u64,
-    /// Pages it stored again with the secondary algorithm.
+    /// Pages it stored again with a secondary algorithm.
     pub recompressed: u64,
     /// Compressed bytes saved.
     pub saved_bytes: u64,
@@ -108,7 +112,7 @@ fn selected(e: &Entry, p: &Recompress) -> bool {
         RecompressType::Huge => huge,
         RecompressType::HugeIdle => huge && e.idle,
     };
-    // A huge page the secondary could not shrink before is not tried again
+    // A huge page no secondary could shrink before is not tried again
     // (zram's `ZRAM_INCOMPRESSIBLE`): it is what writeback's
     // `incompressible` type moves out.
     let tried_in_vain = huge && e.n == INCOMPRESSIBLE;
@@ -119,19 +123,24 @@ fn selected(e: &Entry, p: &Recompress) -> bool {
         && e.len as usize >= p.threshold
 }
 
-/// Recompresses the pages `p` selects with `codec` (of `p.algo`), with
+/// The codecs of a recompression, in the order they are tried, each with
+/// the slot value (`Entry::algo`) that names its algorithm.
+pub(crate) type Codecs = [(u8, Box<dyn Codec>)];
+
+/// Recompresses the pages `p` selects with `codecs` (of `p.algos`), with
 /// the maintenance thread state `st` (its codec is the primary); a packed
 /// store (`mode`) into packed groups of at most `span` pages.
 pub(crate) fn run(
     table: &SlotTable,
     st: &mut CtxState,
-    codec: &mut dyn Codec,
+    codecs: &mut Codecs,
     p: &Recompress,
     mode: Mode,
     span: u64,
 ) -> RecompressReport {
     if mode == Mode::Packed {
-        return run_packed(table, st, codec, p, span);
+        debug_assert!(codecs.len() <= MAX_SECONDARIES);
+        return run_packed(table, st, codecs, p, span);
     }
     let mut r = RecompressReport::default();
     let mut page_buf = vec![0u8; PAGE_SIZE];
@@ -140,7 +149,7 @@ pub(crate) fn run(
         if p.max_pages != 0 && r.tried >= p.max_pages {
             break;
         }
-        match recompress_page(table, st, codec, p, page, &mut page_buf, &mut dst) {
+        match recompress_page(table, st, codecs, p, page, &mut page_buf, &mut dst) {
             Ok(Outcome::Skipped) => {}
             Ok(Outcome::Tried) => r.tried += 1,
             Ok(Outcome::Kept(saved)) => {
@@ -168,7 +177,7 @@ enum Outcome {
 fn recompress_page(
     table: &SlotTable,
     st: &mut CtxState,
-    codec: &mut dyn Codec,
+    codecs: &mut Codecs,
     p: &Recompress,
     page: u64,
     buf: &mut [u8],
@@ -188,15 +197,12 @@ fn recompress_page(
     };
     let old = e.len as usize;
     let budget = old - old * MIN_SAVING_PERCENT / 100;
-    let n = match codec.compress(buf, &mut dst[..budget])? {
-        Some(n) => n,
-        None => {
-            mark_incompressible(table, page, &e);
-            return Ok(Outcome::Tried);
-        }
+    let Some((algo, n)) = first_fitting(codecs, buf, &mut dst[..budget])? else {
+        mark_incompressible(table, page, &e);
+        return Ok(Outcome::Tried);
     };
     let held = Held::Bytes(e, &was[..was_len]);
-    if !install_compressed(table, st, page, held, &dst[..n], buf)? {
+    if !install_compressed(table, st, page, held, algo, &dst[..n], buf)? {
         return Ok(Outcome::Tried);
     }
     let saved = (old - n) as u64;
@@ -204,15 +210,32 @@ fn recompress_page(
     Ok(Outcome::Kept(saved))
 }
 
-/// Stores page `page` (`data`) again as `compressed`, the secondary's
-/// output, and puts it into the slot if the slot still holds what `held`
-/// says was read; otherwise frees the new object. Returns whether it was
-/// installed.
+/// Compresses `src` into `dst` with each of `codecs` in turn until one
+/// fits (zram's priorities): that one's slot value and the compressed
+/// length, or `None` if none did.
+fn first_fitting(codecs: &mut Codecs, src: &[u8], dst: &mut [u8]) -> Result<Option<(u8, usize)>> {
+    for (algo, codec) in codecs.iter_mut() {
+        match codec.compress(src, dst)? {
+            Some(n) if n > dst.len() || n == 0 => {
+                return Err(Error::Codec(CodecError::overflow(n, dst.len())))
+            }
+            Some(n) => return Ok(Some((*algo, n))),
+            None => {}
+        }
+    }
+    Ok(None)
+}
+
+/// Stores page `page` (`data`) again as `compressed`, the output of the
+/// secondary `algo` names, and puts it into the slot if the slot still
+/// holds what `held` says was read; otherwise frees the new object.
+/// Returns whether it was installed.
 fn install_compressed(
     table: &SlotTable,
     st: &mut CtxState,
     page: u64,
     held: Held<'_>,
+    algo: u8,
     compressed: &[u8],
     data: &[u8],
 ) -> Result<bool> {
@@ -226,7 +249,7 @@ fn install_compressed(
         copy_objects(plan, alloc, compressed, data);
         crate::inject::point("recompress:planned");
         let new = Entry {
-            algo: 1,
+            algo,
             ..plan.entries[0]
         };
         let points = MovePoints {
@@ -260,7 +283,7 @@ struct Member {
 }
 
 /// Packed stores: gathers the selected pages window by window and stores
-/// each window's pages again as one packed group of the secondary. A
+/// each window's pages again as one packed group of a secondary. A
 /// window starts at its first page's group base (or the page, for a
 /// per-page object) and spans `span` pages; a packed page of another
 /// group (another base) closes it, so that each old group lands in one
@@ -271,7 +294,7 @@ struct Member {
 fn run_packed(
     table: &SlotTable,
     st: &mut CtxState,
-    codec: &mut dyn Codec,
+    codecs: &mut Codecs,
     p: &Recompress,
     span: u64,
 ) -> RecompressReport {
@@ -304,12 +327,12 @@ fn run_packed(
             }
         };
         if group.first().is_some_and(|f| !joins(f.window, &m, span)) {
-            store_group(table, st, codec, &mut group, &mut pages, &mut dst, &mut r);
+            store_group(table, st, codecs, &mut group, &mut pages, &mut dst, &mut r);
             pages.copy_within(k * PAGE_SIZE..(k + 1) * PAGE_SIZE, 0);
         }
         group.push(m);
     }
-    store_group(table, st, codec, &mut group, &mut pages, &mut dst, &mut r);
+    store_group(table, st, codecs, &mut group, &mut pages, &mut dst, &mut r);
     r
 }
 
@@ -386,14 +409,14 @@ fn keep_whole_groups(group: &mut Vec<Member>, pages: &mut [u8]) {
 }
 
 /// Compresses the gathered pages (`pages`, in the order of `group`)
-/// together with the secondary and, if that saves at least
-/// [`MIN_SAVING_PERCENT`], installs the new group in every slot that
+/// together with the first secondary whose result saves at least
+/// [`MIN_SAVING_PERCENT`], and installs the new group in every slot that
 /// still holds what was read. Pages of old groups not whole in the window
 /// are left as they are (not tried). Empties `group`.
 fn store_group(
     table: &SlotTable,
     st: &mut CtxState,
-    codec: &mut dyn Codec,
+    codecs: &mut Codecs,
     group: &mut Vec<Member>,
     pages: &mut [u8],
     dst: &mut [u8],
@@ -405,7 +428,7 @@ fn store_group(
         return;
     }
     r.tried += k as u64;
-    match pack_and_install(table, st, codec, group, &pages[..k * PAGE_SIZE], dst) {
+    match pack_and_install(table, st, codecs, group, &pages[..k * PAGE_SIZE], dst) {
         Ok((kept, saved)) => {
             r.recompressed += kept;
             r.saved_bytes += saved;
@@ -424,19 +447,16 @@ fn store_group(
 fn pack_and_install(
     table: &SlotTable,
     st: &mut CtxState,
-    codec: &mut dyn Codec,
+    codecs: &mut Codecs,
     group: &[Member],
     pages: &[u8],
     dst: &mut [u8],
 ) -> Result<(u64, u64)> {
     let old: u64 = group.iter().map(|m| m.old).sum();
     let budget = ((old - old * MIN_SAVING_PERCENT as u64 / 100) as usize).min(dst.len());
-    let Some(clen) = codec.compress(pages, &mut dst[..budget])? else {
+    let Some((algo, clen)) = first_fitting(codecs, pages, &mut dst[..budget])? else {
         return Ok((0, 0));
     };
-    if clen > budget || clen == 0 {
-        return Err(Error::Codec(CodecError::overflow(clen, budget)));
-    }
     let alloc = table.allocator();
     let base = group[0].window;
     let allocated = st.with_plan(|_, plan| packed::allocate(&mut plan.handles, alloc, base, clen));
@@ -457,7 +477,7 @@ fn pack_and_install(
             val: h,
             idx: (m.page - base) as u8,
             n: group.len() as u8,
-            algo: 1,
+            algo,
             ..Entry::EMPTY
         };
         if install_member(table, st, m, new, pos) {
@@ -523,8 +543,8 @@ fn copy_object(table: &SlotTable, guard: &SlotGuard<'_>, to: &mut [u8; PAGE_SIZE
     obj.len()
 }
 
-/// Marks the huge page `e` of `page` as one the secondary algorithm
-/// could not shrink either, if its slot still holds it.
+/// Marks the huge page `e` of `page` as one no secondary algorithm
+/// could shrink either, if its slot still holds it.
 fn mark_incompressible(table: &SlotTable, page: u64, e: &Entry) {
     if e.kind != Kind::Huge {
         return;

@@ -24,8 +24,8 @@
 //!    and the process died before clearing the bit); the scan rewrites it
 //!    from the slots that reference the object.
 //!
-//! 6. A recompressed page's slot names the secondary algorithm, which the
-//!    header recorded before any slot could name it.
+//! 6. A recompressed page's slot names one of the secondary algorithms,
+//!    which the header recorded before any slot could name it.
 //! 7. A written-back page's slot is switched only after its object was
 //!    written to the backing store, and its RAM object released only after
 //!    the switch (`crate::writeback`): so a slot names either a RAM object
@@ -74,7 +74,7 @@ fn header_for(cfg: &StoreConfig) -> Header {
         created_at: now(),
         recovered_at: 0,
         clock_base: crate::clock::boot_seconds(),
-        secondary: String::new(),
+        secondaries: Vec::new(),
         live: None,
     }
 }
@@ -87,24 +87,26 @@ pub(crate) fn create(cfg: &StoreConfig) -> Result<(SharedMem, Header)> {
     Ok((shm, h))
 }
 
-/// Records `algo` as the store's secondary algorithm, before any slot
-/// names it (a slot naming a secondary the header lacks is dropped by a
-/// recovery).
-pub(crate) fn record_secondary(shm: &SharedMem, algo: Algo) -> Result<()> {
-    shm.update_header(|h| h.secondary = algo.to_string())
+/// Records `list` as the store's secondary algorithms, before any slot
+/// names an entry new in it (a slot naming an entry the header lacks is
+/// dropped by a recovery).
+pub(crate) fn record_secondaries(shm: &SharedMem, list: &[Algo]) -> Result<()> {
+    shm.update_header(|h| h.secondaries = list.iter().map(Algo::to_string).collect())
         .map(drop)
 }
 
-/// The secondary algorithm a header names, if any.
-pub(crate) fn secondary(h: &Header) -> Result<Option<Algo>> {
-    if h.secondary.is_empty() {
-        return Ok(None);
-    }
-    h.secondary.parse().map(Some).map_err(|e| {
-        Error::InvalidConfig(format!(
-            "shared memory names a secondary algorithm this zblk cannot decode: {e}"
-        ))
-    })
+/// The secondary algorithms a header names, in order.
+pub(crate) fn secondaries(h: &Header) -> Result<Vec<Algo>> {
+    h.secondaries
+        .iter()
+        .map(|name| {
+            name.parse().map_err(|e| {
+                Error::InvalidConfig(format!(
+                    "shared memory names a secondary algorithm this zblk cannot decode: {e}"
+                ))
+            })
+        })
+        .collect()
 }
 
 /// Opens the shared memory of a dead store of `cfg`: its header must
@@ -172,15 +174,15 @@ pub(crate) struct Scan {
 }
 
 /// Rebuilds the slab's bookkeeping and the gauges (into `gauges`) from the
-/// slot table; `secondary` says whether the header names a secondary
-/// algorithm, `unsealed` whether the file's layout predates sealed packed
+/// slot table; `secondaries` is how many secondary algorithms the header
+/// names, `unsealed` whether the file's layout predates sealed packed
 /// headers (they are sealed as they are found). Nothing else may use the
 /// store meanwhile.
 pub(crate) fn scan(
     table: &SlotTable,
     slab: &SlabAllocator,
     gauges: &StatsShard,
-    secondary: bool,
+    secondaries: usize,
     unsealed: bool,
 ) -> Scan {
     let alloc = table.allocator();
@@ -191,8 +193,10 @@ pub(crate) fn scan(
             // Only recompression sets it, on compressed pages (which
             // writeback may then move to the backing store) and on packed
             // groups (a packed store's recompression).
-            1 => secondary && matches!(e.kind, Kind::Compressed | Kind::Backed | Kind::Packed),
-            _ => false,
+            a => {
+                usize::from(a) <= secondaries
+                    && matches!(e.kind, Kind::Compressed | Kind::Backed | Kind::Packed)
+            }
         };
         let claimed = if algo_ok && e.kind == Kind::Backed {
             claim_backed(table, e)

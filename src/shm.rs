@@ -47,13 +47,17 @@ const MAGIC: [u8; 8] = *b"ZBLKMEM\0";
 /// reserve's fallback, `slab::reserve`), not only in the smallest.
 /// 4: packed group headers carry a seal in their `base` word
 /// (`crate::packed`); a recovery of an older file seals them.
-pub(crate) const LAYOUT_VERSION: u64 = 4;
+/// 5: the header names up to three secondary algorithms (slots' `algo`
+/// 1 to 3), the first where layouts 2-4 name their one.
+pub(crate) const LAYOUT_VERSION: u64 = 5;
 /// The first layout whose packed headers are sealed.
 pub(crate) const SEALED_PACKS: u64 = 4;
 /// The oldest layout this build reads: a layout-2 store is a layout-3 store
 /// whose objects all sit in their smallest class, a layout-3 store a
-/// layout-4 store whose packed headers are not sealed yet; either is
-/// rewritten as the current layout when taken over.
+/// layout-4 store whose packed headers are not sealed yet, a layout-4
+/// store a layout-5 store with at most one secondary algorithm (its
+/// header's bytes for the second and third are zeros); each is rewritten
+/// as the current layout when taken over.
 pub(crate) const OLDEST_LAYOUT: u64 = 2;
 /// Bytes of the header kept for the algorithm's name.
 const ALGO_BYTES: usize = 32;
@@ -91,9 +95,10 @@ pub(crate) struct Header {
     /// The store clock's base: `CLOCK_BOOTTIME` seconds at creation
     /// (`crate::clock`), which slots' access times count from.
     pub(crate) clock_base: u64,
-    /// The secondary algorithm's name, empty until the first
-    /// recompression chose one; written before any slot uses it.
-    pub(crate) secondary: String,
+    /// The secondary algorithms' names (entry `i` is slots' `algo` `i +
+    /// 1`), empty until the first recompression chose one; each written
+    /// before any slot uses it.
+    pub(crate) secondaries: Vec<String>,
     /// The settings changed at run time, once one was (`None` in a
     /// header written before this field existed: all zeros there).
     pub(crate) live: Option<Live>,
@@ -121,6 +126,14 @@ const LIVE_MAGIC: [u8; 8] = *b"ZBLKLIVE";
 pub(crate) const NOTE_BYTES: usize = 2048;
 /// Where the live settings start.
 const LIVE_AT: usize = 8 + 8 * FIELDS + 2 * ALGO_BYTES;
+/// Where the names of the second and third secondary algorithms start,
+/// after the live settings (the first sits where layouts up to 4 keep
+/// their one).
+const MORE_SECONDARIES_AT: usize = LIVE_AT + 28 + NOTE_BYTES;
+/// Secondary algorithms the header has room for (`secondary::MAX_SECONDARIES`).
+const SECONDARY_NAMES: usize = 3;
+/// Bytes of the header that hold anything.
+const HEADER_BYTES: usize = MORE_SECONDARIES_AT + (SECONDARY_NAMES - 1) * ALGO_BYTES;
 
 impl Header {
     fn to_bytes(&self) -> Vec<u8> {
@@ -141,12 +154,9 @@ impl Header {
         for w in words {
             b.extend_from_slice(&w.to_le_bytes());
         }
-        for name in [&self.algo, &self.secondary] {
-            let mut algo = [0u8; ALGO_BYTES];
-            let name = name.as_bytes();
-            let n = name.len().min(ALGO_BYTES);
-            algo[..n].copy_from_slice(&name[..n]);
-            b.extend_from_slice(&algo);
+        let secondary = |i: usize| self.secondaries.get(i).map_or("", String::as_str);
+        for name in [self.algo.as_str(), secondary(0)] {
+            put_name(&mut b, name);
         }
         if let Some(l) = &self.live {
             b.extend_from_slice(&LIVE_MAGIC);
@@ -164,7 +174,11 @@ impl Header {
         }
         // Always the same length: a header without live settings clears
         // whatever an earlier write left there.
-        b.resize(LIVE_AT + 28 + NOTE_BYTES, 0);
+        b.resize(MORE_SECONDARIES_AT, 0);
+        for i in 1..SECONDARY_NAMES {
+            put_name(&mut b, secondary(i));
+        }
+        debug_assert_eq!(b.len(), HEADER_BYTES);
         b
     }
 
@@ -211,16 +225,29 @@ impl Header {
                 w(0)
             )));
         }
-        let name = |i: usize| {
-            let at = 8 + 8 * FIELDS + i * ALGO_BYTES;
-            let algo = &b[at..at + ALGO_BYTES];
+        let name = |at: usize| {
+            let Some(algo) = b.get(at..at + ALGO_BYTES) else {
+                return Ok(String::new());
+            };
             let end = algo.iter().position(|&c| c == 0).unwrap_or(ALGO_BYTES);
             std::str::from_utf8(&algo[..end])
                 .map(str::to_string)
                 .map_err(|_| bad("an algorithm name is not UTF-8"))
         };
-        let algo = name(0)?;
-        let secondary = name(1)?;
+        let names = 8 + 8 * FIELDS;
+        let algo = name(names)?;
+        let mut secondaries = Vec::new();
+        for at in [
+            names + ALGO_BYTES,
+            MORE_SECONDARIES_AT,
+            MORE_SECONDARIES_AT + ALGO_BYTES,
+        ] {
+            let n = name(at)?;
+            if n.is_empty() {
+                break;
+            }
+            secondaries.push(n);
+        }
         Ok(Header {
             layout: w(0),
             fingerprint: w(1),
@@ -233,7 +260,7 @@ impl Header {
             recovered_at: w(8),
             clock_base: w(9),
             algo,
-            secondary,
+            secondaries,
             // The live settings are advice: unreadable ones must not keep
             // a store's pages from being recovered.
             live: Self::parse_live(b).unwrap_or_else(|e| {
@@ -242,6 +269,14 @@ impl Header {
             }),
         })
     }
+}
+
+/// Appends `name` to `b` in a field of [`ALGO_BYTES`], zero-padded.
+fn put_name(b: &mut Vec<u8>, name: &str) {
+    let mut field = [0u8; ALGO_BYTES];
+    let n = name.len().min(ALGO_BYTES);
+    field[..n].copy_from_slice(&name.as_bytes()[..n]);
+    b.extend_from_slice(&field);
 }
 
 /// One store's memfd.
@@ -411,7 +446,7 @@ mod tests {
             created_at: 1_700_000_000,
             recovered_at: 1_700_000_100,
             clock_base: 12_345,
-            secondary: "deflate:9".into(),
+            secondaries: vec!["deflate:9".into(), "lz4hc".into(), "zstd:19".into()],
             live: None,
         };
         let shm = SharedMem::create().unwrap();

@@ -18,7 +18,7 @@
 //! | --- | --- | --- |
 //! | 0-19 | `len` | object length in bytes |
 //! | 20-25 | `idx` | packed: the page's offset in its group (0..64) |
-//! | 26-27 | `algo` | which algorithm holds the object: 0 the store's primary, 1 its secondary (recompression); 2-3 reserved |
+//! | 26-27 | `algo` | which algorithm holds the object: 0 the store's primary, 1-3 one of its secondaries (recompression), the entry of its list |
 //! | 28-34 | `n` | packed: pages in the group object (1..=64) |
 //! | 35 | `idle` | marked idle (`Store::mark_idle`); any access clears it |
 //! | 36-59 | `atime` | last access, seconds of the store's clock (`crate::clock`), wrapping at 2^24 (194 days) |
@@ -126,8 +126,8 @@ pub struct Entry {
     pub idx: u8,
     /// Packed: how many pages the group object holds (1..=64).
     pub n: u8,
-    /// Which algorithm compressed the object: 0 the primary, 1 the
-    /// secondary (recompression).
+    /// Which algorithm compressed the object: 0 the primary, 1-3 an entry
+    /// of the store's secondaries (recompression).
     pub algo: u8,
     /// Marked idle since its last access.
     pub idle: bool,

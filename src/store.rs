@@ -35,6 +35,7 @@ use crate::free::FreeConfig;
 use crate::page::{PAGE_SIZE, PAGE_SIZE_U64};
 use crate::provision::Provisioner;
 use crate::recompress::{Recompress, RecompressReport};
+use crate::secondary::Secondaries;
 use crate::shm::{Live, SharedMem, NOTE_BYTES};
 use crate::slab::{SlabAllocator, SlabConfig};
 use crate::slot::{Entry, ATIME_MASK};
@@ -47,7 +48,7 @@ use crate::writeback::{Writeback, WritebackReport};
 use serde::Serialize;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Longest a stat waits for the drain thread to free what is queued.
@@ -100,8 +101,9 @@ pub struct StoreStats {
     /// Slots the last recovery emptied because their entries could not be
     /// trusted (0 unless memory was corrupted).
     pub recovery_dropped: u64,
-    /// The secondary algorithm recompressed pages are held by (empty, and
-    /// left out of the JSON, until the first `recompress` chose it).
+    /// The secondary algorithms recompressed pages are held by, in the
+    /// order slots name them, separated by spaces (empty, and left out of
+    /// the JSON, until the first `recompress` chose one).
     #[serde(skip_serializing_if = "String::is_empty")]
     pub recompress_algorithm: String,
     /// The backing device or file (empty, and left out of the JSON, when
@@ -144,8 +146,8 @@ pub struct Store {
     past: PastLives,
     /// What slots' access times count.
     clock: Clock,
-    /// The secondary algorithm, once the first recompression chose it.
-    secondary: Arc<OnceLock<Algo>>,
+    /// The secondary algorithms, as recompressions chose them.
+    secondaries: Arc<Secondaries>,
     /// Pages writeback may still write; `u64::MAX`: no limit.
     wb_limit: AtomicU64,
     /// The memory reserve's thread, when the configuration asks for one.
@@ -165,8 +167,8 @@ struct PastLives {
     dropped: u64,
     /// The clock's base (`crate::clock`): from the header, or now.
     clock_base: u64,
-    /// The secondary algorithm the header names.
-    secondary: Option<Algo>,
+    /// The secondary algorithms the header names.
+    secondaries: Vec<Algo>,
     /// The settings the store last ran with, if any changed at run time.
     live: Option<Live>,
 }
@@ -235,13 +237,13 @@ impl Store {
             ));
         }
         let (shm, header, layout) = crate::recover::open(&cfg, fd)?;
-        let secondary = crate::recover::secondary(&header)?;
+        let secondaries = crate::recover::secondaries(&header)?;
         let shm = Arc::new(shm);
         let slab = Arc::new(SlabAllocator::shared(slab_config(&cfg), shm.clone()));
         let table = Self::table(&cfg, Some(&shm), slab.clone())?;
         let gauges = Arc::new(StatsShard::default());
         let unsealed = layout < crate::shm::SEALED_PACKS;
-        let scan = crate::recover::scan(&table, &slab, &gauges, secondary.is_some(), unsealed);
+        let scan = crate::recover::scan(&table, &slab, &gauges, secondaries.len(), unsealed);
         if scan.backed > 0 {
             log::info!("recovery: {} pages are on the backing store", scan.backed);
         }
@@ -259,7 +261,7 @@ impl Store {
             gauges: Some(gauges),
             dropped: scan.dropped,
             clock_base: header.clock_base,
-            secondary,
+            secondaries,
             live: header.live,
         };
         if let Some(l) = &past.live {
@@ -308,17 +310,14 @@ impl Store {
             (l.mem_limit, l.writeback_limit)
         });
         table.allocator().set_mem_limit(mem_limit);
-        let secondary = Arc::new(OnceLock::new());
-        if let Some(algo) = past.secondary {
-            let _ = secondary.set(algo);
-        }
+        let secondaries = Arc::new(Secondaries::from_list(&past.secondaries));
         let store = Arc::new(Store {
             table,
             shards: Mutex::new(Vec::new()),
             pages_compacted: AtomicU64::new(0),
             compactor: Mutex::new(None),
             clock: Clock::from_base(past.clock_base),
-            secondary,
+            secondaries,
             wb_limit: AtomicU64::new(wb_limit),
             provisioner: Mutex::new(None),
             cfg,
@@ -359,10 +358,10 @@ impl Store {
     /// Thread state with a shard of its own.
     fn new_state(&self) -> StateWithId {
         let (id, shard) = self.new_shard();
-        let secondary = self.secondary.clone();
+        let secondaries = self.secondaries.clone();
         StateWithId {
             id,
-            st: CtxState::new(&self.cfg, id, self.past.recoveries, shard, secondary),
+            st: CtxState::new(&self.cfg, id, self.past.recoveries, shard, secondaries),
         }
     }
 
@@ -417,33 +416,57 @@ impl Store {
             })
     }
 
-    /// Recompresses the pages `p` selects with the secondary algorithm
-    /// `p.algo` (zram's `recompress`), keeping each result only if it is at
-    /// least `MIN_SAVING_PERCENT` smaller. The first recompression chooses
-    /// the store's secondary algorithm for good (it is recorded in shared
-    /// memory, for a recovery to read the pages back); a later one with
-    /// another algorithm is refused. A packed store recompresses into
-    /// packed groups of the secondary.
+    /// Recompresses the pages `p` selects with the secondary algorithms
+    /// `p.algos` (zram's `recompress` with its priorities): each page (a
+    /// packed store: each group) with the first of them whose result is at
+    /// least `MIN_SAVING_PERCENT` smaller. The algorithms become the
+    /// store's secondaries for good (recorded in shared memory, for a
+    /// recovery to read the pages back): up to [`crate::MAX_SECONDARIES`]
+    /// in all, an algorithm asked for again keeping its place; one past
+    /// that is refused. A packed store recompresses into packed groups.
     pub fn recompress(&self, p: &Recompress) -> Result<RecompressReport> {
-        if p.algo == self.cfg.algo {
-            return Err(Error::InvalidConfig(format!(
-                "the secondary algorithm must differ from the primary ({})",
-                self.cfg.algo
-            )));
-        }
+        self.check_secondaries(&p.algos)?;
         self.with_maintenance(|st| {
-            self.choose_secondary(p.algo)?;
-            let mut codec = p.algo.new_codec_for(self.cfg.codec_pages());
+            let ids = self.assign_secondaries(&p.algos)?;
+            let mut codecs: Vec<(u8, Box<dyn crate::codec::Codec>)> = ids
+                .iter()
+                .zip(&p.algos)
+                .map(|(&id, a)| (id, a.new_codec_for(self.cfg.codec_pages())))
+                .collect();
             let (mode, span) = (self.cfg.mode, self.cfg.object_span());
             Ok(crate::recompress::run(
                 &self.table,
                 st,
-                &mut *codec,
+                &mut codecs,
                 p,
                 mode,
                 span,
             ))
         })
+    }
+
+    /// Makes `algos` the store's secondary algorithms (those it lacks are
+    /// added after those it has) without recompressing anything, so that
+    /// a list set before the first recompression gives slots its order.
+    pub fn set_secondaries(&self, algos: &[Algo]) -> Result<()> {
+        self.check_secondaries(algos)?;
+        self.with_maintenance(|_| self.assign_secondaries(algos).map(drop))
+    }
+
+    /// Refuses an empty list and the primary algorithm in it.
+    fn check_secondaries(&self, algos: &[Algo]) -> Result<()> {
+        if algos.is_empty() {
+            return Err(Error::InvalidConfig(
+                "recompression needs at least one secondary algorithm".into(),
+            ));
+        }
+        if algos.contains(&self.cfg.algo) {
+            return Err(Error::InvalidConfig(format!(
+                "a secondary algorithm must differ from the primary ({})",
+                self.cfg.algo
+            )));
+        }
+        Ok(())
     }
 
     /// Writes back the pages `p` selects to the backing store (zram's
@@ -490,7 +513,7 @@ impl Store {
     pub fn slot_states(&self, range: std::ops::Range<u64>) -> Vec<SlotState> {
         let names = AlgoNames {
             primary: self.cfg.algo.to_string(),
-            secondary: self.secondary_algo().map(|a| a.to_string()),
+            secondaries: self.secondary_algos().iter().map(Algo::to_string).collect(),
         };
         crate::block_state::collect(&self.table, range, &names)
     }
@@ -504,32 +527,23 @@ impl Store {
         self.record_live(None);
     }
 
-    /// Makes `algo` the secondary algorithm, unless another one is. A store
-    /// in shared memory records it in its header first, before any slot
-    /// can name it. The caller holds the maintenance lock.
-    fn choose_secondary(&self, algo: Algo) -> Result<()> {
-        match self.secondary.get() {
-            Some(&cur) if cur == algo => return Ok(()),
-            Some(cur) => {
-                return Err(Error::InvalidConfig(format!(
-                    "this store's secondary algorithm is {cur} (chosen by its first recompress): \
-                     recompress with it"
-                )))
-            }
-            None => {}
-        }
-        if let Some(shm) = self.table.shared() {
-            crate::recover::record_secondary(shm, algo)?;
-        }
-        let _ = self.secondary.set(algo);
-        Ok(())
+    /// The slot values of `algos`, adding those the store lacks to its
+    /// secondaries; a store in shared memory records the grown list in its
+    /// header first, before any slot can name a new entry. The caller
+    /// holds the maintenance lock.
+    fn assign_secondaries(&self, algos: &[Algo]) -> Result<Vec<u8>> {
+        self.secondaries
+            .assign(algos, |list| match self.table.shared() {
+                Some(shm) => crate::recover::record_secondaries(shm, list),
+                None => Ok(()),
+            })
     }
 
-    /// The secondary algorithm recompressed pages are held by, once the
-    /// first recompression chose it (a recovered store knows it from its
-    /// header).
-    pub fn secondary_algo(&self) -> Option<Algo> {
-        self.secondary.get().copied()
+    /// The secondary algorithms recompressed pages are held by, in the
+    /// order slots name them (a recovered store knows them from its
+    /// header); empty until a recompression chose one.
+    pub fn secondary_algos(&self) -> Vec<Algo> {
+        self.secondaries.list()
     }
 
     /// Moves the store's clock `secs` seconds forward, so that tests of
@@ -720,11 +734,7 @@ impl Store {
             recoveries: self.past.recoveries,
             recovered_at: self.past.recovered_at,
             recovery_dropped: self.past.dropped,
-            recompress_algorithm: self
-                .secondary
-                .get()
-                .map(Algo::to_string)
-                .unwrap_or_default(),
+            recompress_algorithm: crate::secondary::list_to_string(&self.secondaries.list()),
             backing_dev: backing
                 .map(|b| b.path().display().to_string())
                 .unwrap_or_default(),
@@ -1033,6 +1043,25 @@ pub unsafe fn debug_as_layout3(store: &Store) -> Option<u64> {
     let fingerprint = SlabAllocator::fingerprint_for(3);
     shm.debug_write_layout(3, fingerprint).ok()?;
     Some(packed)
+}
+
+/// Rewrites `store`'s header as layout 4 wrote it (a test's stand-in for a
+/// store made by the build before several secondary algorithms): the
+/// layout and its fingerprint; the header's bytes for a second and third
+/// secondary are zeros as layout 4 left them, so the store must have at
+/// most one. `None` for a private store.
+///
+/// # Safety
+///
+/// Nothing else may use the store meanwhile or afterwards (crash it).
+#[cfg(feature = "test-support")]
+pub unsafe fn debug_as_layout4(store: &Store) -> Option<()> {
+    let shm = store.table.shared()?;
+    if store.secondaries.list().len() > 1 {
+        return None;
+    }
+    shm.debug_write_layout(4, SlabAllocator::fingerprint_for(4))
+        .ok()
 }
 
 /// The slab's part of a store's configuration.

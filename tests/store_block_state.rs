@@ -93,7 +93,7 @@ fn recompressed_pages_name_the_secondary() {
     store.new_ctx().write(0, &pages(12)).unwrap();
     let r = store
         .recompress(&Recompress {
-            algo: Algo::Zstd(9),
+            algos: vec![Algo::Zstd(9)],
             kind: RecompressType::All,
             threshold: 0,
             max_pages: 0,

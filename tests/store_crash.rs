@@ -165,7 +165,7 @@ fn crash_child() {
             Op::Recompress => {
                 store.mark_idle(None).unwrap();
                 let r = store.recompress(&zblk::Recompress {
-                    algo: zblk::Algo::Zstd(19),
+                    algos: vec![zblk::Algo::Zstd(19)],
                     kind: zblk::RecompressType::Idle,
                     threshold: 0,
                     max_pages: 6,

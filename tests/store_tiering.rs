@@ -80,7 +80,7 @@ fn apply(
     let before = store.stats().counters;
     let r = store
         .recompress(&Recompress {
-            algo: secondary,
+            algos: vec![secondary],
             kind,
             threshold,
             max_pages,
@@ -166,9 +166,9 @@ proptest! {
 /// Recompression refuses what it cannot do, with a reason, and changes
 /// nothing.
 #[test]
-fn recompression_refuses_the_primary_and_a_second_secondary() {
+fn recompression_refuses_the_primary_and_a_fourth_secondary() {
     let p = |algo| Recompress {
-        algo,
+        algos: vec![algo],
         kind: RecompressType::All,
         threshold: 0,
         max_pages: 0,
@@ -176,10 +176,22 @@ fn recompression_refuses_the_primary_and_a_second_secondary() {
     let store = Store::new(config(Algo::Lz4, false)).unwrap();
     let e = store.recompress(&p(Algo::Lz4)).unwrap_err();
     assert!(e.to_string().contains("differ"), "{e}");
-    store.recompress(&p(Algo::Zstd(9))).unwrap();
-    let e = store.recompress(&p(Algo::Deflate(9))).unwrap_err();
-    assert!(e.to_string().contains("zstd:9"), "{e}");
-    assert_eq!(store.stats().recompress_algorithm, "zstd:9");
+    let empty = Recompress {
+        algos: vec![],
+        ..p(Algo::Zstd(9))
+    };
+    assert!(store.recompress(&empty).is_err());
+    for a in [
+        Algo::Zstd(9),
+        Algo::Deflate(9),
+        Algo::Lz4Hc(9),
+        Algo::Zstd(9),
+    ] {
+        store.recompress(&p(a)).unwrap();
+    }
+    let e = store.recompress(&p(Algo::Zstd(19))).unwrap_err();
+    assert!(e.to_string().contains("zstd:9 deflate:9 lz4hc"), "{e}");
+    assert_eq!(store.stats().recompress_algorithm, "zstd:9 deflate:9 lz4hc");
     let e = store.mark_idle(Some(1 << 30)).unwrap_err();
     assert!(e.to_string().contains("194 days"), "{e}");
 }
@@ -198,7 +210,7 @@ fn recompression_of_real_pages_saves_memory() {
     let before = store.stats().counters;
     // Nothing is idle yet: an idle recompression tries nothing.
     let idle_only = Recompress {
-        algo: Algo::Zstd(19),
+        algos: vec![Algo::Zstd(19)],
         kind: RecompressType::Idle,
         threshold: 0,
         max_pages: 0,
@@ -229,7 +241,7 @@ fn recompression_of_real_pages_saves_memory() {
     let again = store
         .recompress(&Recompress {
             kind: RecompressType::All,
-            ..idle_only
+            ..idle_only.clone()
         })
         .unwrap();
     assert!(again.recompressed <= 4, "{again:?}");
@@ -284,21 +296,65 @@ fn remark_idle_marks_exactly_the_pages_that_old() {
 #[test]
 fn the_secondary_algorithm_is_known_once_chosen() {
     let store = Store::new(config(Algo::Lz4, false)).unwrap();
-    assert_eq!(store.secondary_algo(), None);
+    assert_eq!(store.secondary_algos(), vec![]);
     let p = Recompress {
-        algo: Algo::Zstd(9),
+        algos: vec![Algo::Zstd(9)],
         kind: RecompressType::All,
         threshold: 0,
         max_pages: 0,
     };
     store.recompress(&p).unwrap();
-    assert_eq!(store.secondary_algo(), Some(Algo::Zstd(9)));
+    assert_eq!(store.secondary_algos(), vec![Algo::Zstd(9)]);
+    // A list set before any recompression names its entries in order;
+    // one known keeps its place.
+    store
+        .set_secondaries(&[Algo::Lz4Hc(9), Algo::Zstd(9), Algo::Zstd(3)])
+        .unwrap();
+    assert_eq!(
+        store.secondary_algos(),
+        vec![Algo::Zstd(9), Algo::Lz4Hc(9), Algo::Zstd(3)]
+    );
+}
+
+/// A list of two whose first never fits (`none` stores nothing smaller)
+/// recompresses every page with the second, in either mode, and every
+/// page reads back as written.
+#[test]
+fn a_list_falls_through_to_the_algorithm_that_fits() {
+    let real = real_pages();
+    let n = (real.len() / PAGE_SIZE) as u64;
+    for packed in [false, true] {
+        let mode = if packed { Mode::Packed } else { Mode::PerPage };
+        let mut cfg = config_in(Algo::Lz4, false, mode);
+        cfg.size = n * P;
+        let store = Store::new(cfg).unwrap();
+        let mut ctx = store.new_ctx();
+        ctx.write(0, &real).unwrap();
+        let only_first = Recompress {
+            algos: vec![Algo::None],
+            kind: RecompressType::All,
+            threshold: 0,
+            max_pages: 0,
+        };
+        let r = store.recompress(&only_first).unwrap();
+        assert_eq!(r.recompressed, 0, "{r:?}");
+        let both = Recompress {
+            algos: vec![Algo::None, Algo::Zstd(9)],
+            ..only_first
+        };
+        let r = store.recompress(&both).unwrap();
+        assert!(r.recompressed * 2 > r.tried, "packed {packed}: {r:?}");
+        assert_eq!(store.stats().recompress_algorithm, "none zstd:9");
+        let mut back = vec![0u8; real.len()];
+        ctx.read(0, &mut back).unwrap();
+        assert!(back == real, "packed {packed}: pages differ");
+    }
 }
 
 /// A recompression of every page of `kind` with zstd:9.
 fn zstd9(kind: RecompressType) -> Recompress {
     Recompress {
-        algo: Algo::Zstd(9),
+        algos: vec![Algo::Zstd(9)],
         kind,
         threshold: 0,
         max_pages: 0,

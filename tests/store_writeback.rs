@@ -138,7 +138,7 @@ fn apply(
         Own::Recompress { kind } => {
             store
                 .recompress(&Recompress {
-                    algo: Algo::Zstd(9),
+                    algos: vec![Algo::Zstd(9)],
                     kind,
                     threshold: 0,
                     max_pages: 0,
@@ -446,7 +446,7 @@ fn incompressible_selects_huge_pages_recompression_could_not_shrink() {
     assert_eq!(store.writeback(&inc).unwrap().selected, 0, "not tried yet");
     store
         .recompress(&Recompress {
-            algo: Algo::Zstd(9),
+            algos: vec![Algo::Zstd(9)],
             kind: RecompressType::Huge,
             threshold: 0,
             max_pages: 0,
@@ -586,7 +586,7 @@ fn recompression_racing_writes_reads_and_discards_loses_nothing() {
     const N: u64 = 8;
     let store = Store::new(StoreConfig::new(N * P)).unwrap();
     let rc = Recompress {
-        algo: Algo::Zstd(3),
+        algos: vec![Algo::Zstd(3)],
         kind: RecompressType::All,
         threshold: 0,
         max_pages: 0,
@@ -688,7 +688,7 @@ fn recompression_keeps_a_page_overwritten_with_the_same_handle_meanwhile() {
     ctx.write(0, &first).unwrap();
     overwrite_twice_at(&store, "recompress:planned", second.clone());
     let rc = Recompress {
-        algo: Algo::Zstd(3),
+        algos: vec![Algo::Zstd(3)],
         kind: RecompressType::All,
         threshold: 0,
         max_pages: 0,

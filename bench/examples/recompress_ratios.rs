@@ -43,7 +43,7 @@ fn row(data: &[u8], mode: Mode, primary: Algo, secondary: Algo) -> Result<String
     let t0 = Instant::now();
     let r = store
         .recompress(&Recompress {
-            algo: secondary,
+            algos: vec![secondary],
             kind: RecompressType::All,
             threshold: 0,
             max_pages: 0,

@@ -45,12 +45,13 @@ const CMDS: [&str; 19] = [
     "set_policy",
 ];
 /// Every field of any request, and keys of replies.
-const KEYS: [&str; 18] = [
+const KEYS: [&str; 19] = [
     "cmd",
     "bytes",
     "force",
     "age",
     "algo",
+    "priority",
     "kind",
     "threshold",
     "max_pages",
@@ -131,7 +132,14 @@ fn model(v: &Value) -> Option<Request> {
             },
         }),
         "recompress" => Some(Request::Recompress {
-            algo: o.get("algo")?.as_str()?.to_string(),
+            algo: match o.get("algo") {
+                None => String::new(),
+                Some(a) => a.as_str()?.to_string(),
+            },
+            priority: match o.get("priority") {
+                None | Some(Value::Null) => None,
+                Some(p) => Some(u8::try_from(p.as_u64()?).ok()?),
+            },
             kind: match o.get("kind") {
                 None => "all".to_string(),
                 Some(k) => k.as_str()?.to_string(),
@@ -218,12 +226,18 @@ fn wire(r: &Request) -> Value {
         }
         Request::Recompress {
             algo,
+            priority,
             kind,
             threshold,
             max_pages,
         } => {
             put("cmd", "recompress".into());
-            put("algo", algo.as_str().into());
+            if !algo.is_empty() {
+                put("algo", algo.as_str().into());
+            }
+            if let Some(p) = priority {
+                put("priority", (*p).into());
+            }
             put("kind", kind.as_str().into());
             put("threshold", (*threshold).into());
             put("max_pages", (*max_pages).into());
@@ -324,6 +338,7 @@ enum Typed {
     Idle(Option<u64>),
     Recompress {
         algo: String,
+        priority: Option<u8>,
         kind: String,
         threshold: u64,
         max_pages: u64,
@@ -360,11 +375,13 @@ impl Typed {
             Typed::Idle(age) => Request::Idle { age: *age },
             Typed::Recompress {
                 algo,
+                priority,
                 kind,
                 threshold,
                 max_pages,
             } => Request::Recompress {
                 algo: algo.clone(),
+                priority: *priority,
                 kind: kind.clone(),
                 threshold: *threshold,
                 max_pages: *max_pages,

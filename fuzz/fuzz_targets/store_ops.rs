@@ -81,7 +81,7 @@ enum Op {
     CheckGauges,
     /// Marks every stored page idle.
     MarkIdle,
-    /// Recompresses with the store's secondary (type by `kind` % 4, at most
+    /// Recompresses with the store's two secondaries (type by `kind` % 4, at most
     /// `max_pages` pages, 0: all; only objects of at least `threshold` * 16
     /// bytes).
     Recompress {
@@ -161,14 +161,14 @@ fn check_gauges(store: &Store, model: &Model) {
     );
 }
 
-/// The one secondary algorithm a store of `primary` recompresses with (a
-/// store keeps the first it was given).
-fn secondary(primary: Algo) -> Algo {
-    if primary == Algo::Zstd(3) {
-        Algo::Deflate(6)
-    } else {
-        Algo::Zstd(3)
-    }
+/// The two secondary algorithms, in priority order, a store of `primary`
+/// recompresses with (the same two every time: a store has room for 3).
+fn secondaries(primary: Algo) -> Vec<Algo> {
+    [Algo::Lz4Hc(12), Algo::Zstd(3), Algo::Deflate(6)]
+        .into_iter()
+        .filter(|&a| a != primary)
+        .take(2)
+        .collect()
 }
 
 fuzz_target!(|input: Input| {
@@ -291,7 +291,7 @@ fuzz_target!(|input: Input| {
                     RecompressType::HugeIdle,
                 ][usize::from(kind % 4)];
                 let p = Recompress {
-                    algo: secondary(store.config().algo),
+                    algos: secondaries(store.config().algo),
                     kind,
                     threshold: usize::from(*threshold) * 16,
                     max_pages: u64::from(*max_pages),
@@ -300,7 +300,7 @@ fuzz_target!(|input: Input| {
                 // they had: the reads after it check that.
                 let r = store
                     .recompress(&p)
-                    .expect("recompress with the one secondary");
+                    .expect("recompress with the two secondaries");
                 assert!(r.recompressed <= r.tried, "{r:?}");
                 assert!(p.max_pages == 0 || r.tried <= p.max_pages, "{r:?}");
             }

@@ -13,7 +13,7 @@ use crate::size::{parse_disk_size, parse_size};
 use crate::transport::TransportChoice;
 use clap::{Args, FromArgMatches};
 use serde::{Deserialize, Serialize};
-use zblk::{Algo, Mode, StoreConfig};
+use zblk::{Algo, AlgoList, Mode, StoreConfig};
 
 /// How pages are compressed and grouped: part of a device's configuration,
 /// and on its own the engine flags of `zblk bench`.
@@ -115,11 +115,19 @@ pub struct DeviceConfig {
     )]
     #[serde(default, skip_serializing_if = "is_zero")]
     pub writeback_idle_after: u64,
-    /// The secondary algorithm the idle policy recompresses with
-    /// [default: the one the store's first recompress chose].
-    #[arg(long, value_name = "ALGO", value_parser = parse_algo)]
+    /// The secondary algorithms, 1 to 3 in priority order separated by
+    /// spaces ("lz4hc zstd:3 zstd:19"), that recompression (the idle
+    /// policy's and `zblk recompress`'s) tries in turn, keeping the first
+    /// result 5 % smaller [default: those the store's recompressions
+    /// recorded].
+    #[arg(
+        long = "recompress-algos",
+        alias = "recompress-algo",
+        value_name = "ALGOS",
+        value_parser = parse_algo_list
+    )]
     #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_text")]
-    pub recompress_algo: Option<Algo>,
+    pub recompress_algo: Option<AlgoList>,
     /// Time the phases of every request (codec, allocation, copies, slot
     /// installs) and show them in `zblk stat --json` under "phases": the
     /// per-page breakdown, for measuring. Costs a few clock reads a request.
@@ -223,6 +231,10 @@ impl DeviceConfig {
 }
 
 fn parse_algo(s: &str) -> Result<Algo, String> {
+    s.parse()
+}
+
+fn parse_algo_list(s: &str) -> Result<AlgoList, String> {
     s.parse()
 }
 
@@ -363,6 +375,16 @@ mod tests {
         assert_eq!(v["recompress_algo"], "zstd:9");
         assert_eq!(DeviceConfig::from_json(&c.to_json()).unwrap(), c);
         assert!(DeviceConfig::from_flags(["-s", "1G", "--recompress-algo", "lzo"]).is_err());
+        let c = parse(&["-s", "1G", "--recompress-algos", "lz4hc zstd:3 zstd:19"]);
+        let list = c.recompress_algo.expect("a list");
+        assert_eq!(list.to_string(), "lz4hc zstd:3 zstd:19");
+        assert_eq!(DeviceConfig::from_json(&c.to_json()).unwrap(), c);
+        for bad in ["zstd zstd", "lz4hc zstd:3 zstd:19 deflate", ""] {
+            assert!(
+                DeviceConfig::from_flags(["-s", "1G", "--recompress-algos", bad]).is_err(),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]

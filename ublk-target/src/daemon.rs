@@ -209,7 +209,8 @@ fn idle_policy(cfg: &DeviceConfig, dev: &Device) -> Policy {
     } else {
         Settings::of(cfg)
     };
-    let settings = match settings.check(dev.queues.store()) {
+    let store = dev.queues.store();
+    let settings = match settings.check(store).and_then(|()| settings.record(store)) {
         Ok(()) => settings,
         Err(e) => {
             log::warn!("idle policy off: {e}");

@@ -1,6 +1,7 @@
 //! The idle policy: what zram leaves to cron jobs, run by the daemon on
 //! its own thread. With `--recompress-idle-after R` it recompresses, with
-//! the store's secondary algorithm, the pages not accessed for R seconds;
+//! the store's secondary algorithms in priority order, the pages not
+//! accessed for R seconds;
 //! with `--writeback-idle-after W` it writes back to the backing device the
 //! pages not accessed for W seconds. Both are off (0) by default.
 //!
@@ -32,7 +33,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use zblk::{Algo, Mode, Recompress, RecompressType, Store, Writeback, WritebackType};
+use zblk::{Algo, AlgoList, Mode, Recompress, RecompressType, Store, Writeback, WritebackType};
 
 /// The oldest idle age slots can tell (access times are kept in 24 bits
 /// of seconds, `src/slot.rs`: 194 days).
@@ -149,8 +150,8 @@ pub struct Settings {
     pub recompress_idle_after: u64,
     /// Write back pages not accessed for this many seconds.
     pub writeback_idle_after: u64,
-    /// The secondary algorithm (none: the store's).
-    pub recompress_algo: Option<Algo>,
+    /// The secondary algorithms, in priority order (none: the store's).
+    pub recompress_algo: Option<AlgoList>,
 }
 
 /// The settings as the store keeps them for a recovering daemon
@@ -220,9 +221,10 @@ impl Settings {
         self.recompress_idle_after > 0 || self.writeback_idle_after > 0
     }
 
-    /// The algorithm recompression would use on `store`.
-    fn algo(&self, store: &Store) -> Option<Algo> {
-        self.recompress_algo.or_else(|| store.secondary_algo())
+    /// The algorithms recompression would try on `store`, in order.
+    fn algos(&self, store: &Store) -> Option<AlgoList> {
+        self.recompress_algo
+            .or_else(|| AlgoList::new(&store.secondary_algos()).ok())
     }
 
     /// Checks the settings against `store`; says in one line why not.
@@ -254,24 +256,56 @@ impl Settings {
         Ok(())
     }
 
-    /// Checks that recompression has an algorithm the store accepts.
+    /// Checks that recompression has algorithms the store accepts.
     fn check_algo(&self, store: &Store) -> Result<(), String> {
-        let Some(algo) = self.algo(store) else {
-            return Err("--recompress-idle-after needs --recompress-algo ALGO: \
+        let Some(list) = self.algos(store) else {
+            return Err("--recompress-idle-after needs --recompress-algos ALGOS: \
                         this device has no secondary algorithm yet"
                 .into());
         };
-        if algo == store.config().algo {
-            return Err(format!(
-                "--recompress-algo must differ from the device's algorithm ({algo})"
-            ));
-        }
-        match store.secondary_algo() {
-            Some(cur) if cur != algo => Err(format!(
-                "this device's secondary algorithm is {cur} (chosen by its first recompress): \
-                 use --recompress-algo {cur}"
-            )),
-            _ => Ok(()),
+        check_list(store, &list)
+    }
+}
+
+/// Checks that `store` can take `list` as (some of) its secondary
+/// algorithms: none is its primary, and with those it has, there are at
+/// most `MAX_SECONDARIES`.
+pub fn check_list(store: &Store, list: &AlgoList) -> Result<(), String> {
+    let primary = store.config().algo;
+    if list.as_slice().contains(&primary) {
+        return Err(format!(
+            "--recompress-algos must not name the device's algorithm ({primary})"
+        ));
+    }
+    let mut all = store.secondary_algos();
+    let had = AlgoList::new(&all).map(|l| l.to_string());
+    let new: Vec<Algo> = list
+        .as_slice()
+        .iter()
+        .copied()
+        .filter(|a| !all.contains(a))
+        .collect();
+    all.extend(new);
+    if all.len() > zblk::MAX_SECONDARIES {
+        return Err(format!(
+            "this device's secondary algorithms are {} (recorded by its recompressions) \
+             and it has room for {}: name those",
+            had.unwrap_or_default(),
+            zblk::MAX_SECONDARIES
+        ));
+    }
+    Ok(())
+}
+
+impl Settings {
+    /// Records the list (if set) as the store's secondary algorithms, so
+    /// that slots name them in its order; after [`Settings::check`].
+    pub fn record(&self, store: &Store) -> Result<(), String> {
+        match &self.recompress_algo {
+            Some(list) => store
+                .set_secondaries(list.as_slice())
+                .map_err(|e| e.to_string()),
+            None => Ok(()),
         }
     }
 }
@@ -283,8 +317,8 @@ pub struct Update {
     pub recompress_idle_after: Option<u64>,
     /// New writeback age.
     pub writeback_idle_after: Option<u64>,
-    /// New secondary algorithm.
-    pub recompress_algo: Option<Algo>,
+    /// New secondary algorithms.
+    pub recompress_algo: Option<AlgoList>,
 }
 
 /// The policy's settings and counters as `stat` shows them.
@@ -294,7 +328,8 @@ pub struct Report {
     pub recompress_idle_after: u64,
     /// Seconds of no access after which pages are written back (0: off).
     pub writeback_idle_after: u64,
-    /// The secondary algorithm it recompresses with (empty: none yet).
+    /// The secondary algorithms it recompresses with, in priority order,
+    /// separated by spaces (empty: none yet).
     pub recompress_algo: String,
     /// Pages per second it processes on average.
     pub rate_pages_per_sec: u64,
@@ -345,6 +380,12 @@ impl Policy {
         *self.settings.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The algorithms a recompression tries on `store`, in order: the
+    /// list set (`--recompress-algos`), else the store's.
+    pub fn algos(&self, store: &Store) -> Option<AlgoList> {
+        self.settings().algos(store)
+    }
+
     /// Applies `u` if the result passes [`Settings::check`] on `store`,
     /// and keeps it with the store for a daemon that recovers it; returns
     /// the new settings, or why not in one line.
@@ -356,6 +397,9 @@ impl Policy {
             recompress_algo: u.recompress_algo.or(cur.recompress_algo),
         };
         new.check(store)?;
+        if u.recompress_algo.is_some() {
+            new.record(store)?;
+        }
         *cur = new;
         // Kept with the store, so that a recovered daemon goes on with it.
         if let Err(e) = store.set_owner_note(&new.to_note()) {
@@ -370,7 +414,7 @@ impl Policy {
         Report {
             recompress_idle_after: s.recompress_idle_after,
             writeback_idle_after: s.writeback_idle_after,
-            recompress_algo: s.algo(store).map(|a| a.to_string()).unwrap_or_default(),
+            recompress_algo: s.algos(store).map(|l| l.to_string()).unwrap_or_default(),
             rate_pages_per_sec: self.timing.rate,
             max_pages_per_round: self.timing.max_pages,
             busy_requests_per_sec: self.timing.busy_rps,
@@ -410,14 +454,14 @@ impl Policy {
     /// pages used and whether any page moved.
     fn process(&self, store: &Store, s: &Settings, budget: u64) -> zblk::Result<(u64, bool)> {
         let (mut used, mut changed) = (0, false);
-        if let (true, Some(algo)) = (s.recompress_idle_after > 0, s.algo(store)) {
+        if let (true, Some(list)) = (s.recompress_idle_after > 0, s.algos(store)) {
             store.remark_idle(s.recompress_idle_after)?;
             // Known limit: the engine walks pages from the first, and a
-            // compressed page the secondary shrank by less than 5 % is
+            // compressed page no secondary shrank by 5 % or more is
             // not marked (only huge ones are, as incompressible), so such
             // pages are tried again each round and use its budget first.
             let r = store.recompress(&Recompress {
-                algo,
+                algos: list.as_slice().to_vec(),
                 kind: RecompressType::Idle,
                 threshold: 0,
                 max_pages: budget,
@@ -535,7 +579,7 @@ mod tests {
         let s = Settings {
             recompress_idle_after: 60,
             writeback_idle_after: 3600,
-            recompress_algo: Some(Algo::Zstd(9)),
+            recompress_algo: Some(AlgoList::one(Algo::Zstd(9))),
         };
         assert_eq!(Settings::from_note(&s.to_note()), Ok(s));
         let off = Settings::default();
@@ -555,7 +599,7 @@ mod tests {
         let recompress = Settings {
             recompress_idle_after: 60,
             writeback_idle_after: 0,
-            recompress_algo: Some(Algo::Zstd(9)),
+            recompress_algo: Some(AlgoList::one(Algo::Zstd(9))),
         };
         assert_eq!(recompress.check(&store), Ok(()));
         let writeback = Settings {

@@ -329,8 +329,16 @@ pub struct SetArgs {
     /// on its own (0: off; needs a backing device).
     #[arg(long, value_name = "SECS", group = "setting")]
     pub writeback_idle_after: Option<u64>,
-    /// The secondary algorithm the idle policy recompresses with.
-    #[arg(long, value_name = "ALGO", group = "setting")]
+    /// The secondary algorithms, 1 to 3 in priority order separated by
+    /// spaces ("lz4hc zstd:3 zstd:19"): recompression (the idle policy's,
+    /// and `zblk recompress` without --algo) tries them in turn and keeps
+    /// the first result 5 % smaller (zram's recomp_algorithm priorities).
+    #[arg(
+        long = "recompress-algos",
+        alias = "recompress-algo",
+        value_name = "ALGOS",
+        group = "setting"
+    )]
     pub recompress_algo: Option<String>,
 }
 
@@ -394,10 +402,15 @@ pub struct RecompressArgs {
     /// Device id.
     #[arg(short = 'n', long)]
     pub id: u32,
-    /// The secondary algorithm (zstd:LEVEL, deflate:LEVEL, ...); the
-    /// first recompress of a device chooses it for good.
-    #[arg(long)]
-    pub algo: String,
+    /// Recompress with this secondary algorithm alone (lz4hc[:LEVEL],
+    /// zstd:LEVEL, deflate:LEVEL, ...) [default: the device's list, set
+    /// with `zblk set --recompress-algos`, tried in priority order]. A
+    /// device records up to 3 secondary algorithms, for good.
+    #[arg(long, conflicts_with = "priority")]
+    pub algo: Option<String>,
+    /// Recompress with the entry N (1-3) of the device's list alone.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=3))]
+    pub priority: Option<u8>,
     /// Which pages: all, idle, huge or huge_idle.
     #[arg(long = "type", default_value = "all")]
     pub kind: String,
@@ -641,8 +654,8 @@ mod tests {
             panic!()
         };
         assert_eq!(
-            (r.id, r.algo.as_str(), r.kind.as_str()),
-            (3, "zstd:9", "all")
+            (r.id, r.algo.as_deref(), r.kind.as_str()),
+            (3, Some("zstd:9"), "all")
         );
         let Cmd::Set(s) = parse(&["set", "-n", "1", "--mem-limit", "1G"]).unwrap().cmd else {
             panic!()
@@ -677,6 +690,26 @@ mod tests {
             (Some(3600), Some(600))
         );
         assert_eq!(s.recompress_algo.as_deref(), Some("zstd:9"));
+        let Cmd::Set(s) = parse(&["set", "-n", "1", "--recompress-algos", "lz4hc zstd:3"])
+            .unwrap()
+            .cmd
+        else {
+            panic!()
+        };
+        assert_eq!(s.recompress_algo.as_deref(), Some("lz4hc zstd:3"));
+        let Cmd::Recompress(r) = parse(&["recompress", "-n", "1", "--priority", "2"])
+            .unwrap()
+            .cmd
+        else {
+            panic!()
+        };
+        assert_eq!((r.algo, r.priority), (None, Some(2)));
+        for bad in [
+            &["recompress", "-n", "1", "--priority", "4"][..],
+            &["recompress", "-n", "1", "--priority", "1", "--algo", "zstd"],
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
         let Cmd::Writeback(w) = parse(&["writeback", "-n", "2", "--type", "huge_idle"])
             .unwrap()
             .cmd

@@ -9,7 +9,7 @@
 //! swap-priority = 100
 //! backing-dev = "/dev/sdb2"       # optional: zblk writeback's target
 //! recompress-idle-after = 600     # optional: seconds; the idle policy
-//! recompress-algorithm = "zstd:9" #   recompresses with this
+//! recompress-algorithm = "lz4hc zstd:9" #   tries these in turn
 //! writeback-idle-after = 3600     # optional: needs backing-dev
 //!
 //! [ublkb1]
@@ -76,7 +76,8 @@ struct Section {
     backing_dev: Option<Spanned<String>>,
     /// Like `--recompress-idle-after`: seconds (the idle policy).
     recompress_idle_after: Option<Spanned<i64>>,
-    /// Like `--recompress-algo`: the policy's secondary algorithm.
+    /// Like `--recompress-algos`: the secondary algorithms, in priority
+    /// order, separated by spaces.
     recompress_algorithm: Option<Spanned<String>>,
     /// Like `--writeback-idle-after`: seconds (the idle policy).
     writeback_idle_after: Option<Spanned<i64>>,
@@ -593,7 +594,7 @@ fn plain_flags(s: &mut Section) -> [(&'static str, &'static str, Option<FlagValu
         ),
         (
             "recompress-algorithm",
-            "--recompress-algo",
+            "--recompress-algos",
             text(s.recompress_algorithm.take()),
         ),
         (
@@ -715,7 +716,7 @@ mod tests {
                     recovery = false\n\
                     backing-dev = \"/dev/vdb\"\n\
                     recompress-idle-after = 600\n\
-                    recompress-algorithm = \"zstd:9\"\n\
+                    recompress-algorithm = \"lz4hc zstd:9\"\n\
                     writeback-idle-after = 3600\n";
         let e = parse_ok(text, 16000.0);
         assert_eq!(e.len(), 2);
@@ -739,7 +740,10 @@ mod tests {
             (d.recompress_idle_after, d.writeback_idle_after),
             (600, 3600)
         );
-        assert_eq!(d.recompress_algo, Some(Algo::Zstd(9)));
+        assert_eq!(
+            d.recompress_algo.map(|l| l.to_string()).as_deref(),
+            Some("lz4hc zstd:9")
+        );
         assert_eq!(
             (b.add.dev.recompress_idle_after, b.add.dev.recompress_algo),
             (0, None)

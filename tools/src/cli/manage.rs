@@ -122,7 +122,7 @@ pub fn compact(a: IdArgs) -> CliResult {
 
 /// `zblk set -n ID [--mem-limit SIZE] [--writeback-limit PAGES]
 /// [--recompress-idle-after SECS] [--writeback-idle-after SECS]
-/// [--recompress-algo ALGO]`.
+/// [--recompress-algos ALGOS]`.
 pub fn set(a: SetArgs) -> CliResult {
     if let Some(bytes) = a.mem_limit {
         control::request(
@@ -185,10 +185,11 @@ pub fn idle(a: IdleArgs) -> CliResult {
     Ok(())
 }
 
-/// `zblk recompress -n ID --algo ALGO [--type T] [--threshold B] [--max-pages N]`.
+/// `zblk recompress -n ID [--algo ALGO | --priority N] [--type T] [--threshold B] [--max-pages N]`.
 pub fn recompress(a: RecompressArgs) -> CliResult {
     let req = Request::Recompress {
-        algo: a.algo,
+        algo: a.algo.unwrap_or_default(),
+        priority: a.priority,
         kind: a.kind,
         threshold: a.threshold,
         max_pages: a.max_pages,

@@ -44,8 +44,13 @@ pub enum Request {
     /// Recompresses pages with a secondary algorithm (zram's
     /// `recompress`): `{"tried": N, "recompressed": N, "saved_bytes": N}`.
     Recompress {
-        /// The secondary algorithm (`zstd:9`, `deflate:9`, ...).
+        /// One secondary algorithm (`zstd:9`, `deflate:9`, ...); empty:
+        /// the device's list (`--recompress-algos`), tried in order.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
         algo: String,
+        /// The entry of the device's list to use alone (1-based).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        priority: Option<u8>,
         /// Which pages: `all`, `idle`, `huge` or `huge_idle`.
         #[serde(default = "all")]
         kind: String,
@@ -318,6 +323,7 @@ mod tests {
             (
                 Request::Recompress {
                     algo: "zstd:9".into(),
+                    priority: None,
                     kind: "idle".into(),
                     threshold: 1000,
                     max_pages: 5,
@@ -360,6 +366,7 @@ mod tests {
             serde_json::from_str::<Request>(r#"{"cmd":"recompress","algo":"deflate"}"#).unwrap(),
             Request::Recompress {
                 algo: "deflate".into(),
+                priority: None,
                 kind: "all".into(),
                 threshold: 0,
                 max_pages: 0

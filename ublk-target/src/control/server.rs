@@ -154,10 +154,22 @@ fn answer(queues: &Queues, policy: &Policy, info: &DeviceInfo, req: Request) -> 
         },
         Request::Recompress {
             algo,
+            priority,
             kind,
             threshold,
             max_pages,
-        } => recompress(queues, info, &algo, &kind, threshold, max_pages),
+        } => recompress(
+            queues,
+            policy,
+            info,
+            Choice {
+                algo: &algo,
+                priority,
+            },
+            &kind,
+            threshold,
+            max_pages,
+        ),
         Request::Writeback { kind, pages, limit } => {
             writeback(queues, info, kind.as_deref(), &pages, limit)
         }
@@ -193,21 +205,57 @@ fn answer(queues: &Queues, policy: &Policy, info: &DeviceInfo, req: Request) -> 
     (reply, Next::Serve)
 }
 
+/// What a `recompress` request names: one algorithm, an entry of the
+/// device's list, or (neither) the whole list.
+struct Choice<'a> {
+    algo: &'a str,
+    priority: Option<u8>,
+}
+
+impl Choice<'_> {
+    /// The algorithms to try, in order: the one named, else those of the
+    /// idle policy's list (`--recompress-algos`, else the store's).
+    fn algos(
+        &self,
+        policy: &Policy,
+        store: &zblk::Store,
+    ) -> std::result::Result<Vec<zblk::Algo>, String> {
+        if !self.algo.is_empty() {
+            if self.priority.is_some() {
+                return Err("give --algo or --priority, not both".into());
+            }
+            return Ok(vec![self.algo.parse()?]);
+        }
+        let Some(list) = policy.algos(store) else {
+            return Err(
+                "this device has no secondary algorithms: give --algo ALGO, \
+                        or set them with zblk set --recompress-algos"
+                    .into(),
+            );
+        };
+        match self.priority {
+            Some(n) => Ok(vec![list.priority(usize::from(n))?]),
+            None => Ok(list.as_slice().to_vec()),
+        }
+    }
+}
+
 /// Runs a recompression from the control loop, as compaction runs: the
 /// engine works under slot locks, with its own thread state.
 fn recompress(
     queues: &Queues,
+    policy: &Policy,
     info: &DeviceInfo,
-    algo: &str,
+    choice: Choice<'_>,
     kind: &str,
     threshold: u64,
     max_pages: u64,
 ) -> Response {
-    let parsed = algo.parse::<zblk::Algo>().and_then(|algo| {
+    let parsed = choice.algos(policy, queues.store()).and_then(|algos| {
         let kind = kind.parse::<zblk::RecompressType>()?;
         let threshold = usize::try_from(threshold).map_err(|e| e.to_string())?;
         Ok(zblk::Recompress {
-            algo,
+            algos,
             kind,
             threshold,
             max_pages,
@@ -230,7 +278,9 @@ fn recompress(
                 info.id(),
                 r.recompressed,
                 r.tried,
-                p.algo,
+                zblk::AlgoList::new(&p.algos)
+                    .map(|l| l.to_string())
+                    .unwrap_or_default(),
                 r.saved_bytes
             );
             let mut v = match serde_json::to_value(r) {
@@ -339,7 +389,10 @@ fn set_policy(
     writeback_idle_after: Option<u64>,
     recompress_algo: Option<&str>,
 ) -> Response {
-    let algo = match recompress_algo.map(str::parse::<zblk::Algo>).transpose() {
+    let algo = match recompress_algo
+        .map(str::parse::<zblk::AlgoList>)
+        .transpose()
+    {
         Ok(a) => a,
         Err(e) => return Response::err(e),
     };
@@ -507,17 +560,39 @@ mod tests {
         assert_eq!(r.data["stats"]["idle_pages"], 4);
         let recompress = |algo: &str, kind: &str| Request::Recompress {
             algo: algo.into(),
+            priority: None,
             kind: kind.into(),
             threshold: 0,
             max_pages: 0,
         };
-        for bad in [recompress("zstd:99", "idle"), recompress("zstd:9", "cold")] {
+        let priority = |n| Request::Recompress {
+            algo: String::new(),
+            priority: Some(n),
+            kind: "all".into(),
+            threshold: 0,
+            max_pages: 0,
+        };
+        for bad in [
+            recompress("zstd:99", "idle"),
+            recompress("zstd:9", "cold"),
+            // No list yet: neither the whole nor an entry of it.
+            recompress("", "idle"),
+            priority(1),
+        ] {
             let (r, _) = ask(&shared, bad);
             assert!(!r.ok && r.error.is_some(), "{r:?}");
         }
         let (r, _) = ask(&shared, recompress("zstd:19", "idle"));
         assert!(r.ok, "{r:?}");
         assert_eq!(r.data["tried"], 4);
+        // The store's list is now zstd:19: entry 1 is it, there is no 2.
+        let (r, _) = ask(&shared, priority(2));
+        assert!(
+            !r.ok && r.error.as_deref().unwrap_or("").contains("priority 2"),
+            "{r:?}"
+        );
+        let (r, _) = ask(&shared, priority(1));
+        assert!(r.ok, "{r:?}");
         let (r, _) = ask(&shared, Request::Stats);
         let s = &r.data["stats"];
         assert_eq!(s["recompress_algorithm"], "zstd:19");
@@ -703,7 +778,7 @@ mod tests {
         for (r, want) in [
             (set(None, Some(60), None), "needs a backing device"),
             (set(Some(60), None, None), "needs --recompress-algo"),
-            (set(Some(60), None, Some("lz4")), "must differ"),
+            (set(Some(60), None, Some("lz4")), "must not name"),
             (set(Some(60), None, Some("lzo")), "unknown algorithm"),
             (
                 set(Some(1 << 30), None, Some("zstd")),
@@ -881,6 +956,7 @@ mod tests {
             Request::Idle { age: None },
             Request::Recompress {
                 algo: "zstd:9".into(),
+                priority: None,
                 kind: "all".into(),
                 threshold: 0,
                 max_pages: 0,

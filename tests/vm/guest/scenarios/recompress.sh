@@ -1,9 +1,11 @@
 # recompress: zram's idle marking and recompression on a live swap device.
 # usemem writes 2 x 192 MB through a 1 GB lz4 zblk swap device under a
 # memory cgroup and holds it; while it holds (stored pages steady), `zblk
-# idle --all` marks every stored page idle and `zblk recompress --algo
-# zstd:3 --type idle` stores them again with the secondary. Pass: stat
-# shows idle and recompressed pages, the data and (after the compaction
+# idle --all` marks every stored page idle, `zblk set --recompress-algos
+# "none zstd:3"` gives the device a list of two whose first never fits
+# (none stores nothing smaller), and `zblk recompress --type idle` stores
+# the pages again with the second. Pass: stat shows the list (the store's
+# and the policy's), idle and recompressed pages, the data and (after the compaction
 # the recompression ends with) the device's memory dropped, and
 # usemem then reads every page back intact (the reads decode the secondary
 # algorithm) with no kernel swap error; the reads clear the idle marks.
@@ -31,12 +33,15 @@ mem0=$(echo "$j0" | jnum mem_used_total) compr0=$(echo "$j0" | jnum compr_data_s
 must zblk idle -n "$ZID" --all >/dev/null
 idle=$(zstat | jnum idle_pages)
 [ "$idle" -gt 0 ] && [ "$idle" -le "$st" ] || fail "after idle --all: idle_pages=$idle with $st stored"
-out=$(zblk recompress -n "$ZID" --algo zstd:3 --type idle 2>&1) || fail "recompress failed: $out"
+must zblk set -n "$ZID" --recompress-algos "none zstd:3" >/dev/null
+out=$(zblk recompress -n "$ZID" --type idle 2>&1) || fail "recompress failed: $out"
 j1=$(zstat)
+plist=$(zstat_policy recompress_algo)
+[ "$plist" = "none zstd:3" ] || fail "the policy's recompress_algo is '$plist'"
 rec=$(echo "$j1" | jnum recompressed_pages) saved=$(echo "$j1" | jnum recompress_saved_bytes)
 mem1=$(echo "$j1" | jnum mem_used_total) compr1=$(echo "$j1" | jnum compr_data_size)
 [ "$rec" -gt 0 ] || fail "nothing recompressed: $out"
-[ "$(echo "$j1" | jget recompress_algorithm)" = zstd:3 ] || fail "recompress_algorithm is '$(echo "$j1" | jget recompress_algorithm)'"
+[ "$(echo "$j1" | jget recompress_algorithm)" = "none zstd:3" ] || fail "recompress_algorithm is '$(echo "$j1" | jget recompress_algorithm)'"
 [ "$compr1" -lt "$compr0" ] || fail "compr_data_size did not drop: $compr0 -> $compr1"
 # The recompression compacts after itself: the memory drops with the data.
 [ "$mem1" -lt "$mem0" ] || fail "mem_used_total did not drop: $mem0 -> $mem1 ($out)"
@@ -50,4 +55,4 @@ dmesg | tail -n +"$DMESG_FROM" | grep -qiE 'segfault|SIGBUS|I/O error, dev ublkb
     fail "kernel saw errors: $(dmesg | tail -n +"$DMESG_FROM" | grep -iE 'I/O error|-error on swap' | tail -2 | tr '\n' '|')"
 rmdir "$CG" 2>/dev/null
 must zblk del -n "$ZID" --force >/dev/null
-pass "stored=$st idle=$idle recompressed=$rec (lz4 -> zstd:3) compr_data_size $compr0 -> $compr1 ($(ratio "$compr1" "$compr0")x) mem_used_total $mem0 -> $mem1 ($(ratio "$mem1" "$mem0")x); usemem then verified every page"
+pass "stored=$st idle=$idle recompressed=$rec (lz4 -> none, zstd:3) compr_data_size $compr0 -> $compr1 ($(ratio "$compr1" "$compr0")x) mem_used_total $mem0 -> $mem1 ($(ratio "$mem1" "$mem0")x); usemem then verified every page"
