@@ -69,7 +69,7 @@ wm_up() {
     kind=$CFG_KIND env=$CFG_ENV algo=$CFG_ALGO mode=$CFG_MODE extra=$CFG_FLAGS
     # zblk:ALGO:private: per-page, the store in private memory
     # (--no-recovery) rather than the memfd.
-    [ "$mode" = private ] && mode=per-page extra=--no-recovery
+    [ "$mode" = private ] && mode=per-page extra="$extra --no-recovery"
     case $kind in
     zram)
         [ -z "$env" ] || fail "$1: @NAME=VALUE is for zblk configurations"
