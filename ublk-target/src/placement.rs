@@ -17,6 +17,9 @@
 
 use serde::{Deserialize, Serialize};
 
+/// CPUs a `cpu_set_t` can name.
+const SET_CPUS: usize = 8 * std::mem::size_of::<libc::cpu_set_t>();
+
 /// Where each queue thread runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -73,10 +76,9 @@ fn affinity(tid: libc::pid_t) -> Option<Vec<usize>> {
     if r != 0 {
         return None;
     }
-    let max = 8 * std::mem::size_of_val(&set);
-    // SAFETY: CPU_ISSET reads bit c < max of a valid set.
+    // SAFETY: CPU_ISSET reads bit c < SET_CPUS of a valid set.
     Some(
-        (0..max)
+        (0..SET_CPUS)
             .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
             .collect(),
     )
@@ -86,9 +88,8 @@ fn affinity(tid: libc::pid_t) -> Option<Vec<usize>> {
 fn set_affinity(tid: libc::pid_t, cpus: &[usize]) {
     // SAFETY: as in `affinity`.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    let max = 8 * std::mem::size_of_val(&set);
-    for &c in cpus.iter().filter(|&&c| c < max) {
-        // SAFETY: bit c < max of a valid set.
+    for &c in cpus.iter().filter(|&&c| c < SET_CPUS) {
+        // SAFETY: bit c < SET_CPUS of a valid set.
         unsafe { libc::CPU_SET(c, &mut set) };
     }
     // SAFETY: `set` is a valid cpu_set_t of the size given.

@@ -111,9 +111,9 @@ sample() {
     c=$(awk '/^cpu / { print $2 + $3, $4, $5 + $6, $7 + $8 }' /proc/stat)
     g=$(awk '$1 == "user_usec" { u = $2 } $1 == "system_usec" { s = $2 } END { print u + 0, s + 0 }' "$CG/cpu.stat")
     d="0 0 0 0 0 0 0 0" e="0 0 0 0 0 0 0 0 0 0 0"
-    [ "$KIND" = ramdisk ] && d=$(dmn_ticks)
+    # A daemon's threads for zblk and the ramdisk; the engine's figures for zblk.
+    [ "$KIND" = zram ] || d=$(dmn_ticks)
     if [ "$KIND" = zblk ]; then
-        d=$(dmn_ticks)
         st=$(zstat | tr -d '\n')
         e=""
         for k in write_ns compress_ns alloc_ns copy_ns install_ns read_ns decode_ns pages_written pages_read num_writes num_reads; do
