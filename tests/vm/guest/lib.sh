@@ -303,11 +303,19 @@ watchdog_check() {
 
 # ---- kernel zram ------------------------------------------------------------
 
-# Sets up /dev/zram0 of $1 MB with $ZBLK_ALGO as swap with discard, priority 100.
+# Sets up /dev/zram0 of $1 MB with $ZBLK_ALGO as swap with discard, priority
+# 100. ZBLK_ALGO is ALGO or ALGO:LEVEL, the level given through zram's
+# algorithm_params (zram's zstd is level 3 unless told).
 zram_swap() {
     [ -e /sys/block/zram0 ] || fail "no /sys/block/zram0 (zram module not loaded?)"
     echo 1 >/sys/block/zram0/reset
-    echo "$ZBLK_ALGO" >/sys/block/zram0/comp_algorithm || fail "zram: algorithm $ZBLK_ALGO refused"
+    zs_name=${ZBLK_ALGO%%:*}
+    echo "$zs_name" >/sys/block/zram0/comp_algorithm || fail "zram: algorithm $zs_name refused"
+    if [ "$zs_name" != "$ZBLK_ALGO" ]; then
+        [ -e /sys/block/zram0/algorithm_params ] || fail "zram: no algorithm_params for $ZBLK_ALGO"
+        echo "algo=$zs_name level=${ZBLK_ALGO#*:}" >/sys/block/zram0/algorithm_params ||
+            fail "zram: algorithm_params level=${ZBLK_ALGO#*:} refused"
+    fi
     echo "${1}M" >/sys/block/zram0/disksize || fail "zram: disksize refused"
     must mkswap /dev/zram0 >/dev/null
     must swapon --discard --priority 100 /dev/zram0

@@ -26,7 +26,8 @@
 # Phase timers are wall time of the queue thread (time it was preempted
 # included); the CPU figures are ticks (10 ms) and cgroup usec.
 # Each configuration of ZBLK_BD_CONFIGS runs in turn:
-#   zram:ALGO                 kernel zram
+#   zram:ALGO[:LEVEL]         kernel zram (LEVEL through algorithm_params;
+#                             zram's zstd is level 3 unless given one)
 #   ramdisk:none              libublk's ramdisk example (carried into the
 #                             guest: tools/scripts/build-ublk-ramdisk.sh),
 #                             the transport's floor for zblk:none
@@ -165,6 +166,8 @@ bd_up() {
     case $KIND in
     zram)
         [ -z "$env" ] || fail "$1: @NAME=VALUE is for zblk configurations"
+        # zram:ALGO:LEVEL: cfg_parse reads the level as a mode.
+        [ "$mode" = per-page ] || algo=$algo:$mode
         zram_swap_with "$algo" "$ZBLK_DEV_MB" ;;
     zblk)
         # shellcheck disable=SC2086 # timers and CFG_FLAGS are words or none

@@ -7,7 +7,8 @@
 # ../shared/corpus/realmem-dev.bin.zst; the synthetic pattern otherwise,
 # said in the result), holds them a second and verifies every one.
 # Each configuration of ZBLK_WM_CONFIGS runs in turn, in the same boot:
-#   zram:ALGO            kernel zram, swap priority 100, discard
+#   zram:ALGO[:LEVEL]    kernel zram, swap priority 100, discard (LEVEL
+#                        through algorithm_params)
 #   zblk:ALGO[:packed]   a zblk swap device (zblk:ALGO:private: per page,
 #                        with --no-recovery, its store in private memory)
 #   zswap:ALGO           zswap (max_pool_percent 90) over a brd ramdisk swap
@@ -73,6 +74,8 @@ wm_up() {
     case $kind in
     zram)
         [ -z "$env" ] || fail "$1: @NAME=VALUE is for zblk configurations"
+        # zram:ALGO:LEVEL: cfg_parse reads the level as a mode.
+        [ "$mode" = per-page ] || algo=$algo:$mode
         zram_swap_with "$algo" "$dev_mb" ;;
     zblk)
         # zblk.wm_rt=0: the reserve's provisioner at normal priority
