@@ -54,6 +54,10 @@
 #                             folios; "advise" only a build that asks,
 #                             MADV_HUGEPAGE, which zblk does not: a build
 #                             that asked gained nothing, see BENCHMARKS.md)
+#   procs=N                   usemem runs N worker processes of
+#                             zblk.bd_mb / N MB each (a workload per CPU:
+#                             no idle core) for the configurations after
+#                             it in the round
 #   hogs=N                    runs N busy loops (outside the workload's
 #                             cgroup, nice 0) during the configurations
 #                             after it in the round: swap under CPU
@@ -129,7 +133,7 @@ sample() {
 # Prints the BREAKDOWN json of phase $1 (out or in) from samples $2 to $3.
 bd_phase() {
     echo "$2
-$3" | awk -v phase="$1" -v cfg="$CFG" -v r="$R" -v hz=100 -v pc="$(cat /proc/sys/vm/page-cluster)" -v hogs="$NHOGS" -v scatter="${SCATTER:+1}" '
+$3" | awk -v phase="$1" -v cfg="$CFG" -v r="$R" -v hz=100 -v pc="$(cat /proc/sys/vm/page-cluster)" -v hogs="$NHOGS" -v scatter="${SCATTER:+1}" -v procs="$PROCS" '
         NR == 1 { for (i = 1; i <= NF; i++) a[i] = $i; next }
         { for (i = 1; i <= NF; i++) d[i] = $i - a[i] }
         END {
@@ -139,7 +143,7 @@ $3" | awk -v phase="$1" -v cfg="$CFG" -v r="$R" -v hz=100 -v pc="$(cat /proc/sys
             t = 1e6 / hz / pages
             busy = (d[2] + d[3] + d[5]) * t
             du = d[10] + d[12] + d[14] + d[16]; ds = d[11] + d[13] + d[15] + d[17]
-            printf "BREAKDOWN {\"round\":%d,\"config\":\"%s\",\"phase\":\"%s\",\"page_cluster\":%d,\"hogs\":%d,\"scatter\":%d,\"pages\":%d,\"other_dir_pages\":%d,", r, cfg, phase, pc, hogs, scatter, pages, (phase == "out") ? d[7] : d[6]
+            printf "BREAKDOWN {\"round\":%d,\"config\":\"%s\",\"phase\":\"%s\",\"page_cluster\":%d,\"hogs\":%d,\"scatter\":%d,\"procs\":%d,\"pages\":%d,\"other_dir_pages\":%d,", r, cfg, phase, pc, hogs, scatter, procs, pages, (phase == "out") ? d[7] : d[6]
             printf "\"wall_us\":%.1f,\"busy_us\":%.1f,\"idle_us\":%.1f,\"irq_us\":%.1f,", d[1] * 1e6 / pages, busy, d[4] * t, d[5] * t
             printf "\"wl_user_us\":%.1f,\"wl_sys_us\":%.1f,\"dmn_user_us\":%.1f,\"dmn_sys_us\":%.1f,", d[8] / pages, d[9] / pages, du * t, ds * t
             printf "\"queue_user_us\":%.1f,\"queue_sys_us\":%.1f,\"free_us\":%.1f,\"reserve_us\":%.1f,\"dmn_rest_us\":%.1f,", d[10] * t, d[11] * t, (d[12] + d[13]) * t, (d[14] + d[15]) * t, (d[16] + d[17]) * t
@@ -226,10 +230,11 @@ bd_run() {
     rm -f "$MARK"
     s0=$(sample)
     # shellcheck disable=SC2086 # corpus_args is two words or none, SCATTER one or none
-    in_cg usemem --mb "$ZBLK_BD_MB" --procs 1 --mark "$MARK" $corpus_args $SCATTER >/tmp/zblk-bd.out 2>&1 &
+    in_cg usemem --mb $((ZBLK_BD_MB / PROCS)) --procs "$PROCS" --mark "$MARK" $corpus_args $SCATTER >/tmp/zblk-bd.out 2>&1 &
     upid=$!
     track $upid
-    while ! grep -q written "$MARK" 2>/dev/null && kill -0 $upid 2>/dev/null; do sleep 0.05; done
+    # Each worker marks its own end of writing.
+    while [ "$(grep -c written "$MARK" 2>/dev/null)" -lt "$PROCS" ] && kill -0 $upid 2>/dev/null; do sleep 0.05; done
     s1=$(sample)
     wait $upid
     urc=$?
@@ -277,7 +282,7 @@ while [ "$R" -le "$ZBLK_BD_ROUNDS" ]; do
     echo "$PC0" >/proc/sys/vm/page-cluster
     hogs_set 0
     thp_restore
-    SCATTER=""
+    SCATTER="" PROCS=1
     for CFG in $ZBLK_BD_CONFIGS; do
         case $CFG in
         scatter=on | scatter=off)
@@ -293,6 +298,11 @@ while [ "$R" -le "$ZBLK_BD_ROUNDS" ]; do
         hogs=*)
             hogs_set "${CFG#hogs=}"
             log "$NHOGS busy loops from here on"
+            continue ;;
+        procs=*)
+            PROCS=${CFG#procs=}
+            [ "$PROCS" -ge 1 ] 2>/dev/null || fail "procs=$PROCS: expected a count of at least 1"
+            log "usemem runs $PROCS workers of $((ZBLK_BD_MB / PROCS)) MB from here on"
             continue ;;
         pc=*)
             echo "${CFG#pc=}" >/proc/sys/vm/page-cluster || fail "page-cluster ${CFG#pc=} refused"
