@@ -234,7 +234,8 @@ bd_run() {
     upid=$!
     track $upid
     # Each worker marks its own end of writing.
-    while [ "$(grep -c written "$MARK" 2>/dev/null)" -lt "$PROCS" ] && kill -0 $upid 2>/dev/null; do sleep 0.05; done
+    # (cat: no mark file yet is 0 marks.)
+    while [ "$(cat "$MARK" 2>/dev/null | grep -c written)" -lt "$PROCS" ] && kill -0 $upid 2>/dev/null; do sleep 0.05; done
     s1=$(sample)
     wait $upid
     urc=$?
