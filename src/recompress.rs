@@ -8,7 +8,11 @@
 //! page has now: a smaller gain would cost a slower decompression on every
 //! later read for almost no memory. The slot then names the secondary
 //! that holds it (`Entry::algo` 1-3, its entry in the store's list,
-//! `crate::secondary`), which is what reads decode with.
+//! `crate::secondary`), which is what reads decode with. A page a
+//! secondary holds may be recompressed again by a later one in the list
+//! (zram: priority 2 after priority 1), never by its own or an earlier one;
+//! in a per-page store only (a packed group would need a secondary after
+//! every member's).
 //!
 //! A page is read under its lock (not as an access: its time and idle mark
 //! stay), compressed and allocated unlocked, and installed only if its slot
@@ -102,9 +106,12 @@ pub struct RecompressReport {
     pub saved_bytes: u64,
 }
 
-/// Whether `e` is a page `p` selects: held by the primary algorithm,
-/// compressed or raw, of the type and size asked for.
-fn selected(e: &Entry, p: &Recompress) -> bool {
+/// Whether `e` is a page `p` selects: compressed or raw, of the type and
+/// size asked for, and held by an algorithm before `top` (the slot value of
+/// the latest secondary that may take it: zram's priorities, where a page
+/// recompressed with priority 1 may be again with priority 2, never with 1
+/// or the primary).
+fn selected(e: &Entry, p: &Recompress, top: u8) -> bool {
     let huge = e.kind == Kind::Huge;
     let kind_ok = match p.kind {
         RecompressType::All => true,
@@ -118,7 +125,7 @@ fn selected(e: &Entry, p: &Recompress) -> bool {
     let tried_in_vain = huge && e.n == INCOMPRESSIBLE;
     matches!(e.kind, Kind::Huge | Kind::Compressed | Kind::Packed)
         && !tried_in_vain
-        && e.algo == 0
+        && e.algo < top
         && kind_ok
         && e.len as usize >= p.threshold
 }
@@ -126,6 +133,12 @@ fn selected(e: &Entry, p: &Recompress) -> bool {
 /// The codecs of a recompression, in the order they are tried, each with
 /// the slot value (`Entry::algo`) that names its algorithm.
 pub(crate) type Codecs = [(u8, Box<dyn Codec>)];
+
+/// The latest slot value among `codecs`: a per-page recompression selects
+/// the pages held by an algorithm before it.
+fn top(codecs: &Codecs) -> u8 {
+    codecs.iter().map(|c| c.0).max().unwrap_or(0)
+}
 
 /// Recompresses the pages `p` selects with `codecs` (of `p.algos`), with
 /// the maintenance thread state `st` (its codec is the primary); a packed
@@ -189,7 +202,7 @@ fn recompress_page(
     let (e, was_len) = {
         let guard = table.lock(page);
         let e = guard.entry();
-        if !selected(&e, p) {
+        if !selected(&e, p, top(codecs)) {
             return Ok(Outcome::Skipped);
         }
         read_entry(table, st, page, &e, buf)?;
@@ -197,7 +210,7 @@ fn recompress_page(
     };
     let old = e.len as usize;
     let budget = old - old * MIN_SAVING_PERCENT / 100;
-    let Some((algo, n)) = first_fitting(codecs, buf, &mut dst[..budget])? else {
+    let Some((algo, n)) = first_fitting(codecs, e.algo, buf, &mut dst[..budget])? else {
         mark_incompressible(table, page, &e);
         return Ok(Outcome::Tried);
     };
@@ -210,11 +223,17 @@ fn recompress_page(
     Ok(Outcome::Kept(saved))
 }
 
-/// Compresses `src` into `dst` with each of `codecs` in turn until one
-/// fits (zram's priorities): that one's slot value and the compressed
-/// length, or `None` if none did.
-fn first_fitting(codecs: &mut Codecs, src: &[u8], dst: &mut [u8]) -> Result<Option<(u8, usize)>> {
-    for (algo, codec) in codecs.iter_mut() {
+/// Compresses `src` into `dst` with each of `codecs` after slot value
+/// `after` (the algorithm holding the page) in turn until one fits (zram's
+/// priorities): that one's slot value and the compressed length, or `None`
+/// if none did.
+fn first_fitting(
+    codecs: &mut Codecs,
+    after: u8,
+    src: &[u8],
+    dst: &mut [u8],
+) -> Result<Option<(u8, usize)>> {
+    for (algo, codec) in codecs.iter_mut().filter(|c| c.0 > after) {
         match codec.compress(src, dst)? {
             Some(n) if n > dst.len() || n == 0 => {
                 return Err(Error::Codec(CodecError::overflow(n, dst.len())))
@@ -359,7 +378,9 @@ fn gather(
 ) -> Result<Option<Member>> {
     let guard = table.lock(page);
     let e = guard.entry();
-    if !selected(&e, p) {
+    // Only the primary's pages: a group is stored by one secondary, which
+    // would have to come after every member's.
+    if !selected(&e, p, 1) {
         return Ok(None);
     }
     read_entry(table, st, page, &e, buf)?;
@@ -454,7 +475,7 @@ fn pack_and_install(
 ) -> Result<(u64, u64)> {
     let old: u64 = group.iter().map(|m| m.old).sum();
     let budget = ((old - old * MIN_SAVING_PERCENT as u64 / 100) as usize).min(dst.len());
-    let Some((algo, clen)) = first_fitting(codecs, pages, &mut dst[..budget])? else {
+    let Some((algo, clen)) = first_fitting(codecs, 0, pages, &mut dst[..budget])? else {
         return Ok((0, 0));
     };
     let alloc = table.allocator();

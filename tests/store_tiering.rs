@@ -351,6 +351,54 @@ fn a_list_falls_through_to_the_algorithm_that_fits() {
     }
 }
 
+/// zram's priorities across passes: pages lz4hc holds are recompressed
+/// again by a later secondary (zstd:19), never by lz4hc itself or an
+/// earlier one; the memory drops again and every page reads back.
+#[test]
+fn a_later_secondary_recompresses_what_an_earlier_one_holds() {
+    let real = real_pages();
+    let n = (real.len() / PAGE_SIZE) as u64;
+    let mut cfg = config(Algo::Lz4, false);
+    cfg.size = n * P;
+    let store = Store::new(cfg).unwrap();
+    let mut ctx = store.new_ctx();
+    ctx.write(0, &real).unwrap();
+    let first = Recompress {
+        algos: vec![Algo::Lz4Hc(9)],
+        kind: RecompressType::All,
+        threshold: 0,
+        max_pages: 0,
+    };
+    let r1 = store.recompress(&first).unwrap();
+    assert!(r1.recompressed > 0, "{r1:?}");
+    let after1 = store.stats().counters;
+    let second = Recompress {
+        algos: vec![Algo::Zstd(19)],
+        ..first.clone()
+    };
+    let r2 = store.recompress(&second).unwrap();
+    let after2 = store.stats().counters;
+    // zstd:19 tries every compressed page, lz4hc's too, and shrinks most.
+    assert!(r2.tried >= r1.recompressed, "{r2:?} after {r1:?}");
+    assert!(r2.recompressed > r1.recompressed / 2, "{r2:?} after {r1:?}");
+    assert_eq!(
+        after1.compr_data_size - after2.compr_data_size,
+        r2.saved_bytes
+    );
+    // A page counts once however many times it moved.
+    assert!(after2.recompressed_pages <= after2.stored_pages - after2.same_pages);
+    assert_eq!(store.stats().recompress_algorithm, "lz4hc zstd:19");
+    // lz4hc again: only what the primary still holds is tried.
+    let r3 = store.recompress(&first).unwrap();
+    assert!(
+        r3.tried <= after2.stored_pages - after2.same_pages - after2.recompressed_pages,
+        "{r3:?}"
+    );
+    let mut back = vec![0u8; real.len()];
+    ctx.read(0, &mut back).unwrap();
+    assert!(back == real, "pages differ");
+}
+
 /// A recompression of every page of `kind` with zstd:9.
 fn zstd9(kind: RecompressType) -> Recompress {
     Recompress {
