@@ -24,6 +24,7 @@
 //! which indexes the dictionary again for every page) and through liblz4,
 //! which indexes it once (`LZ4_loadDict`, or `LZ4_loadDictSlow` that
 //! indexes every position) and attaches it to a working stream per page.
+//! Last, lz4_flex's compressor with liblz4's decoder, the store's pair.
 //! zstd prepares its dictionaries once (`EncoderDictionary`,
 //! `DecoderDictionary`) and writes frames as the store does (magicless, no
 //! content size, checksum or dictionary id). Every measured page is
@@ -31,7 +32,7 @@
 
 use lz4_sys::LZ4StreamEncode;
 use std::ffi::{c_char, c_int};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::time::Instant;
 use zblk::{DEFAULT_HUGE_THRESHOLD, PAGE_SIZE};
@@ -229,6 +230,23 @@ impl PageCodec for LibLz4<'_> {
         };
         let k = usize::try_from(got).map_err(|_| format!("liblz4 error {got}"))?;
         whole("liblz4", k, dst)
+    }
+}
+
+/// lz4_flex's compressor with liblz4's decoder, as the store pairs them
+/// without a dictionary: the blocks are one format.
+struct FlexThenLib<'d> {
+    flex: Flex<'d>,
+    lib: LibLz4<'d>,
+}
+
+impl PageCodec for FlexThenLib<'_> {
+    fn compress(&mut self, page: &[u8], dst: &mut [u8]) -> Result<usize, String> {
+        self.flex.compress(page, dst)
+    }
+
+    fn decompress(&mut self, obj: &[u8], dst: &mut [u8]) -> Result<(), String> {
+        self.lib.decompress(obj, dst)
     }
 }
 
@@ -463,6 +481,14 @@ fn dicts(train: &[&[u8]]) -> Result<Vec<Dicts>, String> {
         .collect()
 }
 
+/// [`FlexThenLib`] with `dict` (none if empty).
+fn mixed(dict: &[u8]) -> Result<Box<dyn PageCodec + '_>, String> {
+    Ok(Box::new(FlexThenLib {
+        flex: Flex { dict },
+        lib: LibLz4::new(dict, Load::Fast)?,
+    }))
+}
+
 /// Every row, each baseline first in its codec.
 fn variants(ds: &[Dicts]) -> Result<Vec<Variant<'_>>, String> {
     fn row<'d>(
@@ -483,6 +509,7 @@ fn variants(ds: &[Dicts]) -> Result<Vec<Variant<'_>>, String> {
         row("lz4_flex", none(), 0, Box::new(Flex { dict: &[] })),
         row("liblz4", none(), 1, Box::new(LibLz4::new(&[], Load::Fast)?)),
         row("zstd:1", none(), 2, Box::new(Zstd::new(None)?)),
+        row("lz4_flex, liblz4 decoding", none(), 3, mixed(&[])?),
     ];
     for d in ds {
         let kb = d.size / KB;
@@ -497,7 +524,13 @@ fn variants(ds: &[Dicts]) -> Result<Vec<Variant<'_>>, String> {
             let attach = LibLz4::new(content, Load::Fast)?;
             v.push(row("liblz4 attach", label.clone(), 1, Box::new(attach)));
             let slow = LibLz4::new(content, Load::Slow)?;
-            v.push(row("liblz4 attach, loadDictSlow", label, 1, Box::new(slow)));
+            v.push(row(
+                "liblz4 attach, loadDictSlow",
+                label.clone(),
+                1,
+                Box::new(slow),
+            ));
+            v.push(row("lz4_flex, liblz4 decoding", label, 3, mixed(content)?));
         }
         let samples = format!("{kb} KB samples (raw content)");
         v.push(row(
@@ -531,7 +564,7 @@ fn spread(v: &[f64], digits: usize) -> String {
 }
 
 /// Runs every variant `rounds` times over one file and prints its table.
-fn corpus(path: &PathBuf, rounds: usize, split: Split) -> Result<(), String> {
+fn corpus(path: &Path, rounds: usize, split: Split) -> Result<(), String> {
     let data = load_input(path).map_err(|e| e.to_string())?;
     let (train, measured) = split_pages(&data, split);
     if train.is_empty() || measured.is_empty() {
