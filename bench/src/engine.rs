@@ -370,7 +370,7 @@ pub struct CodecCeiling {
 
 /// Whether `page` is one 8-byte word repeated, a page the store keeps as
 /// that word and never compresses.
-fn same_filled(page: &[u8]) -> bool {
+pub fn same_filled(page: &[u8]) -> bool {
     let mut words = page.chunks_exact(8);
     words.next().is_some_and(|w| words.all(|x| x == w))
 }
