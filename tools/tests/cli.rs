@@ -115,7 +115,8 @@ fn list_prints_zramctl_columns() {
             "SWAP",
             "STATE",
             "RECOVERY",
-            "RECOVERIES"
+            "RECOVERIES",
+            "MOUNTPOINT"
         ]
     );
     let o = zblk(&["list", "--json"]);

@@ -57,6 +57,11 @@ compression-algorithm = "lz4"
 [ublkb1]
 size = 256
 mount-point = "$FSMNT"
+
+# Skipped: this machine has more than 1 MB of memory.
+[ublkb2]
+size = 64
+host-memory-limit = 1
 CONF
     zblk setup --dry-run | grep -q 'would create /dev/ublkb0' || fail "setup --dry-run: $(zblk setup --dry-run 2>&1)"
     zblk setup --dry-run | grep -q "mkfs.ext4 .* /dev/ublkb1, then mount -t ext4 -o discard /dev/ublkb1 $FSMNT" ||
@@ -96,7 +101,15 @@ phase_setup_unit() (
     check_swap_up "after systemctl restart"
     pid2=$(zdaemon_pid 0)
     [ -n "$pid2" ] && [ "$pid2" != "$pid1" ] || fail "restart kept daemon pid $pid1"
-    pass "stop: swap off, device gone; start and restart: swap back (daemons $pid0 $pid1 $pid2)"
+    # A unit whose section is skipped: ready without a device, and its
+    # ExecStop (run when the main process exits) says nothing and succeeds.
+    U2=zblk@2.service
+    must systemctl start $U2
+    wait_until "[ \"\$(systemctl show -p ActiveState --value $U2)\" = inactive ]" 10 || fail "$U2 is $(prop $U2 ActiveState) after a skipped start"
+    j=$(journalctl -b -u $U2 -o cat --no-pager)
+    [ "$(prop $U2 Result)" = success ] && [ ! -e /dev/ublkb2 ] && echo "$j" | grep -q "no /dev/ublkb2: .*host-memory-limit = 1" &&
+        ! echo "$j" | grep -q "left to the restart" || fail "$U2: result $(prop $U2 Result), log: $(echo "$j" | tr '\n' '|')"
+    pass "stop: swap off, device gone; start and restart: swap back (daemons $pid0 $pid1 $pid2); $U2 skipped, its stop quiet"
 )
 
 # zblk@0.service: the store in systemd's fd store; kill -9 of the daemon
@@ -159,6 +172,8 @@ phase_mount() (
     t_mnt=$(prop "$FSUNIT" ActiveEnterTimestampMonotonic) t_fs=$(prop local-fs.target ActiveEnterTimestampMonotonic)
     [ "$t_mnt" -gt 0 ] && [ "$t_mnt" -le "$t_fs" ] || fail "$FSMNT mounted at $t_mnt us, local-fs.target reached at $t_fs us"
     [ "$(prop $U1 NFileDescriptorStore)" = 1 ] || fail "$U1's fd store holds $(prop $U1 NFileDescriptorStore) fds, want 1"
+    l=$(zblk list -o NAME,MOUNTPOINT --noheadings | tr -s ' ' | tr '\n' '|')
+    [ "$l" = "/dev/ublkb0 [SWAP]|/dev/ublkb1 $FSMNT|" ] || fail "zblk list -o NAME,MOUNTPOINT: '$l'"
     head -c 8388608 /dev/urandom >/tmp/zblk-vm.fsfile
     must cp /tmp/zblk-vm.fsfile "$FSMNT/file"
     sync
@@ -178,7 +193,7 @@ phase_mount() (
     [ "$(prop $U1 ActiveState)" = active ] && grep -q "^/dev/ublkb1 $FSMNT ext4 " /proc/mounts ||
         fail "systemctl start $FSUNIT: $U1 $(prop $U1 ActiveState), mounts: $(grep ublkb /proc/mounts | tr '\n' '|')"
     [ ! -e "$FSMNT/file" ] || fail "the new filesystem has the old file"
-    pass "$FSMNT: /dev/ublkb1 ext4 (discard) mounted before local-fs.target ($t_mnt <= $t_fs us); 8 MB file identical after kill -9 of zblk@1's daemon, the mount kept; stop unmounted and deleted it; start made a new one"
+    pass "zblk list: MOUNTPOINT $FSMNT; $FSMNT: /dev/ublkb1 ext4 (discard) mounted before local-fs.target ($t_mnt <= $t_fs us); 8 MB file identical after kill -9 of zblk@1's daemon, the mount kept; stop unmounted and deleted it; start made a new one"
 )
 
 # Kills what a failed group left running (its workload would make the

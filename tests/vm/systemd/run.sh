@@ -10,8 +10,10 @@
 #   boot 2 checks that swap came up on /dev/ublkb0 at boot, at priority 100,
 #          with discard (pages freed by an exiting workload leave the
 #          device), that the [ublkb1] section's filesystem was mounted by
-#          zblk-generator's mount unit before local-fs.target (ext4, discard)
-#          and keeps a file across kill -9 of zblk@1's daemon, that
+#          zblk-generator's mount unit before local-fs.target (ext4, discard),
+#          shows in zblk list's MOUNTPOINT column and keeps a file across
+#          kill -9 of zblk@1's daemon, that zblk@2.service, whose section is
+#          skipped (host-memory-limit), starts and stops quietly, that
 #          `zblk stat` answers, that `systemctl stop`, `start`
 #          and `restart` of zblk-setup.service behave, and that zblk@0.service
 #          keeps the store in its fd store: kill -9 of its daemon under a

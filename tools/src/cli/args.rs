@@ -144,8 +144,8 @@ pub struct SetupArgs {
     #[arg(short, long, requires = "id", conflicts_with = "dry_run")]
     pub foreground: bool,
     /// Unmount that device or swap it off, and delete it, unless its
-    /// daemon just died under systemd, which will restart it
-    /// (zblk@N.service's ExecStop).
+    /// daemon just died under systemd, which will restart it, or the
+    /// unit's start made none (zblk@N.service's ExecStop).
     #[arg(long, requires = "id", conflicts_with_all = ["dry_run", "foreground"])]
     pub stop: bool,
     /// Bring up the swap devices only, leaving the sections with a
@@ -172,8 +172,8 @@ pub struct ListArgs {
     /// Print JSON (every field, raw numbers; the column flags do not apply).
     #[arg(short = 'J', long)]
     pub json: bool,
-    /// Columns to print, comma-separated (zramctl's names; STREAMS and
-    /// MOUNTPOINT are zramctl's words for QUEUES and SWAP) [default: all].
+    /// Columns to print, comma-separated (zramctl's names; STREAMS is
+    /// zramctl's word for QUEUES) [default: all].
     #[arg(short, long, value_name = "COLUMNS", value_parser = Columns::parse)]
     pub output: Option<Columns>,
     /// Do not print the header line.

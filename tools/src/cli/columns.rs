@@ -13,7 +13,7 @@ enum Cell {
     Count(&'static str),
     /// A string, with what to print when the entry lacks it.
     Text(&'static str, &'static str),
-    /// `[SWAP]` when the device is active swap, as zramctl's MOUNTPOINT.
+    /// `[SWAP]` when the device is active swap, else `-`.
     Swap,
 }
 
@@ -30,7 +30,7 @@ const fn col(name: &'static str, cell: Cell) -> Column {
 }
 
 /// Every column, in the default order (zramctl's first).
-const ALL: [Column; 14] = [
+const ALL: [Column; 15] = [
     col("NAME", Cell::Text("name", "?")),
     col("DISKSIZE", Cell::Size("disksize")),
     col("DATA", Cell::Size("data")),
@@ -45,11 +45,14 @@ const ALL: [Column; 14] = [
     col("STATE", Cell::Text("state", "?")),
     col("RECOVERY", Cell::Text("recovery", "-")),
     col("RECOVERIES", Cell::Count("recoveries")),
+    // Last: empty for most devices, and the default's earlier columns
+    // keep their places.
+    col("MOUNTPOINT", Cell::Text("mountpoint", "")),
 ];
 
 /// zramctl's words for columns zblk names otherwise: a zramctl script's
 /// `-o NAME,STREAMS,MOUNTPOINT` works unchanged, and its headers too.
-const ALIASES: [(&str, &str); 2] = [("STREAMS", "QUEUES"), ("MOUNTPOINT", "SWAP")];
+const ALIASES: [(&str, &str); 1] = [("STREAMS", "QUEUES")];
 
 /// The columns to print, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,15 +125,15 @@ mod tests {
 
     fn entry() -> Value {
         json!({"name": "/dev/ublkb0", "disksize": 1u64 << 30, "data": 8192,
-               "queues": 2, "swap": true, "state": "live"})
+               "queues": 2, "swap": true, "mountpoint": "[SWAP]", "state": "live"})
     }
 
     #[test]
     fn default_is_every_column_in_order() {
         let h = Columns::default().headers();
-        assert_eq!(h.len(), 14);
+        assert_eq!(h.len(), 15);
         assert_eq!(&h[..4], ["NAME", "DISKSIZE", "DATA", "COMPR"]);
-        assert_eq!(h[13], "RECOVERIES");
+        assert_eq!(&h[13..], ["RECOVERIES", "MOUNTPOINT"]);
     }
 
     #[test]
@@ -158,7 +161,7 @@ mod tests {
     fn unknown_column_lists_the_valid_ones() {
         let e = Columns::parse("NAME,MIGRATED").unwrap_err();
         assert!(e.starts_with("unknown column 'MIGRATED' (valid: NAME, DISKSIZE,"));
-        assert!(e.ends_with("RECOVERIES, STREAMS, MOUNTPOINT)"), "{e}");
+        assert!(e.ends_with("RECOVERIES, MOUNTPOINT, STREAMS)"), "{e}");
         assert!(!e.contains('\n'));
         let e = Columns::parse("NAME,,DATA").unwrap_err();
         assert!(e.starts_with("unknown column ''"), "{e}"); // Found by the setup_conf fuzz target: a name with a newline

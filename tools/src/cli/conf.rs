@@ -124,43 +124,98 @@ impl Entry {
 /// (zram-generator's `zram-generator.conf.d`).
 pub const DROP_IN_DIRS: [&str; 2] = ["/usr/lib/zblk/zblk.conf.d", "/etc/zblk/zblk.conf.d"];
 
+/// The drop-ins found, and what kept a directory from being read.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct DropIns {
+    /// The files, in the order they are read.
+    pub files: Vec<PathBuf>,
+    /// One line for each directory that could not be read (all of it or
+    /// the rest of it), which setup goes on without.
+    pub warnings: Vec<String>,
+}
+
 /// The drop-ins of `dirs` in the order they are read: the `*.conf` files
 /// sorted by name across the directories, a file of a later directory
 /// replacing a same-named one of an earlier one. A directory that is not
-/// there has none.
-pub fn drop_ins(dirs: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
+/// there has none; one that cannot be read (permission denied) is a
+/// warning and no drop-ins, as systemd skips its own unreadable
+/// drop-in directories: the machine still gets the devices of the files
+/// it can read.
+pub fn drop_ins(dirs: &[PathBuf]) -> DropIns {
     let mut by_name = BTreeMap::new();
+    let mut warnings = Vec::new();
     for dir in dirs {
-        let list = match std::fs::read_dir(dir) {
-            Ok(list) => list,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(format!("cannot read {}: {e}", dir.display())),
-        };
-        for f in list {
-            let f = f.map_err(|e| format!("cannot read {}: {e}", dir.display()))?;
-            let path = f.path();
-            // Hidden files (an editor's lock or backup file) are not
-            // drop-ins, as zram-generator's reader skips them too.
-            let hidden = f.file_name().to_string_lossy().starts_with('.');
-            if !hidden && path.extension().is_some_and(|x| x == "conf") {
-                by_name.insert(f.file_name(), path);
-            }
+        if let Err(e) = add_drop_ins(dir, &mut by_name) {
+            warnings.push(format!(
+                "cannot read {}: {e}: its drop-ins are left out",
+                dir.display()
+            ));
         }
     }
-    Ok(by_name.into_values().collect())
+    DropIns {
+        files: by_name.into_values().collect(),
+        warnings,
+    }
+}
+
+/// The drop-ins of [`DROP_IN_DIRS`], each directory that cannot be read
+/// logged as a warning.
+pub fn default_drop_ins() -> Vec<PathBuf> {
+    let found = drop_ins(&DROP_IN_DIRS.map(PathBuf::from));
+    for w in &found.warnings {
+        log::warn!("{w}");
+    }
+    found.files
+}
+
+/// Adds the `*.conf` files of `dir` to `by_name`, replacing those of the
+/// same name; none when `dir` is not there.
+fn add_drop_ins(
+    dir: &Path,
+    by_name: &mut BTreeMap<std::ffi::OsString, PathBuf>,
+) -> std::io::Result<()> {
+    let list = match std::fs::read_dir(dir) {
+        Ok(list) => list,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for f in list {
+        let f = f?;
+        let path = f.path();
+        // Hidden files (an editor's lock or backup file) are not
+        // drop-ins, as zram-generator's reader skips them too.
+        let hidden = f.file_name().to_string_lossy().starts_with('.');
+        if !hidden && path.extension().is_some_and(|x| x == "conf") {
+            by_name.insert(f.file_name(), path);
+        }
+    }
+    Ok(())
+}
+
+/// A configuration as read: its entries, and the files they came from.
+#[derive(Debug)]
+pub struct Config {
+    /// The devices, by id.
+    pub entries: Vec<Entry>,
+    /// The files read, in order: the main file (unless missing), then
+    /// the drop-ins.
+    pub files: Vec<PathBuf>,
 }
 
 /// Reads `file` and then each of `drop_ins`, with `ram_mb` the machine's
-/// memory for `size`. `file` may be missing when there are drop-ins (as
-/// zram-generator's own file may).
-pub fn read(file: &Path, drop_ins: &[PathBuf], ram_mb: f64) -> Result<Vec<Entry>, String> {
-    let main = match std::fs::read_to_string(file) {
-        Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !drop_ins.is_empty() => String::new(),
+/// memory for `size`. With no drop-ins to look for (`None`: a file named
+/// by `--config`, read alone) `file` must be there. Otherwise it may be
+/// missing, as zram-generator's own file may: then the drop-ins alone are
+/// the configuration, and with none either there is none (no entries),
+/// as when nothing of it exists.
+pub fn read(file: &Path, drop_ins: Option<&[PathBuf]>, ram_mb: f64) -> Result<Config, String> {
+    let mut texts = Vec::new();
+    match std::fs::read_to_string(file) {
+        Ok(text) => texts.push((file.to_path_buf(), text)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && drop_ins.is_some() => {}
         Err(e) => return Err(format!("cannot read {}: {e}", file.display())),
-    };
-    let mut texts = vec![(file.to_path_buf(), main)];
-    for f in drop_ins {
+    }
+    for f in drop_ins.unwrap_or_default() {
         let text =
             std::fs::read_to_string(f).map_err(|e| format!("cannot read {}: {e}", f.display()))?;
         texts.push((f.clone(), text));
@@ -169,7 +224,10 @@ pub fn read(file: &Path, drop_ins: &[PathBuf], ram_mb: f64) -> Result<Vec<Entry>
         .iter()
         .map(|(f, t)| (f.as_path(), t.as_str()))
         .collect();
-    parse_files(&files, ram_mb)
+    Ok(Config {
+        entries: parse_files(&files, ram_mb)?,
+        files: texts.into_iter().map(|(f, _)| f).collect(),
+    })
 }
 
 /// Parses the text of `file`; the first error is one line naming the
@@ -1042,24 +1100,69 @@ mod tests {
             std::fs::write(dir.join(name), "").unwrap();
         }
         let dirs = [usr.clone(), root.path().join("none"), etc.clone()];
-        let got = drop_ins(&dirs).unwrap();
+        let got = drop_ins(&dirs);
         assert_eq!(
-            got,
+            got.files,
             [
                 usr.join("10-a.conf"),
                 etc.join("15-c.conf"),
                 etc.join("20-b.conf")
             ]
         );
+        assert!(got.warnings.is_empty(), "{:?}", got.warnings);
         // The main file may be missing when there are drop-ins.
         std::fs::write(etc.join("15-c.conf"), "[ublkb3]\nsize = 64\n").unwrap();
         let main = root.path().join("zblk.conf");
-        let e = read(&main, &got, 1.0).unwrap();
-        assert_eq!(e[0].name, "ublkb3");
-        let err = read(&main, &[], 1.0).unwrap_err();
+        let c = read(&main, Some(&got.files), 1.0).unwrap();
+        assert_eq!(c.entries[0].name, "ublkb3");
+        assert_eq!(c.files, got.files, "the files read: no main file");
+        std::fs::write(&main, "[ublkb0]\nsize = 64\n").unwrap();
+        let c = read(&main, Some(&got.files), 1.0).unwrap();
+        assert_eq!((c.entries.len(), c.files.len(), &c.files[0]), (2, 4, &main));
+    }
+
+    /// No main file and no drop-in (none there, or a directory of other
+    /// files): no configuration, no devices; but a `--config` file must
+    /// be there.
+    #[test]
+    fn nothing_to_read_is_no_configuration() {
+        let root = tempfile::tempdir().unwrap();
+        let etc = root.path().join("zblk.conf.d");
+        std::fs::create_dir(&etc).unwrap();
+        std::fs::write(etc.join("README"), "not a drop-in").unwrap();
+        let found = drop_ins(&[etc]);
+        assert_eq!(found, DropIns::default());
+        let main = root.path().join("zblk.conf");
+        let c = read(&main, Some(&found.files), 1.0).unwrap();
+        assert!(c.entries.is_empty() && c.files.is_empty(), "{c:?}");
+        let err = read(&main, None, 1.0).unwrap_err();
         assert!(
-            err.starts_with(&format!("cannot read {}", main.display())),
+            err.starts_with(&format!("cannot read {}: ", main.display())),
             "{err}"
+        );
+    }
+
+    /// A drop-in directory that cannot be read is a warning; the others
+    /// are read.
+    #[test]
+    fn an_unreadable_drop_in_directory_is_a_warning() {
+        let root = tempfile::tempdir().unwrap();
+        let (usr, etc) = (root.path().join("usr"), root.path().join("etc"));
+        std::fs::create_dir(&usr).unwrap();
+        std::fs::write(usr.join("10-a.conf"), "").unwrap();
+        // A file where a directory should be: read_dir fails with
+        // ENOTDIR, as it fails with EACCES for a directory root cannot
+        // read either (tests may run as root, who reads any directory).
+        std::fs::write(&etc, "").unwrap();
+        let got = drop_ins(&[usr.clone(), etc.clone()]);
+        assert_eq!(got.files, [usr.join("10-a.conf")]);
+        assert_eq!(got.warnings.len(), 1);
+        let w = &got.warnings[0];
+        assert!(
+            w.starts_with(&format!("cannot read {}: ", etc.display()))
+                && w.ends_with(": its drop-ins are left out")
+                && !w.contains('\n'),
+            "{w}"
         );
     }
 

@@ -217,20 +217,36 @@ pub fn unmount_all(bdev: &Path) -> CliResult {
     Ok(())
 }
 
-/// Where `bdev` is mounted now (none when the table cannot be read).
+/// The mount table of this process's mount namespace, as lsblk reads it.
+const MOUNTINFO: &str = "/proc/self/mountinfo";
+
+/// Where `bdev` is mounted now, in the order mounted (none when the
+/// table cannot be read).
 pub fn mounts_of(bdev: &Path) -> Vec<String> {
-    let table = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
-    mount_points(&table, &bdev.to_string_lossy())
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let table = std::fs::read_to_string(MOUNTINFO).unwrap_or_default();
+    let devno = std::fs::metadata(bdev)
+        .ok()
+        .filter(|m| m.file_type().is_block_device())
+        .map(|m| format!("{}:{}", libc::major(m.rdev()), libc::minor(m.rdev())));
+    mount_points(&table, &bdev.to_string_lossy(), devno.as_deref())
 }
 
-/// The mount points of `dev` in a mount table (`/proc/self/mounts`'s
-/// text), their `\040`-style escapes undone.
-fn mount_points(table: &str, dev: &str) -> Vec<String> {
-    table
+/// The mount points of a block device in a mountinfo table (proc(5)),
+/// their `\040`-style escapes undone: the lines of its device number
+/// `devno` (`MAJOR:MINOR`), or of its path `dev` as the mount's source
+/// (a btrfs mount shows a device number of its own).
+fn mount_points(mountinfo: &str, dev: &str, devno: Option<&str>) -> Vec<String> {
+    mountinfo
         .lines()
         .filter_map(|l| {
-            let mut f = l.split(' ');
-            (f.next() == Some(dev)).then(|| f.next().map(unescape_octal))?
+            let f: Vec<&str> = l.split(' ').collect();
+            // Optional fields (`shared:N`, ...) come between the options
+            // (field 6) and the `-` before the type and the source.
+            let sep = 6 + f.get(6..)?.iter().position(|w| *w == "-")?;
+            let source = f.get(sep + 2).map(|s| unescape_octal(s));
+            let ours = devno.is_some_and(|n| f[2] == n) || source.as_deref() == Some(dev);
+            ours.then(|| unescape_octal(f[4]))
         })
         .collect()
 }
@@ -318,15 +334,31 @@ mod tests {
 
     #[test]
     fn the_mount_table_is_read_by_device() {
-        let table = "/dev/vda / ext4 rw 0 0\n\
-                     /dev/ublkb1 /mnt/zblk\\040scratch ext4 rw,discard 0 0\n\
-                     /dev/ublkb10 /mnt/other ext4 rw 0 0\n\
-                     /dev/ublkb1 /srv/a\\134b xfs rw 0 0\n";
+        let table = "22 27 0:21 / /proc rw,relatime - proc proc rw\n\
+                     27 1 254:1 / / rw,relatime shared:1 - ext4 /dev/vda1 rw\n\
+                     40 27 259:1 / /mnt/zblk\\040scratch rw shared:20 - ext4 /dev/ublkb1 rw\n\
+                     41 27 259:10 / /mnt/other rw - ext4 /dev/ublkb10 rw\n\
+                     42 27 259:1 / /srv/a\\134b rw master:3 shared:4 - xfs /dev/ublkb1 rw\n\
+                     43 27 0:45 / /srv/btr rw - btrfs /dev/ublkb1 rw\n\
+                     44 27 259:1 / /via/link rw - ext4 /dev/disk/by-id/z rw\n\
+                     45 27 0:46 / /srv/sp\\040ace rw - btrfs /dev/ublkb\\0402 rw\n";
+        let points = |dev, devno| mount_points(table, dev, devno);
         assert_eq!(
-            mount_points(table, "/dev/ublkb1"),
-            ["/mnt/zblk scratch", "/srv/a\\b"]
+            points("/dev/ublkb1", Some("259:1")),
+            ["/mnt/zblk scratch", "/srv/a\\b", "/srv/btr", "/via/link"]
         );
-        assert!(mount_points(table, "/dev/ublkb2").is_empty());
+        // Without its number (no such node here), by source alone: a
+        // mount through another name of the node is not seen then.
+        assert_eq!(
+            points("/dev/ublkb1", None),
+            ["/mnt/zblk scratch", "/srv/a\\b", "/srv/btr"]
+        );
+        assert_eq!(points("/dev/ublkb 2", None), ["/srv/sp ace"]);
+        assert!(points("/dev/ublkb2", Some("259:2")).is_empty());
+        // A line cut short is no mount.
+        assert!(
+            mount_points("40 27 259:1 / /m rw shared:1", "/dev/ublkb1", Some("259:1")).is_empty()
+        );
         assert_eq!(unescape_octal("a\\01"), "a\\01", "too short: kept");
     }
 

@@ -68,12 +68,9 @@ pub fn generator(dir: &Path) -> CliResult {
         return Ok(());
     }
     let file = Path::new(super::args::DEFAULT_CONF_PATH);
-    let drop_ins = conf::drop_ins(&conf::DROP_IN_DIRS.map(PathBuf::from))?;
-    if drop_ins.is_empty() && !file.exists() {
-        return Ok(());
-    }
+    let drop_ins = conf::default_drop_ins();
     let ram_mb = conf::ram_mb()?;
-    let entries = conf::read(file, &drop_ins, ram_mb)?;
+    let entries = conf::read(file, Some(&drop_ins), ram_mb)?.entries;
     let made: Vec<&Entry> = entries
         .iter()
         .filter(|e| e.skip_reason(ram_mb).is_none())

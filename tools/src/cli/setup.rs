@@ -28,14 +28,15 @@ pub fn setup(a: SetupArgs) -> CliResult {
     let ram_mb = conf::ram_mb()?;
     let file = a.config_file();
     let drop_ins = match a.config {
-        Some(_) => Vec::new(),
-        None => conf::drop_ins(&conf::DROP_IN_DIRS.map(PathBuf::from))?,
+        Some(_) => None,
+        None => Some(conf::default_drop_ins()),
     };
-    let entries = conf::read(file, &drop_ins, ram_mb)?;
-    let entries = select(entries, a.id, file)?;
+    let config = conf::read(file, drop_ins.as_deref(), ram_mb)?;
+    let read = files_read(file, &config.files);
+    let entries = select(config.entries, a.id, &read)?;
     let (entries, left) = swap_only(entries, a.swap_only, a.dry_run);
     if a.dry_run {
-        if let Some(line) = files_line(file, &drop_ins) {
+        if let Some(line) = files_line(file, &config.files) {
             println!("{line}");
         }
         let lines = dry_run_lines(&entries, ram_mb, add::is_live);
@@ -59,7 +60,7 @@ pub fn setup(a: SetupArgs) -> CliResult {
     sys::check_driver()?;
     sys::check_root("zblk setup")?;
     if entries.is_empty() {
-        println!("{}: no devices", file.display());
+        println!("{read}: no devices");
     }
     bring_up_all(&entries, ram_mb)
 }
@@ -170,8 +171,9 @@ fn disabled_line(dry_run: bool) -> String {
     format!("{DISABLE} is on the kernel command line ({CMDLINE}): {what}")
 }
 
-/// The entries to act on: all, or the one section `ublkbN` of `--id N`.
-fn select(entries: Vec<Entry>, id: Option<u32>, file: &Path) -> Result<Vec<Entry>, CliError> {
+/// The entries to act on: all, or the one section `ublkbN` of `--id N`;
+/// `read` names the files they came from ([`files_read`]).
+fn select(entries: Vec<Entry>, id: Option<u32>, read: &str) -> Result<Vec<Entry>, CliError> {
     let Some(id) = id else {
         return Ok(entries);
     };
@@ -180,12 +182,21 @@ fn select(entries: Vec<Entry>, id: Option<u32>, file: &Path) -> Result<Vec<Entry
         .filter(|e| e.add.dev.id == Some(id))
         .collect();
     if one.is_empty() {
-        return Err(CliError(format!(
-            "{} has no section [ublkb{id}]",
-            file.display()
-        )));
+        return Err(CliError(format!("{read}: no section [ublkb{id}]")));
     }
     Ok(one)
+}
+
+/// The files a configuration was read from, in words, for messages that
+/// name them: `F`, `F, then D1, D2`, or that there were none (`file`
+/// missing and no drop-in).
+fn files_read(file: &Path, files: &[PathBuf]) -> String {
+    let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+    match names.split_first() {
+        None => format!("no {} and no drop-in", file.display()),
+        Some((first, [])) => first.clone(),
+        Some((first, rest)) => format!("{first}, then {}", rest.join(", ")),
+    }
 }
 
 /// With `--swap-only`, the entries that are swap, and a line for each
@@ -246,16 +257,14 @@ fn bring_up(e: &Entry) -> Result<String, CliError> {
     ))
 }
 
-/// For `--dry-run`, the files read in order when there are drop-ins.
-fn files_line(file: &Path, drop_ins: &[PathBuf]) -> Option<String> {
-    if drop_ins.is_empty() {
+/// For `--dry-run`, the files read in order when a drop-in was.
+fn files_line(file: &Path, files: &[PathBuf]) -> Option<String> {
+    if files.iter().all(|f| f == file) {
         return None;
     }
-    let names: Vec<String> = drop_ins.iter().map(|f| f.display().to_string()).collect();
     Some(format!(
-        "reading {}, then {} (later keys win)",
-        file.display(),
-        names.join(", ")
+        "reading {} (later keys win)",
+        files_read(file, files)
     ))
 }
 
@@ -480,29 +489,54 @@ mod tests {
 
     #[test]
     fn dry_run_names_the_drop_ins_in_the_order_read() {
-        let main = Path::new("/etc/zblk/zblk.conf");
-        assert_eq!(files_line(main, &[]), None);
+        let main = PathBuf::from("/etc/zblk/zblk.conf");
+        assert_eq!(files_line(&main, &[]), None);
+        assert_eq!(files_line(&main, std::slice::from_ref(&main)), None);
         let drops = [
+            main.clone(),
             PathBuf::from("/usr/lib/zblk/zblk.conf.d/10-a.conf"),
             PathBuf::from("/etc/zblk/zblk.conf.d/20-b.conf"),
         ];
         assert_eq!(
-            files_line(main, &drops).unwrap_or_default(),
+            files_line(&main, &drops).unwrap_or_default(),
             "reading /etc/zblk/zblk.conf, then /usr/lib/zblk/zblk.conf.d/10-a.conf, \
              /etc/zblk/zblk.conf.d/20-b.conf (later keys win)"
+        );
+        // No main file: the drop-ins alone.
+        assert_eq!(
+            files_line(&main, &drops[2..]).unwrap_or_default(),
+            "reading /etc/zblk/zblk.conf.d/20-b.conf (later keys win)"
         );
     }
 
     #[test]
     fn one_device_is_chosen_by_id() {
         let f = Path::new("t.conf");
-        let pick = |id| select(conf::parse(f, TWO, 6000.0).unwrap(), id, f);
+        let read = files_read(f, &[f.to_path_buf()]);
+        let pick = |id| select(conf::parse(f, TWO, 6000.0).unwrap(), id, &read);
         assert_eq!(pick(None).unwrap().len(), 2);
         let one = pick(Some(1)).unwrap();
         assert_eq!((one.len(), one[0].name.as_str()), (1, "ublkb1"));
+        assert_eq!(pick(Some(7)).unwrap_err().0, "t.conf: no section [ublkb7]");
+    }
+
+    /// The message of a missing section names every file read.
+    #[test]
+    fn a_missing_section_names_the_files_read() {
+        let main = Path::new("/etc/zblk/zblk.conf");
+        let drop = PathBuf::from("/etc/zblk/zblk.conf.d/50-more.conf");
+        let e = |files: &[PathBuf]| select(Vec::new(), Some(3), &files_read(main, files));
         assert_eq!(
-            pick(Some(7)).unwrap_err().0,
-            "t.conf has no section [ublkb7]"
+            e(&[main.to_path_buf(), drop.clone()]).unwrap_err().0,
+            "/etc/zblk/zblk.conf, then /etc/zblk/zblk.conf.d/50-more.conf: no section [ublkb3]"
+        );
+        assert_eq!(
+            e(&[drop]).unwrap_err().0,
+            "/etc/zblk/zblk.conf.d/50-more.conf: no section [ublkb3]"
+        );
+        assert_eq!(
+            e(&[]).unwrap_err().0,
+            "no /etc/zblk/zblk.conf and no drop-in: no section [ublkb3]"
         );
     }
 }

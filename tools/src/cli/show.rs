@@ -3,7 +3,7 @@
 use super::args::{ListArgs, StatArgs, StatFormat};
 use super::metrics::{self, Scrape};
 use super::size::format_size;
-use super::{CliError, CliResult};
+use super::{fs, CliError, CliResult};
 use serde_json::{json, Value};
 use std::path::Path;
 use std::time::Duration;
@@ -88,6 +88,7 @@ fn u(v: &Value, key: &str) -> u64 {
 fn list_entry(reply: &Value) -> Value {
     let (d, s) = (&reply["device"], &reply["stats"]);
     let path = d["path"].as_str().unwrap_or("?");
+    let (swap, mountpoint) = usage(path);
     json!({
         "name": path,
         "disksize": u(s, "disksize"),
@@ -99,7 +100,8 @@ fn list_entry(reply: &Value) -> Value {
         "zero_pages": u(s, "same_pages"),
         "mem_limit": u(s, "mem_limit"),
         "mem_used": u(s, "mem_used_max"),
-        "swap": swap::is_active_swap(Path::new(path)),
+        "swap": swap,
+        "mountpoint": mountpoint,
         "state": "live",
         "recovery": d["recovery"].as_str().unwrap_or("off"),
         "recoveries": u(s, "recoveries"),
@@ -114,12 +116,37 @@ fn list_entry(reply: &Value) -> Value {
 fn gone_entry(id: u32) -> Value {
     let k = zblk_ublk::keeper::status(id);
     let path = zblk_ublk::paths::bdev_path(id).display().to_string();
+    let (swap, mountpoint) = usage(&path);
     json!({
         "name": path,
         "state": k.as_ref().map_or("dead", |k| k.state.as_str()),
         "recoveries": k.as_ref().map_or(0, |k| k.recoveries),
-        "swap": swap::is_active_swap(Path::new(&path)),
+        "swap": swap,
+        "mountpoint": mountpoint,
     })
+}
+
+/// The `swap` and `mountpoint` fields of the device at `path`: whether it
+/// is active swap, and what lsblk's MOUNTPOINT shows for it (JSON null
+/// for nothing, as in `lsblk --json`).
+fn usage(path: &str) -> (bool, Value) {
+    let dev = Path::new(path);
+    let swap = swap::is_active_swap(dev);
+    let mounts = if swap { Vec::new() } else { fs::mounts_of(dev) };
+    (
+        swap,
+        mountpoint(swap, &mounts).map_or(Value::Null, Value::from),
+    )
+}
+
+/// lsblk's MOUNTPOINT of a device: `[SWAP]` when it is active swap, else
+/// where it was mounted first (of its `mounts`, in the order made), else
+/// nothing.
+fn mountpoint(swap: bool, mounts: &[String]) -> Option<String> {
+    match swap {
+        true => Some("[SWAP]".into()),
+        false => mounts.first().cloned(),
+    }
 }
 
 /// `zblk list`.
@@ -449,6 +476,7 @@ pub(super) mod tests {
         assert_eq!(e["zero_pages"], 1);
         assert_eq!(e["queues"], 2);
         assert_eq!(e["swap"], false);
+        assert_eq!(e["mountpoint"], Value::Null);
         let cols = Columns::default();
         let row = cols.row(&e, false);
         assert_eq!(row.len(), cols.headers().len());
@@ -459,6 +487,19 @@ pub(super) mod tests {
         // --bytes: the same row, raw.
         let row = Columns::parse("DISKSIZE,DATA").unwrap().row(&e, true);
         assert_eq!(row, ["1048576", "12288"]);
+    }
+
+    #[test]
+    fn mountpoint_is_swap_or_the_first_mount() {
+        let mounts = ["/mnt/a b".to_string(), "/srv/b".to_string()];
+        assert_eq!(mountpoint(true, &[]).as_deref(), Some("[SWAP]"));
+        assert_eq!(mountpoint(false, &mounts).as_deref(), Some("/mnt/a b"));
+        assert_eq!(mountpoint(false, &[]), None);
+        let cols = Columns::parse("NAME,MOUNTPOINT").unwrap();
+        let mut e = list_entry(&sample());
+        assert_eq!(cols.row(&e, false), ["/dev/ublkb0", ""]);
+        e["mountpoint"] = json!("/mnt/a b");
+        assert_eq!(cols.row(&e, false), ["/dev/ublkb0", "/mnt/a b"]);
     }
 
     #[test]

@@ -134,21 +134,49 @@ pub fn foreground_args(mut a: AddArgs, fd_store: bool) -> (AddArgs, Holder) {
 }
 
 /// `zblk setup --id N --stop`, the unit's `ExecStop`. systemd runs it on
-/// every stop, also after the main process died on its own; then
-/// `MAINPID` is unset and the device is left to the restart, which
-/// recovers it. Otherwise (or run by hand): unmount it (under systemd its
-/// mount unit has done so already) or swap it off, delete it.
+/// every stop, also after the main process exited on its own: after a
+/// crash (the device is left to the restart, which recovers it), and
+/// after a start that made no device (its section skipped on this
+/// machine, or `zblk.disable`), when there is nothing to do. Otherwise
+/// (or run by hand): unmount the device (under systemd its mount unit has
+/// done so already) or swap it off, delete it.
 pub fn stop(id: u32) -> CliResult {
     let gone = main_process_gone(
         std::env::var_os("SERVICE_RESULT").is_some(),
         std::env::var("MAINPID").ok(),
     );
-    if gone {
-        println!("zblk@{id}: the daemon is gone; /dev/ublkb{id} is left to the restart");
-        return Ok(());
+    match stop_action(gone, device::driver_state(id)) {
+        StopAction::Nothing => Ok(()),
+        StopAction::LeaveToRestart => {
+            println!("zblk@{id}: the daemon is gone; /dev/ublkb{id} is left to the restart");
+            Ok(())
+        }
+        StopAction::Delete => {
+            fs::unmount_all(&zblk_ublk::paths::bdev_path(id))?;
+            super::manage::del_one(id, true)
+        }
     }
-    fs::unmount_all(&zblk_ublk::paths::bdev_path(id))?;
-    super::manage::del_one(id, true)
+}
+
+/// What the unit's `ExecStop` does.
+#[derive(Debug, PartialEq, Eq)]
+enum StopAction {
+    /// Nothing, quietly: no daemon and no device.
+    Nothing,
+    /// Leave the device, whose daemon is gone, to the restart.
+    LeaveToRestart,
+    /// Unmount or swap off, then delete the device.
+    Delete,
+}
+
+/// [`StopAction`] when the main process is `main_gone` and the driver
+/// says `state` ([`device::driver_state`]) of the device.
+fn stop_action(main_gone: bool, state: &str) -> StopAction {
+    match (main_gone, state) {
+        (true, "gone") => StopAction::Nothing,
+        (true, _) => StopAction::LeaveToRestart,
+        (false, _) => StopAction::Delete,
+    }
 }
 
 /// Whether we run as an `ExecStop` of a unit whose main process has
@@ -203,5 +231,16 @@ mod tests {
             !main_process_gone(false, None),
             "run by hand: it stops the device"
         );
+        assert_eq!(stop_action(true, "quiesced"), StopAction::LeaveToRestart);
+        assert_eq!(stop_action(false, "live"), StopAction::Delete);
+    }
+
+    /// A start that made no device (a skipped section) exited 0: its
+    /// stop finds no daemon and no device, and says nothing.
+    #[test]
+    fn stop_after_a_skipped_start_does_nothing() {
+        assert_eq!(stop_action(true, "gone"), StopAction::Nothing);
+        // Run by hand, a stop of no device is still an error (del's).
+        assert_eq!(stop_action(false, "gone"), StopAction::Delete);
     }
 }
