@@ -55,6 +55,7 @@ mod provision;
 mod read;
 mod recompress;
 mod recover;
+mod sample;
 mod secondary;
 mod shm;
 pub mod slab;

@@ -529,6 +529,15 @@ impl Store {
         crate::block_state::collect(&self.table, range, &names)
     }
 
+    /// Up to `bytes` of the device's stored pages (whole pages: empty and
+    /// same-filled ones left out), sampled evenly across it and decoded:
+    /// the content a dictionary for this device is made of (`zblk dict
+    /// train`). Reading them is not an access.
+    pub fn sample(&self, bytes: usize) -> Vec<u8> {
+        let want = bytes / PAGE_SIZE;
+        self.with_maintenance(|st| crate::sample::sample(&self.table, st, want))
+    }
+
     /// Sets the writeback limit (zram's `writeback_limit` with
     /// `writeback_limit_enable`): writeback may write `pages` more pages
     /// from now on; 0 turns the limit off.

@@ -474,3 +474,37 @@ fn a_layout_5_store_is_taken_over_without_dictionaries() {
     let store = Store::recover(config(Mode::PerPage), fd).unwrap();
     verify(&mut store.new_ctx(), &model);
 }
+
+/// A sample is whole stored pages from across the device (no empty or
+/// same-filled one), as many as asked for while there are enough, and
+/// reading them is not an access.
+#[test]
+fn a_sample_is_stored_pages_from_across_the_device() {
+    let store = Store::new(config(Mode::PerPage)).unwrap();
+    let mut ctx = store.new_ctx();
+    let mut model = zeros();
+    churn(&mut ctx, 31, &mut model);
+    store.mark_idle(None).unwrap();
+    let idle = store.stats().counters.idle_pages;
+    let s = store.sample(16 * PAGE_SIZE);
+    assert_eq!(s.len(), 16 * PAGE_SIZE);
+    let content: Vec<&Vec<u8>> = model
+        .iter()
+        .filter(|p| p.windows(8).any(|w| w != &p[..8]))
+        .collect();
+    for got in s.chunks(PAGE_SIZE) {
+        assert!(
+            content.iter().any(|p| p[..] == *got),
+            "a page the device does not hold"
+        );
+    }
+    assert_eq!(
+        store.stats().counters.idle_pages,
+        idle,
+        "sampling touched pages"
+    );
+    assert!(Store::new(config(Mode::PerPage))
+        .unwrap()
+        .sample(PAGE_SIZE)
+        .is_empty());
+}
