@@ -65,6 +65,8 @@ impl Stream {
         };
         match NonNull::new(p) {
             Some(ptr) => Stream { ptr, hc },
+            // liblz4's malloc failed: what a failed Rust allocation does
+            // (the layout only names a size for the message).
             None => std::alloc::handle_alloc_error(std::alloc::Layout::new::<[u64; 2048]>()),
         }
     }

@@ -115,16 +115,13 @@ fn algo_target(algo: &str, level: Option<i32>) -> Result<Target, String> {
         ),
         (None, l) => l,
     };
+    let target = Target::Algo {
+        name: name.to_string(),
+        level,
+    };
     // Checked now, so that a bad name is an error of this flag.
-    Target::Algo {
-        name: name.to_string(),
-        level,
-    }
-    .algo(&[])
-    .map(|_| Target::Algo {
-        name: name.to_string(),
-        level,
-    })
+    target.algo(&[])?;
+    Ok(target)
 }
 
 /// `path` made absolute against the current directory.
