@@ -4,7 +4,7 @@
 //! validation, so that the layers below the store read settings from one
 //! place and a new setting is added in one place.
 
-use crate::codec::{Algo, Codec};
+use crate::codec::{Algo, Codec, Dictionaries};
 use crate::error::{Error, Result};
 use crate::free::DEFAULT_MAX_PENDING_BATCHES;
 use crate::page::{MAX_PAGES, PAGE_SIZE, PAGE_SIZE_U64};
@@ -105,6 +105,11 @@ pub struct StoreConfig {
     /// A block device or regular file that `Store::writeback` moves pages'
     /// compressed objects to (zram's `backing_dev`); none: no writeback.
     pub backing: Option<std::path::PathBuf>,
+    /// Dictionaries of the primary and secondary algorithms (zram's
+    /// `algorithm_params dict=PATH`), fixed for the store's life: a store
+    /// in shared memory records them, and a recovered store decodes with
+    /// the recorded ones, whatever this says.
+    pub dictionaries: Dictionaries,
     /// Time the phases of every request (codec, allocation, copies,
     /// installs: `crate::stats::Phase`) and report them in
     /// `StoreStats::phases`: the per-page breakdown. Off by default: a few
@@ -157,6 +162,7 @@ impl StoreConfig {
             shared: false,
             codecs: None,
             backing: None,
+            dictionaries: Dictionaries::new(),
             phase_timers: false,
         }
     }
@@ -227,7 +233,7 @@ impl StoreConfig {
     pub(crate) fn new_codec(&self) -> Box<dyn Codec> {
         match &self.codecs {
             Some(make) => (make.0)(),
-            None => self.algo.new_codec_for(self.codec_pages()),
+            None => self.dictionaries.codec_for(self.algo, self.codec_pages()),
         }
     }
 

@@ -9,7 +9,7 @@
 
 use crate::alloc::Handle;
 use crate::backing::AlignedBuf;
-use crate::codec::Codec;
+use crate::codec::{Codec, Dictionaries};
 use crate::config::{Mode, StoreConfig};
 use crate::free::FreeBatch;
 use crate::page::PAGE_SIZE;
@@ -45,6 +45,8 @@ pub(crate) struct CtxState {
     /// The store's secondary algorithms, as recompressions chose them
     /// (shared by every context of the store).
     secondary_algos: Arc<Secondaries>,
+    /// The store's dictionaries, which the secondary codecs are made with.
+    dictionaries: Dictionaries,
     /// This thread's codecs of the secondary algorithms (entry `i` for
     /// slots' `algo` `i + 1`), each made on first use.
     secondary: [Option<Box<dyn Codec>>; MAX_SECONDARIES],
@@ -81,6 +83,7 @@ impl CtxState {
             timers: cfg.phase_timers,
             now: 0,
             secondary_algos: secondaries,
+            dictionaries: cfg.dictionaries.clone(),
             secondary: Default::default(),
             bd_buf: cfg
                 .backing
@@ -210,7 +213,7 @@ impl CtxState {
             // Queue threads only decode with it: no compression context.
             // Made on first use (a read of a recompressed page), so its
             // memory is faulted in then, all at once, not page by page.
-            let mut codec = a.new_codec_for(0);
+            let mut codec = self.dictionaries.codec_for(a, 0);
             codec.prefault();
             *slot = Some(codec);
         }

@@ -55,6 +55,7 @@ mod provision;
 mod read;
 mod recompress;
 mod recover;
+mod sample;
 mod secondary;
 mod shm;
 pub mod slab;
@@ -68,7 +69,7 @@ mod write;
 mod writeback;
 
 pub use block_state::{SlotKind, SlotState};
-pub use codec::Algo;
+pub use codec::{Algo, Dictionaries, MAX_DICT_BYTES};
 pub use config::{
     AllocatorKind, CodecFactory, Mode, StoreConfig, AUTO_COMPACT_MIN_PAGES, AUTO_COMPACT_PERCENT,
     DEFAULT_GROUP_PAGES, DEFAULT_HUGE_THRESHOLD, MAX_GROUP_PAGES,
@@ -82,6 +83,7 @@ pub use store::{QueueCtx, Store, StoreStats};
 // Hooks for tests: corrupting objects, crashing, older layouts.
 #[cfg(feature = "test-support")]
 pub use store::{
-    debug_as_layout3, debug_as_layout4, debug_corrupt_object, debug_crash, debug_flip_object_byte,
+    debug_as_layout3, debug_as_layout4, debug_as_layout5, debug_corrupt_object, debug_crash,
+    debug_flip_object_byte,
 };
 pub use writeback::{PageRange, Writeback, WritebackReport, WritebackSelect, WritebackType};

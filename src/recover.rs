@@ -39,7 +39,7 @@
 //! slots (access times and idle marks live in the slots and survive); event counters restart
 //! at zero, and the header counts recoveries and says when the last was.
 
-use crate::codec::Algo;
+use crate::codec::{Algo, Dictionaries};
 use crate::config::{Mode, StoreConfig};
 use crate::error::{Error, Result};
 use crate::packed;
@@ -50,6 +50,7 @@ use crate::slot::{Entry, Kind};
 use crate::stats::{Counter, StatsShard};
 use crate::table::{account, SlotTable};
 use std::os::fd::OwnedFd;
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Seconds since the epoch, now.
@@ -79,9 +80,15 @@ fn header_for(cfg: &StoreConfig) -> Header {
     }
 }
 
-/// A new store's shared memory, its header written.
+/// A new store's shared memory, its dictionaries and header written.
 pub(crate) fn create(cfg: &StoreConfig) -> Result<(SharedMem, Header)> {
     let shm = SharedMem::create()?;
+    let dicts: Vec<(String, &[u8])> = cfg
+        .dictionaries
+        .iter()
+        .map(|(a, d)| (a.to_string(), &d[..]))
+        .collect();
+    shm.write_dictionaries(&dicts)?;
     let h = header_for(cfg);
     shm.write_header(&h)?;
     Ok((shm, h))
@@ -107,6 +114,23 @@ pub(crate) fn secondaries(h: &Header) -> Result<Vec<Algo>> {
             })
         })
         .collect()
+}
+
+/// The dictionaries the store in `shm` was made with (none before layout
+/// 6), which its pages decode with.
+pub(crate) fn dictionaries(shm: &SharedMem) -> Result<Dictionaries> {
+    let mut dicts = Dictionaries::new();
+    for (name, bytes) in shm.read_dictionaries()? {
+        let algo: Algo = name.parse().map_err(|e| {
+            Error::InvalidConfig(format!(
+                "shared memory holds a dictionary this zblk cannot use: {e}"
+            ))
+        })?;
+        dicts
+            .set(algo, Arc::from(bytes))
+            .map_err(|e| Error::InvalidConfig(format!("shared memory: {e}")))?;
+    }
+    Ok(dicts)
 }
 
 /// Opens the shared memory of a dead store of `cfg`: its header must

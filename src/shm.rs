@@ -16,6 +16,7 @@
 //! | 0 | the header (4 KB): magic, layout, the store's shape, recoveries; then the settings changed at run time ([`Live`]) |
 //! | [`SLOTS_AT`] | the slot table, 16 bytes per page |
 //! | [`class_region`]`(k)` | size class `k`'s zspages, zspage `id` at `id * zspage_bytes` |
+//! | `DICTS_AT` | the algorithms' dictionaries, one entry of `DICT_SPAN` each (layout 6) |
 //!
 //! Everything else (class lists, free lists, statistics) is process memory
 //! and is rebuilt from the slot table by a recovery.
@@ -34,8 +35,24 @@ const SLOTS_SPAN: u64 = crate::page::MAX_PAGES * 16;
 pub(crate) const CLASS_SPAN: u64 = 1 << 42;
 /// Most size classes the layout has room for.
 const MAX_CLASSES: u64 = 256;
-/// The file's size: header, slot table and every class's region.
-const FILE_SIZE: u64 = SLOTS_AT + SLOTS_SPAN + MAX_CLASSES * CLASS_SPAN;
+/// Where the dictionaries start: after every class's region.
+const DICTS_AT: u64 = SLOTS_AT + SLOTS_SPAN + MAX_CLASSES * CLASS_SPAN;
+/// Room per dictionary entry: its name, length and checksum, then its
+/// bytes (a dictionary is at most 64 KB, `codec::MAX_DICT_BYTES`).
+const DICT_SPAN: u64 = 1 << 20;
+/// Dictionary entries: the primary algorithm and each secondary one.
+const DICT_ENTRIES: usize = 1 + SECONDARY_NAMES;
+/// Bytes of a dictionary entry before its bytes.
+const DICT_HEAD: usize = 8 + ALGO_BYTES + 8;
+/// Marks a dictionary entry; zeros: no dictionary.
+const DICT_MAGIC: [u8; 8] = *b"ZBLKDICT";
+/// The file's size: header, slot table, every class's region and the
+/// dictionaries.
+const FILE_SIZE: u64 = DICTS_AT + DICT_ENTRIES as u64 * DICT_SPAN;
+/// The file's size in layouts 2 to 5, which end after the classes: such a
+/// file is grown to [`FILE_SIZE`] when taken over (sparse: the room costs
+/// nothing until a dictionary is written there, and none is).
+const FILE_SIZE_BEFORE_DICTS: u64 = DICTS_AT;
 
 /// The first 8 bytes of the header.
 const MAGIC: [u8; 8] = *b"ZBLKMEM\0";
@@ -49,15 +66,17 @@ const MAGIC: [u8; 8] = *b"ZBLKMEM\0";
 /// (`crate::packed`); a recovery of an older file seals them.
 /// 5: the header names up to three secondary algorithms (slots' `algo`
 /// 1 to 3), the first where layouts 2-4 name their one.
-pub(crate) const LAYOUT_VERSION: u64 = 5;
+/// 6: the file ends with the algorithms' dictionaries (`DICTS_AT`).
+pub(crate) const LAYOUT_VERSION: u64 = 6;
 /// The first layout whose packed headers are sealed.
 pub(crate) const SEALED_PACKS: u64 = 4;
 /// The oldest layout this build reads: a layout-2 store is a layout-3 store
 /// whose objects all sit in their smallest class, a layout-3 store a
 /// layout-4 store whose packed headers are not sealed yet, a layout-4
 /// store a layout-5 store with at most one secondary algorithm (its
-/// header's bytes for the second and third are zeros); each is rewritten
-/// as the current layout when taken over.
+/// header's bytes for the second and third are zeros), a layout-5 store a
+/// layout-6 store without dictionaries (its file is grown to have room
+/// for them); each is rewritten as the current layout when taken over.
 pub(crate) const OLDEST_LAYOUT: u64 = 2;
 /// Bytes of the header kept for the algorithm's name.
 const ALGO_BYTES: usize = 32;
@@ -279,6 +298,13 @@ fn put_name(b: &mut Vec<u8>, name: &str) {
     b.extend_from_slice(&field);
 }
 
+/// The CRC-32 a recorded dictionary is checked with.
+fn dict_crc(bytes: &[u8]) -> u32 {
+    let mut c = libdeflater::Crc::new();
+    c.update(bytes);
+    c.sum()
+}
+
 /// One store's memfd.
 #[derive(Debug)]
 pub(crate) struct SharedMem {
@@ -316,7 +342,10 @@ impl SharedMem {
     pub(crate) fn open(fd: OwnedFd) -> Result<SharedMem> {
         let file = std::fs::File::from(fd);
         let len = file.metadata().map_err(|e| os_error("fstat", e))?.len();
-        if len != FILE_SIZE {
+        if len == FILE_SIZE_BEFORE_DICTS {
+            file.set_len(FILE_SIZE)
+                .map_err(|e| os_error("growing the memfd to the current layout", e))?;
+        } else if len != FILE_SIZE {
             return Err(Error::InvalidConfig(format!(
                 "shared memory: the file is {len} bytes, a zblk store's is {FILE_SIZE}"
             )));
@@ -367,11 +396,90 @@ impl SharedMem {
             .map_err(|e| os_error("writing the header", e))
     }
 
+    /// Shrinks the file to what layouts up to 5 made (no room for
+    /// dictionaries): how a test makes such a file.
+    #[cfg(feature = "test-support")]
+    pub(crate) fn debug_drop_dictionary_room(&self) -> Result<()> {
+        self.file
+            .set_len(FILE_SIZE_BEFORE_DICTS)
+            .map_err(|e| os_error("shrinking the memfd", e))
+    }
+
     /// Writes the header.
     pub(crate) fn write_header(&self, h: &Header) -> Result<()> {
         self.file
             .write_all_at(&h.to_bytes(), 0)
             .map_err(|e| os_error("writing the header", e))
+    }
+
+    /// Records the dictionaries `dicts` (an algorithm's name and its
+    /// bytes; at most one per algorithm of the store), before the header
+    /// makes the file a store.
+    pub(crate) fn write_dictionaries(&self, dicts: &[(String, &[u8])]) -> Result<()> {
+        if dicts.len() > DICT_ENTRIES {
+            return Err(Error::InvalidConfig(format!(
+                "shared memory: room for {DICT_ENTRIES} dictionaries, not {}",
+                dicts.len()
+            )));
+        }
+        for (i, (name, bytes)) in dicts.iter().enumerate() {
+            if DICT_HEAD + bytes.len() > DICT_SPAN as usize {
+                return Err(Error::InvalidConfig(format!(
+                    "shared memory: the dictionary of {name} is too large to record"
+                )));
+            }
+            let mut b = Vec::with_capacity(DICT_HEAD + bytes.len());
+            b.extend_from_slice(&DICT_MAGIC);
+            put_name(&mut b, name);
+            b.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+            b.extend_from_slice(&dict_crc(bytes).to_le_bytes());
+            b.extend_from_slice(bytes);
+            self.file
+                .write_all_at(&b, DICTS_AT + i as u64 * DICT_SPAN)
+                .map_err(|e| os_error("writing a dictionary", e))?;
+        }
+        Ok(())
+    }
+
+    /// The dictionaries [`SharedMem::write_dictionaries`] recorded, each
+    /// checked against its checksum: a damaged one is an error, since
+    /// decoding with it would give wrong pages.
+    pub(crate) fn read_dictionaries(&self) -> Result<Vec<(String, Vec<u8>)>> {
+        let bad = |why: String| Error::InvalidConfig(format!("shared memory: {why}"));
+        let mut found = Vec::new();
+        for i in 0..DICT_ENTRIES {
+            let at = DICTS_AT + i as u64 * DICT_SPAN;
+            let mut head = [0u8; DICT_HEAD];
+            self.file
+                .read_exact_at(&mut head, at)
+                .map_err(|e| os_error("reading a dictionary", e))?;
+            if head[..8] != DICT_MAGIC {
+                continue;
+            }
+            let name = &head[8..8 + ALGO_BYTES];
+            let end = name.iter().position(|&c| c == 0).unwrap_or(ALGO_BYTES);
+            let name = String::from_utf8_lossy(&name[..end]).into_owned();
+            let word = |k: usize| {
+                let mut x = [0u8; 4];
+                x.copy_from_slice(&head[8 + ALGO_BYTES + 4 * k..12 + ALGO_BYTES + 4 * k]);
+                u32::from_le_bytes(x)
+            };
+            let len = word(0) as usize;
+            if DICT_HEAD + len > DICT_SPAN as usize {
+                return Err(bad(format!("the dictionary of {name} overruns its room")));
+            }
+            let mut bytes = vec![0u8; len];
+            self.file
+                .read_exact_at(&mut bytes, at + DICT_HEAD as u64)
+                .map_err(|e| os_error("reading a dictionary", e))?;
+            if dict_crc(&bytes) != word(1) {
+                return Err(bad(format!(
+                    "the dictionary of {name} is damaged (checksum mismatch): its pages cannot be decoded"
+                )));
+            }
+            found.push((name, bytes));
+        }
+        Ok(found)
     }
 
     /// Maps `len` bytes at `offset` shared, read-write, lazily backed.

@@ -226,9 +226,10 @@ impl Store {
     /// that only steer the process (memory limit, mlock, deferred free)
     /// may differ, but a memory or writeback limit set at run time
     /// ([`Store::set_mem_limit`], [`Store::set_writeback_limit`]) is kept
-    /// over `cfg`'s, as it was when the process died. Nothing else may use
-    /// the memory meanwhile.
-    pub fn recover(cfg: StoreConfig, fd: OwnedFd) -> Result<Arc<Store>> {
+    /// over `cfg`'s, as it was when the process died, and the pages decode
+    /// with the dictionaries the store recorded when it was made, whatever
+    /// `cfg.dictionaries` says. Nothing else may use the memory meanwhile.
+    pub fn recover(mut cfg: StoreConfig, fd: OwnedFd) -> Result<Arc<Store>> {
         cfg.validate()?;
         // (validate refuses shared memory without the slab.)
         if !cfg.shared {
@@ -238,6 +239,13 @@ impl Store {
         }
         let (shm, header, layout) = crate::recover::open(&cfg, fd)?;
         let secondaries = crate::recover::secondaries(&header)?;
+        let recorded = crate::recover::dictionaries(&shm)?;
+        if !cfg.dictionaries.is_empty() && recorded != cfg.dictionaries {
+            log::warn!(
+                "recovery: decoding with the dictionaries the store was made with, not those configured now"
+            );
+        }
+        cfg.dictionaries = recorded;
         let shm = Arc::new(shm);
         let slab = Arc::new(SlabAllocator::shared(slab_config(&cfg), shm.clone()));
         let table = Self::table(&cfg, Some(&shm), slab.clone())?;
@@ -431,7 +439,10 @@ impl Store {
             let mut codecs: Vec<(u8, Box<dyn crate::codec::Codec>)> = ids
                 .iter()
                 .zip(&p.algos)
-                .map(|(&id, a)| (id, a.new_codec_for(self.cfg.codec_pages())))
+                .map(|(&id, &a)| {
+                    let codec = self.cfg.dictionaries.codec_for(a, self.cfg.codec_pages());
+                    (id, codec)
+                })
                 .collect();
             let (mode, span) = (self.cfg.mode, self.cfg.object_span());
             Ok(crate::recompress::run(
@@ -516,6 +527,15 @@ impl Store {
             secondaries: self.secondary_algos().iter().map(Algo::to_string).collect(),
         };
         crate::block_state::collect(&self.table, range, &names)
+    }
+
+    /// Up to `bytes` of the device's stored pages (whole pages: empty and
+    /// same-filled ones left out), sampled evenly across it and decoded:
+    /// the content a dictionary for this device is made of (`zblk dict
+    /// train`). Reading them is not an access.
+    pub fn sample(&self, bytes: usize) -> Vec<u8> {
+        let want = bytes / PAGE_SIZE;
+        self.with_maintenance(|st| crate::sample::sample(&self.table, st, want))
     }
 
     /// Sets the writeback limit (zram's `writeback_limit` with
@@ -1062,6 +1082,25 @@ pub unsafe fn debug_as_layout4(store: &Store) -> Option<()> {
     }
     shm.debug_write_layout(4, SlabAllocator::fingerprint_for(4))
         .ok()
+}
+
+/// Makes `store`'s shared memory look as a zblk of layout 5 left it: the
+/// header naming layout 5 with its fingerprint, and the file ending after
+/// the classes' regions, with no room for dictionaries. `None` for a
+/// private store or one with dictionaries (layout 5 had none).
+///
+/// # Safety
+///
+/// Nothing else may use the store meanwhile or afterwards (crash it).
+#[cfg(feature = "test-support")]
+pub unsafe fn debug_as_layout5(store: &Store) -> Option<()> {
+    let shm = store.table.shared()?;
+    if !store.cfg.dictionaries.is_empty() {
+        return None;
+    }
+    shm.debug_write_layout(5, SlabAllocator::fingerprint_for(5))
+        .ok()?;
+    shm.debug_drop_dictionary_room().ok()
 }
 
 /// The slab's part of a store's configuration.

@@ -7,6 +7,7 @@ mod common;
 
 use common::{crash, page, real_pages, Content, Rng};
 use std::os::fd::OwnedFd;
+use std::sync::Arc;
 use zblk::{Algo, Mode, QueueCtx, RecompressType, Store, StoreConfig, PAGE_SIZE};
 
 const P: u64 = PAGE_SIZE as u64;
@@ -408,4 +409,102 @@ fn a_layout_3_store_is_taken_over_and_its_packed_headers_sealed() {
     verify(&mut ctx, &model);
     churn(&mut ctx, 6, &mut model);
     verify(&mut ctx, &model);
+}
+
+/// The store's dictionaries: part of the real pages for the primary
+/// (lz4) and a secondary (zstd:9).
+fn with_dictionaries(mut cfg: StoreConfig) -> StoreConfig {
+    let real = real_pages();
+    let dict = |from: usize| Arc::<[u8]>::from(&real[from * PAGE_SIZE..(from + 8) * PAGE_SIZE]);
+    cfg.dictionaries.set(Algo::Lz4, dict(0)).unwrap();
+    cfg.dictionaries.set(Algo::Zstd(9), dict(8)).unwrap();
+    cfg
+}
+
+/// A store made with dictionaries is recovered by a process that has none
+/// configured: its pages, those recompressed with the secondary's
+/// dictionary included, read back from the dictionaries the store
+/// recorded, and a second recovery finds them again.
+#[test]
+fn a_store_with_dictionaries_is_recovered_without_the_files() {
+    for mode in [Mode::PerPage, Mode::Packed] {
+        let store = Store::new(with_dictionaries(config(mode))).unwrap();
+        let mut ctx = store.new_ctx();
+        let mut model = zeros();
+        churn(&mut ctx, 23, &mut model);
+        recompress(&store, vec![Algo::Zstd(9)], RecompressType::All, 64);
+        verify(&mut ctx, &model);
+        let fd = crash(store, ctx);
+        let store = Store::recover(config(mode), fd).unwrap();
+        assert_eq!(
+            store.config().dictionaries,
+            with_dictionaries(config(mode)).dictionaries,
+            "{mode}"
+        );
+        assert_eq!(store.stats().recovery_dropped, 0);
+        let mut ctx = store.new_ctx();
+        verify(&mut ctx, &model);
+        churn(&mut ctx, 24, &mut model);
+        let fd = crash(store, ctx);
+        let store = Store::recover(config(mode), fd).unwrap();
+        verify(&mut store.new_ctx(), &model);
+    }
+}
+
+/// A store left by layout 5 (a file that ends after the classes' regions)
+/// is grown to the current layout and taken over, without dictionaries.
+#[test]
+fn a_layout_5_store_is_taken_over_without_dictionaries() {
+    let store = Store::new(config(Mode::PerPage)).unwrap();
+    let mut ctx = store.new_ctx();
+    let mut model = zeros();
+    churn(&mut ctx, 29, &mut model);
+    // SAFETY: nothing else uses the store.
+    unsafe { zblk::debug_as_layout5(&store) }.expect("shared, no dictionaries");
+    let fd = crash(store, ctx);
+    let store = Store::recover(with_dictionaries(config(Mode::PerPage)), fd).unwrap();
+    assert!(
+        store.config().dictionaries.is_empty(),
+        "none recorded, none used"
+    );
+    let mut ctx = store.new_ctx();
+    verify(&mut ctx, &model);
+    churn(&mut ctx, 30, &mut model);
+    let fd = crash(store, ctx);
+    let store = Store::recover(config(Mode::PerPage), fd).unwrap();
+    verify(&mut store.new_ctx(), &model);
+}
+
+/// A sample is whole stored pages from across the device (no empty or
+/// same-filled one), as many as asked for while there are enough, and
+/// reading them is not an access.
+#[test]
+fn a_sample_is_stored_pages_from_across_the_device() {
+    let store = Store::new(config(Mode::PerPage)).unwrap();
+    let mut ctx = store.new_ctx();
+    let mut model = zeros();
+    churn(&mut ctx, 31, &mut model);
+    store.mark_idle(None).unwrap();
+    let idle = store.stats().counters.idle_pages;
+    let s = store.sample(16 * PAGE_SIZE);
+    assert_eq!(s.len(), 16 * PAGE_SIZE);
+    let content: Vec<&Vec<u8>> = model
+        .iter()
+        .filter(|p| p.windows(8).any(|w| w != &p[..8]))
+        .collect();
+    for got in s.chunks(PAGE_SIZE) {
+        assert!(
+            content.iter().any(|p| p[..] == *got),
+            "a page the device does not hold"
+        );
+    }
+    assert_eq!(
+        store.stats().counters.idle_pages,
+        idle,
+        "sampling touched pages"
+    );
+    assert!(Store::new(config(Mode::PerPage))
+        .unwrap()
+        .sample(PAGE_SIZE)
+        .is_empty());
 }

@@ -23,7 +23,7 @@ use zblk_ublk::keeper::KeeperRequest;
 use zblk_ublk::{Request, Response};
 
 /// Every command of both sockets, and a few near misses.
-const CMDS: [&str; 19] = [
+const CMDS: [&str; 20] = [
     "info",
     "stats",
     "compact",
@@ -41,6 +41,7 @@ const CMDS: [&str; 19] = [
     "huge_idle",
     "writeback",
     "dump",
+    "sample",
     "set_writeback_limit",
     "set_policy",
 ];
@@ -166,6 +167,9 @@ fn model(v: &Value) -> Option<Request> {
             start: u64_or_0("start")?,
             count: u64_or_0("count")?,
         }),
+        "sample" => Some(Request::Sample {
+            bytes: o.get("bytes")?.as_u64()?,
+        }),
         "set_writeback_limit" => Some(Request::SetWritebackLimit {
             pages: o.get("pages")?.as_u64()?,
         }),
@@ -256,6 +260,10 @@ fn wire(r: &Request) -> Value {
             put("cmd", "dump".into());
             put("start", (*start).into());
             put("count", (*count).into());
+        }
+        Request::Sample { bytes } => {
+            put("cmd", "sample".into());
+            put("bytes", (*bytes).into());
         }
         Request::SetWritebackLimit { pages } => {
             put("cmd", "set_writeback_limit".into());
@@ -352,6 +360,7 @@ enum Typed {
         start: u64,
         count: u64,
     },
+    Sample(u64),
     SetWritebackLimit(u64),
     SetPolicy {
         recompress: Option<u64>,
@@ -395,6 +404,7 @@ impl Typed {
                 start: *start,
                 count: *count,
             },
+            Typed::Sample(bytes) => Request::Sample { bytes: *bytes },
             Typed::SetWritebackLimit(pages) => Request::SetWritebackLimit { pages: *pages },
             Typed::SetPolicy {
                 recompress,

@@ -54,17 +54,37 @@ impl Codec for Lz4Codec {
 /// Decodes one LZ4 block `src` into all of `dst` (lz4 and lz4hc objects
 /// alike): an error unless it decodes to exactly `dst.len()` bytes.
 pub(super) fn decompress_block(src: &[u8], dst: &mut [u8]) -> Result<(), CodecError> {
-    let (Ok(n), Ok(cap)) = (c_int::try_from(src.len()), c_int::try_from(dst.len())) else {
+    decompress_block_with(src, dst, &[])
+}
+
+/// [`decompress_block`] of a block compressed with the dictionary `dict`
+/// (empty: none).
+pub(super) fn decompress_block_with(
+    src: &[u8],
+    dst: &mut [u8],
+    dict: &[u8],
+) -> Result<(), CodecError> {
+    let (Ok(n), Ok(cap), Ok(d)) = (
+        c_int::try_from(src.len()),
+        c_int::try_from(dst.len()),
+        c_int::try_from(dict.len()),
+    ) else {
         return Err(CodecError::Corrupt(format!(
             "lz4: a {}-byte object is too large",
             src.len()
         )));
     };
-    // SAFETY: `src` and `dst` are valid for `n` and `cap` bytes;
-    // `LZ4_decompress_safe` reads at most `n` and writes at most `cap`
-    // whatever the input holds.
+    let (s, o) = (src.as_ptr().cast(), dst.as_mut_ptr().cast());
+    // SAFETY: `src`, `dst` and `dict` are valid for `n`, `cap` and `d`
+    // bytes; liblz4 reads at most `n` of `src` and `d` of `dict` and writes
+    // at most `cap` whatever the input holds (a match reaching before the
+    // dictionary is an error).
     let out = unsafe {
-        lz4_sys::LZ4_decompress_safe(src.as_ptr().cast(), dst.as_mut_ptr().cast(), n, cap)
+        if dict.is_empty() {
+            lz4_sys::LZ4_decompress_safe(s, o, n, cap)
+        } else {
+            LZ4_decompress_safe_usingDict(s, o, n, cap, dict.as_ptr().cast(), d)
+        }
     };
     match usize::try_from(out) {
         Ok(k) if k == dst.len() => Ok(()),
@@ -74,6 +94,19 @@ pub(super) fn decompress_block(src: &[u8], dst: &mut [u8]) -> Result<(), CodecEr
         ))),
         Err(_) => Err(CodecError::Corrupt(format!("lz4: liblz4 error {out}"))),
     }
+}
+
+// liblz4's one-shot decoder with a dictionary (stable API, compiled into
+// `lz4-sys`'s static library), which the crate does not declare.
+extern "C" {
+    fn LZ4_decompress_safe_usingDict(
+        src: *const libc::c_char,
+        dst: *mut libc::c_char,
+        src_size: c_int,
+        dst_capacity: c_int,
+        dict: *const libc::c_char,
+        dict_size: c_int,
+    ) -> c_int;
 }
 
 /// Compresses into a buffer of at least the worst-case size, through

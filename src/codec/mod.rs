@@ -7,15 +7,19 @@
 //! codec is ever shared behind a lock.
 
 mod deflate;
+mod dict;
 mod iaa;
 mod lz4;
+mod lz4dict;
 mod lz4hc;
 mod none;
 mod zstd;
 
 pub use self::deflate::DeflateCodec;
+pub use self::dict::{Dictionaries, MAX_DICT_BYTES};
 pub use self::iaa::{IaaCodec, IaaOptions, IaaStats, IAA_MAX_BATCH};
 pub use self::lz4::Lz4Codec;
+pub use self::lz4dict::Lz4DictCodec;
 pub use self::lz4hc::{Lz4HcCodec, LZ4HC_DEFAULT_LEVEL, LZ4HC_MAX_LEVEL};
 pub use self::none::NoneCodec;
 pub use self::zstd::ZstdCodec;
@@ -169,6 +173,23 @@ impl Algo {
             Algo::Deflate(level) => Box::new(DeflateCodec::new(level, *self)),
             Algo::DeflateIaa => Box::new(IaaCodec::new()),
             Algo::None => Box::new(NoneCodec),
+        }
+    }
+
+    /// [`Algo::new_codec_for`] priming every page with the dictionary
+    /// `dict`, if given, for the algorithms that take one
+    /// ([`Algo::takes_dictionary`]; the others ignore it: a store refuses
+    /// them a dictionary before it makes codecs, see [`Dictionaries::set`]).
+    pub fn new_codec_with(
+        &self,
+        pages: usize,
+        dict: Option<std::sync::Arc<[u8]>>,
+    ) -> Box<dyn Codec> {
+        match (*self, dict) {
+            (Algo::Lz4, Some(d)) => Box::new(Lz4DictCodec::new(None, d)),
+            (Algo::Lz4Hc(level), Some(d)) => Box::new(Lz4DictCodec::new(Some(level), d)),
+            (Algo::Zstd(level), d @ Some(_)) => Box::new(ZstdCodec::with_dict(level, pages, d)),
+            _ => self.new_codec_for(pages),
         }
     }
 }

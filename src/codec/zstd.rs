@@ -19,6 +19,7 @@
 use super::{Algo, Codec, CodecError, DEFAULT_CODEC_PAGES};
 use crate::page::PAGE_SIZE;
 use std::ptr::NonNull;
+use std::sync::Arc;
 use zstd::zstd_safe;
 use zstd::zstd_safe::zstd_sys;
 
@@ -38,6 +39,73 @@ pub struct ZstdCodec {
     fixed_d: Option<FixedDCtx>,
     /// Without `fixed_d`, or for a frame it lacks the memory for.
     dctx: Option<zstd_safe::DCtx<'static>>,
+    /// The dictionary every context uses, if the codec has one; last, so
+    /// that it outlives the contexts that refer to it.
+    dict: Option<Dict>,
+}
+
+/// A codec's dictionary: the bytes (which the ordinary contexts load, a
+/// copy each) and, prepared once for the codec's level, zstd's `CDict` and
+/// `DDict` (which the fixed contexts refer to), or why zstd could not
+/// prepare them.
+struct Dict {
+    bytes: Arc<[u8]>,
+    prepared: Result<Prepared, String>,
+}
+
+/// A dictionary digested by zstd, for compression and for decompression.
+struct Prepared {
+    cdict: NonNull<zstd_sys::ZSTD_CDict>,
+    ddict: NonNull<zstd_sys::ZSTD_DDict>,
+}
+
+// SAFETY: zstd's prepared dictionaries are read-only once made and not
+// tied to a thread; the codec owns them.
+unsafe impl Send for Prepared {}
+
+impl Prepared {
+    /// `bytes` prepared for compression at `level` and for decompression
+    /// (zstd copies them); an error if zstd refuses (a trained dictionary's
+    /// damaged tables).
+    fn new(bytes: &[u8], level: i32) -> Result<Prepared, String> {
+        let (at, len) = (bytes.as_ptr().cast(), bytes.len());
+        // SAFETY: `bytes` is valid for `len` bytes; zstd copies them.
+        let cdict = NonNull::new(unsafe { zstd_sys::ZSTD_createCDict(at, len, level) });
+        // SAFETY: as above.
+        let ddict = NonNull::new(unsafe { zstd_sys::ZSTD_createDDict(at, len) });
+        match (cdict, ddict) {
+            (Some(cdict), Some(ddict)) => Ok(Prepared { cdict, ddict }),
+            (c, d) => {
+                // SAFETY: whichever was made is freed once, here; the free
+                // functions take null.
+                unsafe {
+                    zstd_sys::ZSTD_freeCDict(c.map_or(std::ptr::null_mut(), NonNull::as_ptr));
+                    zstd_sys::ZSTD_freeDDict(d.map_or(std::ptr::null_mut(), NonNull::as_ptr));
+                }
+                Err(format!(
+                    "zstd cannot load this {len}-byte dictionary at level {level}"
+                ))
+            }
+        }
+    }
+}
+
+impl Drop for Prepared {
+    fn drop(&mut self) {
+        // SAFETY: both were made by `Prepared::new` and are freed once,
+        // here, after every context referring to them (`ZstdCodec::dict`
+        // is its last field).
+        unsafe {
+            zstd_sys::ZSTD_freeCDict(self.cdict.as_ptr());
+            zstd_sys::ZSTD_freeDDict(self.ddict.as_ptr());
+        }
+    }
+}
+
+/// Whether `bytes` can be a zstd dictionary at `level` (a trained one's
+/// tables must be intact): `Err` says why not.
+pub(super) fn check_dictionary(bytes: &[u8], level: i32) -> Result<(), String> {
+    Prepared::new(bytes, level).map(drop)
 }
 
 /// A compression context in a workspace this codec owns (8-byte aligned,
@@ -53,19 +121,23 @@ struct FixedCCtx {
 unsafe impl Send for FixedCCtx {}
 
 impl FixedCCtx {
-    /// A context for level `level` and inputs of up to `pages` pages, or
-    /// `None` if zstd refuses.
-    fn new(level: i32, pages: usize) -> Option<FixedCCtx> {
+    /// A context for level `level` and inputs of up to `pages` pages, with
+    /// room for a dictionary of `dict_len` bytes (0: none), or `None` if
+    /// zstd refuses.
+    fn new(level: i32, pages: usize, dict_len: usize) -> Option<FixedCCtx> {
+        // SAFETY: both calls only compute from their arguments.
+        let estimate = |src: u64| unsafe {
+            zstd_sys::ZSTD_estimateCCtxSize_usingCParams(zstd_sys::ZSTD_getCParams(
+                level, src, dict_len,
+            ))
+        };
+        // With a dictionary, a context takes the prepared dictionary's
+        // parameters, made for an input of unknown size (0).
+        let with_dict = if dict_len > 0 { estimate(0) } else { 0 };
         let bytes = (1..=pages.max(1))
-            // SAFETY: both calls only compute from their arguments.
-            .map(|k| unsafe {
-                zstd_sys::ZSTD_estimateCCtxSize_usingCParams(zstd_sys::ZSTD_getCParams(
-                    level,
-                    (k * PAGE_SIZE) as u64,
-                    0,
-                ))
-            })
-            .max()?;
+            .map(|k| estimate((k * PAGE_SIZE) as u64))
+            .max()?
+            .max(with_dict);
         checked(bytes).ok()?;
         let workspace = Workspace::new(bytes);
         let (at, len) = workspace.raw();
@@ -86,6 +158,15 @@ impl FixedCCtx {
                 zstd_sys::ZSTD_format_e::ZSTD_f_zstd1_magicless as i32,
             );
         ok.then_some(fixed)
+    }
+
+    /// Makes every frame refer to the prepared dictionary `p` (which must
+    /// outlive the context); whether zstd took it.
+    fn refer(&self, p: &Prepared) -> bool {
+        // SAFETY: `ctx` is a live context this struct owns; `p.cdict` is a
+        // live dictionary, kept by the codec past the context.
+        checked(unsafe { zstd_sys::ZSTD_CCtx_refCDict(self.ctx.as_ptr(), p.cdict.as_ptr()) })
+            .is_ok()
     }
 
     /// Sets one parameter; whether zstd took it.
@@ -196,6 +277,15 @@ impl FixedDCtx {
         checked(r).is_ok().then_some(fixed)
     }
 
+    /// Decodes every frame with the prepared dictionary `p` (which must
+    /// outlive the context); whether zstd took it.
+    fn refer(&self, p: &Prepared) -> bool {
+        // SAFETY: `ctx` is a live context this struct owns; `p.ddict` is a
+        // live dictionary, kept by the codec past the context.
+        checked(unsafe { zstd_sys::ZSTD_DCtx_refDDict(self.ctx.as_ptr(), p.ddict.as_ptr()) })
+            .is_ok()
+    }
+
     /// `ZSTD_decompressDCtx`: the decompressed size or zstd's error code.
     fn decompress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<usize, usize> {
         // SAFETY: `ctx` is a live decompression context this struct owns.
@@ -203,17 +293,24 @@ impl FixedDCtx {
     }
 }
 
-/// A decompression context zstd allocates itself, for magicless frames.
-fn dynamic_dctx() -> zstd_safe::DCtx<'static> {
+/// A decompression context zstd allocates itself, for magicless frames,
+/// with a copy of `dict` if given.
+fn dynamic_dctx(dict: Option<&Dict>) -> zstd_safe::DCtx<'static> {
     let mut dctx = zstd_safe::DCtx::create();
     let _ = dctx.set_parameter(zstd_safe::DParameter::Format(
         zstd_safe::FrameFormat::Magicless,
     ));
+    if let Some(d) = dict {
+        // Refused only if zstd cannot load it: then `Prepared::new` failed
+        // too, and the codec refuses every call before it gets here.
+        let _ = dctx.load_dictionary(&d.bytes);
+    }
     dctx
 }
 
-/// A context zstd allocates itself, with this codec's parameters.
-fn dynamic_cctx(level: i32) -> zstd_safe::CCtx<'static> {
+/// A context zstd allocates itself, with this codec's parameters and a
+/// copy of `dict` if given.
+fn dynamic_cctx(level: i32, dict: Option<&Dict>) -> zstd_safe::CCtx<'static> {
     let mut cctx = zstd_safe::CCtx::create();
     // Frame metadata costs bytes per page; the slot already knows sizes.
     let _ = cctx.set_parameter(zstd_safe::CParameter::CompressionLevel(level));
@@ -223,6 +320,10 @@ fn dynamic_cctx(level: i32) -> zstd_safe::CCtx<'static> {
     let _ = cctx.set_parameter(zstd_safe::CParameter::Format(
         zstd_safe::FrameFormat::Magicless,
     ));
+    if let Some(d) = dict {
+        // As in `dynamic_dctx`.
+        let _ = cctx.load_dictionary(&d.bytes);
+    }
     cctx
 }
 
@@ -239,12 +340,30 @@ impl ZstdCodec {
     /// only decompresses (a compression, should one come, gets an ordinary
     /// context on first use).
     pub fn for_pages(level: i32, pages: usize) -> Self {
+        Self::with_dict(level, pages, None)
+    }
+
+    /// [`ZstdCodec::for_pages`] priming every page with the dictionary
+    /// `dict` (raw content, or a dictionary zstd's trainer made), prepared
+    /// once here. If zstd cannot prepare it every call fails, saying why
+    /// (`check_dictionary` refuses such a dictionary before a store has
+    /// it).
+    pub fn with_dict(level: i32, pages: usize, dict: Option<Arc<[u8]>>) -> Self {
+        let dict = dict.map(|bytes| Dict {
+            prepared: Prepared::new(&bytes, level),
+            bytes,
+        });
+        let prepared = dict.as_ref().and_then(|d| d.prepared.as_ref().ok());
+        let dict_len = dict.as_ref().map_or(0, |d| d.bytes.len());
         let dynamic = std::env::var(CCTX_ENV).is_ok_and(|v| v == "dynamic");
         let (fixed, fixed_d) = match dynamic {
             true => (None, None),
             false => (
-                (pages > 0).then(|| FixedCCtx::new(level, pages)).flatten(),
-                FixedDCtx::new(),
+                (pages > 0)
+                    .then(|| FixedCCtx::new(level, pages, dict_len))
+                    .flatten()
+                    .filter(|f| prepared.map_or(true, |p| f.refer(p))),
+                FixedDCtx::new().filter(|f| prepared.map_or(true, |p| f.refer(p))),
             ),
         };
         if !dynamic && ((pages > 0 && fixed.is_none()) || fixed_d.is_none()) {
@@ -254,8 +373,23 @@ impl ZstdCodec {
             level,
             fixed,
             cctx: None,
-            dctx: fixed_d.is_none().then(dynamic_dctx),
+            dctx: fixed_d.is_none().then(|| dynamic_dctx(dict.as_ref())),
             fixed_d,
+            dict,
+        }
+    }
+
+    /// Whether no call so far needed an ordinary context.
+    #[cfg(test)]
+    pub(super) fn uses_fixed_contexts(&self) -> bool {
+        self.cctx.is_none() && self.dctx.is_none()
+    }
+
+    /// Why this codec cannot run: its dictionary could not be prepared.
+    fn unusable(&self) -> Result<(), CodecError> {
+        match self.dict.as_ref().map(|d| &d.prepared) {
+            Some(Err(why)) => Err(CodecError::Internal(why.clone())),
+            _ => Ok(()),
         }
     }
 }
@@ -336,6 +470,7 @@ impl Codec for ZstdCodec {
     }
 
     fn compress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<Option<usize>, CodecError> {
+        self.unusable()?;
         if let Some(f) = self.fixed.as_mut().filter(|f| src.len() <= f.max_src) {
             match f.compress(src, dst) {
                 Ok(n) => return Ok(Some(n)),
@@ -345,8 +480,8 @@ impl Codec for ZstdCodec {
                 Err(code) => return refusal(code),
             }
         }
-        let level = self.level;
-        let cctx = self.cctx.get_or_insert_with(|| dynamic_cctx(level));
+        let (level, dict) = (self.level, self.dict.as_ref());
+        let cctx = self.cctx.get_or_insert_with(|| dynamic_cctx(level, dict));
         match cctx.compress2(dst, src) {
             Ok(n) => Ok(Some(n)),
             Err(code) => refusal(code),
@@ -354,15 +489,17 @@ impl Codec for ZstdCodec {
     }
 
     fn decompress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<(), CodecError> {
+        self.unusable()?;
         let want = dst.len();
         let r = match self.fixed_d.as_mut().map(|f| f.decompress(src, dst)) {
             // Out of memory in a static context: the ordinary one below.
             Some(Err(code)) if out_of_room(code) => None,
             r => r,
         };
+        let dict = self.dict.as_ref();
         let r = r.unwrap_or_else(|| {
             self.dctx
-                .get_or_insert_with(dynamic_dctx)
+                .get_or_insert_with(|| dynamic_dctx(dict))
                 .decompress(dst, src)
         });
         match r {
@@ -415,7 +552,7 @@ mod tests {
         let mut dynamic = ZstdCodec {
             fixed: None,
             fixed_d: None,
-            dctx: Some(dynamic_dctx()),
+            dctx: Some(dynamic_dctx(None)),
             ..ZstdCodec::for_pages(1, 8)
         };
         dynamic

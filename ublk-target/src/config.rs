@@ -7,6 +7,7 @@
 //! `stat` report (flattened into [`crate::DeviceInfo`], every automatic
 //! choice resolved).
 
+use crate::algo_params::{parse_algo_params, AlgoParams};
 use crate::params;
 use crate::placement::QueueCpus;
 use crate::size::{parse_disk_size, parse_size};
@@ -128,6 +129,20 @@ pub struct DeviceConfig {
     )]
     #[serde(default, skip_serializing_if = "Option::is_none", with = "opt_text")]
     pub recompress_algo: Option<AlgoList>,
+    /// An algorithm's parameters, as zram's algorithm_params: "dict=PATH"
+    /// primes the primary algorithm (lz4, lz4hc or zstd) with a dictionary
+    /// of at most 64 KB; "priority=N dict=PATH" (N of --recompress-algos)
+    /// or "algo=NAME [level=L] dict=PATH" another algorithm. Repeatable,
+    /// or several separated by ";". The store keeps the bytes: a restart
+    /// or a take-over needs no file.
+    #[arg(
+        long = "algo-params",
+        value_name = "PARAMS",
+        value_parser = parse_algo_params,
+        value_delimiter = ';'
+    )]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub algo_params: Vec<AlgoParams>,
     /// Time the phases of every request (codec, allocation, copies, slot
     /// installs) and show them in `zblk stat --json` under "phases": the
     /// per-page breakdown, for measuring. Costs a few clock reads a request.
@@ -181,6 +196,16 @@ impl DeviceConfig {
             phase_timers: self.phase_timers,
             ..StoreConfig::new(self.size)
         }
+    }
+
+    /// The dictionaries `--algo-params` names, read from their files (a
+    /// new store's: a recovered one decodes with those it recorded).
+    pub fn dictionaries(&self) -> Result<zblk::Dictionaries, String> {
+        crate::algo_params::dictionaries(
+            &self.algo_params,
+            self.engine.algo,
+            self.recompress_algo.as_ref(),
+        )
     }
 
     /// The id to ask the driver for: the chosen one, or -1 for any.

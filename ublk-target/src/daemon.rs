@@ -238,6 +238,7 @@ fn fresh(cfg: &DeviceConfig, features: Features, holder: Holder) -> Result<Devic
     }
     let store_cfg = StoreConfig {
         shared: recovery.is_on(),
+        dictionaries: cfg.dictionaries().map_err(Error::Refused)?,
         ..cfg.store_config()
     };
     let queues = Arc::new(Queues::with_store(cfg, Store::new(store_cfg)?)?);

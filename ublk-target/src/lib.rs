@@ -38,6 +38,7 @@
 
 #![warn(missing_docs)]
 
+pub mod algo_params;
 pub mod config;
 pub mod control;
 pub mod daemon;

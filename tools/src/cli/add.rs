@@ -59,6 +59,9 @@ impl Format {
 pub(super) fn preflight(a: &AddArgs) -> CliResult {
     sys::check_driver()?;
     sys::check_root("zblk add")?;
+    // Read here too, so that a bad file is this command's error, before
+    // a daemon starts.
+    a.dev.dictionaries().map_err(CliError)?;
     if let Some(id) = a.dev.id {
         if is_live(id) {
             return Err(CliError(format!(

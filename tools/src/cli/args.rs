@@ -54,6 +54,9 @@ pub enum Cmd {
     /// raw or same-filled). Empty slots are left out. The daemon answers a
     /// chunk of slots at a time, one slot lock at a time, while it serves.
     Dump(DumpArgs),
+    /// Compression dictionaries (zram's algorithm_params dict=PATH).
+    #[command(subcommand)]
+    Dict(DictCmd),
     /// Run the engine over a file of pages (no device, no root).
     Bench(BenchArgs),
     /// Start a daemon that takes over a device whose daemon died.
@@ -112,7 +115,7 @@ pub struct AddArgs {
 const SETUP_KEYS: &str = "\
 A [ublkbN] section makes /dev/ublkbN: size (MB, or an expression of ram: \"ram / 2\"), \
 compression-algorithm, mode, group-pages, mem-limit, recovery, backing-dev, \
-recompress-idle-after, recompress-algorithm, writeback-idle-after, host-memory-limit; \
+recompress-idle-after, recompress-algorithm, writeback-idle-after, algorithm-params, host-memory-limit; \
 then swap (swap-priority, options: swapon's, default \"discard\") or, with \
 mount-point = \"/PATH\", a filesystem mounted there: fs-type (ext4, the default, made \
 without a journal; ext2, ext3, xfs, btrfs: its mkfs.TYPE must be installed) and options \
@@ -380,6 +383,45 @@ pub struct DumpArgs {
     /// algo, idle, incompressible, atime.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `zblk dict`.
+#[derive(Debug, Subcommand)]
+pub enum DictCmd {
+    /// Make a dictionary from the device's own stored pages, sampled
+    /// evenly across it (empty and same-filled pages left out), read by
+    /// the daemon without counting as an access. The dictionary is raw
+    /// content, for lz4, lz4hc or zstd: give it to a new device with
+    /// `zblk add --algo-params dict=FILE`. An empty device has no pages
+    /// to make one of.
+    Train(DictTrainArgs),
+}
+
+/// `zblk dict train`.
+#[derive(Debug, Args)]
+pub struct DictTrainArgs {
+    /// Device id.
+    #[arg(short = 'n', long)]
+    pub id: u32,
+    /// Write the dictionary here [default: standard output, refused on a
+    /// terminal].
+    #[arg(short, long, value_name = "FILE")]
+    pub output: Option<std::path::PathBuf>,
+    /// Dictionary size, whole 4 KB pages (suffixes K; at most 64K, LZ4's
+    /// window).
+    #[arg(long, default_value = "64K", value_parser = parse_dict_size)]
+    pub size: u64,
+}
+
+/// Parses `--size` of `zblk dict train`: a size from one page to
+/// `zblk::MAX_DICT_BYTES`.
+fn parse_dict_size(s: &str) -> Result<u64, String> {
+    let n = zblk_ublk::size::parse_size(s)?;
+    let max = zblk::MAX_DICT_BYTES as u64;
+    if !(4096..=max).contains(&n) {
+        return Err(format!("{n} bytes is not 4K to {max}"));
+    }
+    Ok(n)
 }
 
 /// `zblk idle`.
@@ -814,6 +856,20 @@ mod tests {
             panic!()
         };
         assert_eq!((d.id, d.json), (3, true));
+        let Cmd::Dict(DictCmd::Train(t)) = parse(&["dict", "train", "-n", "2", "-o", "/tmp/d"])
+            .unwrap()
+            .cmd
+        else {
+            panic!()
+        };
+        assert_eq!((t.id, t.size), (2, 65536));
+        assert_eq!(t.output.as_deref(), Some(std::path::Path::new("/tmp/d")));
+        for bad in ["1K", "65537", "1M"] {
+            assert!(
+                parse(&["dict", "train", "-n", "2", "--size", bad]).is_err(),
+                "{bad}"
+            );
+        }
         let Cmd::Dump(d) = parse(&["dump", "--id", "0"]).unwrap().cmd else {
             panic!()
         };

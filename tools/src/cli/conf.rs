@@ -11,6 +11,7 @@
 //! recompress-idle-after = 600     # optional: seconds; the idle policy
 //! recompress-algorithm = "lz4hc zstd:9" #   tries these in turn
 //! writeback-idle-after = 3600     # optional: needs backing-dev
+//! algorithm-params = "dict=/etc/zblk/swap.dict" # optional: zram's algorithm_params
 //!
 //! [ublkb1]
 //! size = 1024
@@ -81,6 +82,10 @@ struct Section {
     recompress_algorithm: Option<Spanned<String>>,
     /// Like `--writeback-idle-after`: seconds (the idle policy).
     writeback_idle_after: Option<Spanned<i64>>,
+    /// Like `--algo-params` (zram's `algorithm_params`): `dict=PATH`,
+    /// with `priority=N` or `algo=NAME` for a recompression algorithm;
+    /// several separated by `;`.
+    algorithm_params: Option<Spanned<String>>,
     /// MB or `"none"`: no device on a machine with more memory
     /// (zram-generator's key of that name).
     host_memory_limit: Option<Spanned<toml::Value>>,
@@ -634,7 +639,7 @@ const FS_WITHOUT_MOUNT: &str = "fs-type needs mount-point: without it the device
 
 /// The keys that are a `zblk add` flag taking the value as written:
 /// key, flag, value (taken out of `s`).
-fn plain_flags(s: &mut Section) -> [(&'static str, &'static str, Option<FlagValue>); 8] {
+fn plain_flags(s: &mut Section) -> [(&'static str, &'static str, Option<FlagValue>); 9] {
     [
         (
             "compression-algorithm",
@@ -659,6 +664,11 @@ fn plain_flags(s: &mut Section) -> [(&'static str, &'static str, Option<FlagValu
             "writeback-idle-after",
             "--writeback-idle-after",
             num(s.writeback_idle_after.take()),
+        ),
+        (
+            "algorithm-params",
+            "--algo-params",
+            text(s.algorithm_params.take()),
         ),
     ]
 }
@@ -775,7 +785,8 @@ mod tests {
                     backing-dev = \"/dev/vdb\"\n\
                     recompress-idle-after = 600\n\
                     recompress-algorithm = \"lz4hc zstd:9\"\n\
-                    writeback-idle-after = 3600\n";
+                    writeback-idle-after = 3600\n\
+                    algorithm-params = \"dict=/etc/zblk/a.dict; priority=2 dict=/etc/zblk/b.dict\"\n";
         let e = parse_ok(text, 16000.0);
         assert_eq!(e.len(), 2);
         let (a, b) = (&e[0], &e[1]);
@@ -802,10 +813,16 @@ mod tests {
             d.recompress_algo.map(|l| l.to_string()).as_deref(),
             Some("lz4hc zstd:9")
         );
+        let params: Vec<String> = d.algo_params.iter().map(|p| p.to_string()).collect();
+        assert_eq!(
+            params,
+            ["dict=/etc/zblk/a.dict", "priority=2 dict=/etc/zblk/b.dict"]
+        );
         assert_eq!(
             (b.add.dev.recompress_idle_after, b.add.dev.recompress_algo),
             (0, None)
         );
+        assert!(b.add.dev.algo_params.is_empty());
         // What is not written takes zblk add's defaults.
         assert_eq!((b.name.as_str(), b.add.dev.id), ("ublkb1", Some(1)));
         assert_eq!(b.add.dev.size, 512 << 20);
@@ -1248,6 +1265,10 @@ mod tests {
             (
                 "recompress-algorithm = \"lzo\"",
                 "recompress-algorithm: unknown algorithm 'lzo'",
+            ),
+            (
+                "algorithm-params = \"dict\"",
+                "algorithm-params: 'dict' is not KEY=VALUE",
             ),
             (
                 "swap-priority = 40000",

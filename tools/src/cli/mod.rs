@@ -5,6 +5,7 @@ mod args;
 mod bench;
 pub mod columns;
 pub mod conf;
+mod dict;
 mod docs;
 mod dump;
 mod exporter;
@@ -151,6 +152,7 @@ pub fn run(cli: Cli) -> CliResult {
                 Cmd::Recompress(a) => manage::recompress(a),
                 Cmd::Writeback(a) => manage::writeback(a),
                 Cmd::Dump(a) => dump::dump(a),
+                Cmd::Dict(args::DictCmd::Train(a)) => dict::train(a),
                 Cmd::Bench(a) => bench::bench(a),
                 Cmd::Recover(a) => manage::recover(a),
                 Cmd::Restart(a) => manage::restart(a),

@@ -91,6 +91,14 @@ pub enum Request {
         #[serde(default)]
         count: u64,
     },
+    /// Stored pages sampled evenly across the device, decoded, for a
+    /// dictionary (`zblk dict train`): `{"sample": [bytes..]}`, whole
+    /// pages, at most `bytes` (and no more than `zblk::MAX_DICT_BYTES`).
+    /// Reading them is not an access.
+    Sample {
+        /// Bytes wanted.
+        bytes: u64,
+    },
     /// Sets the writeback limit in pages (zram's `writeback_limit`;
     /// 0: off).
     SetWritebackLimit {
@@ -352,6 +360,10 @@ mod tests {
                     count: 100,
                 },
                 r#"{"cmd":"dump","start":4096,"count":100}"#,
+            ),
+            (
+                Request::Sample { bytes: 65536 },
+                r#"{"cmd":"sample","bytes":65536}"#,
             ),
         ];
         for (req, wire) in cases {

@@ -174,6 +174,11 @@ fn answer(queues: &Queues, policy: &Policy, info: &DeviceInfo, req: Request) -> 
             writeback(queues, info, kind.as_deref(), &pages, limit)
         }
         Request::Dump { start, count } => dump(queues, start, count),
+        Request::Sample { bytes } => {
+            let bytes = bytes.min(zblk::MAX_DICT_BYTES as u64) as usize;
+            let sample = queues.store().sample(bytes);
+            Response::ok(serde_json::json!({ "sample": sample }))
+        }
         Request::SetWritebackLimit { pages } => {
             queues.store().set_writeback_limit(pages);
             log::info!(
@@ -748,6 +753,11 @@ mod tests {
             .error
             .unwrap_or_default()
             .contains("past the device's end"));
+        // A sample: whole stored pages, at most what the device holds.
+        let (r, _) = ask(&shared, Request::Sample { bytes: 1 << 20 });
+        let sample: Vec<u8> = serde_json::from_value(r.data["sample"].clone()).unwrap();
+        assert_eq!(sample.len(), 8 * PAGE_SIZE, "the 8 stored pages");
+        assert!(sample == text);
         let mut back = vec![0u8; 8 * PAGE_SIZE];
         store.new_ctx().read(0, &mut back).unwrap();
         assert!(back == text);
