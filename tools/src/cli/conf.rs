@@ -81,6 +81,8 @@ struct Section {
     recompress_algorithm: Option<Spanned<String>>,
     /// Like `--writeback-idle-after`: seconds (the idle policy).
     writeback_idle_after: Option<Spanned<i64>>,
+    /// Like `--io-threads`: I/O threads per queue.
+    io_threads: Option<Spanned<i64>>,
     /// MB or `"none"`: no device on a machine with more memory
     /// (zram-generator's key of that name).
     host_memory_limit: Option<Spanned<toml::Value>>,
@@ -576,7 +578,7 @@ const FS_WITHOUT_MOUNT: &str = "fs-type needs mount-point: without it the device
 
 /// The keys that are a `zblk add` flag taking the value as written:
 /// key, flag, value (taken out of `s`).
-fn plain_flags(s: &mut Section) -> [(&'static str, &'static str, Option<FlagValue>); 8] {
+fn plain_flags(s: &mut Section) -> [(&'static str, &'static str, Option<FlagValue>); 9] {
     [
         (
             "compression-algorithm",
@@ -602,6 +604,7 @@ fn plain_flags(s: &mut Section) -> [(&'static str, &'static str, Option<FlagValu
             "--writeback-idle-after",
             num(s.writeback_idle_after.take()),
         ),
+        ("io-threads", "--io-threads", num(s.io_threads.take())),
     ]
 }
 
@@ -717,7 +720,8 @@ mod tests {
                     backing-dev = \"/dev/vdb\"\n\
                     recompress-idle-after = 600\n\
                     recompress-algorithm = \"lz4hc zstd:9\"\n\
-                    writeback-idle-after = 3600\n";
+                    writeback-idle-after = 3600\n\
+                    io-threads = 2\n";
         let e = parse_ok(text, 16000.0);
         assert_eq!(e.len(), 2);
         let (a, b) = (&e[0], &e[1]);
@@ -748,6 +752,7 @@ mod tests {
             (b.add.dev.recompress_idle_after, b.add.dev.recompress_algo),
             (0, None)
         );
+        assert_eq!((d.io_threads, b.add.dev.io_threads), (2, 1));
         // What is not written takes zblk add's defaults.
         assert_eq!((b.name.as_str(), b.add.dev.id), ("ublkb1", Some(1)));
         assert_eq!(b.add.dev.size, 512 << 20);
@@ -1137,6 +1142,7 @@ mod tests {
             ),
             ("mode = \"dense\"", "mode: unknown mode 'dense'"),
             ("group-pages = 65", "group-pages: 65 is not in 1..=64"),
+            ("io-threads = 0", "io-threads: 0 is not in 1..=4096"),
             ("mem-limit = \"1X\"", "mem-limit: invalid size '1X'"),
             (
                 "recompress-idle-after = -1",
