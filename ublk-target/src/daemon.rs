@@ -98,7 +98,7 @@ pub fn run(cfg: &DeviceConfig, start: Start, log_file: Option<&Path>, ready: Rea
 struct Device {
     ctrl: UblkCtrl,
     /// The configuration it runs with: `cfg`, but for a recovered device
-    /// made with one I/O thread a queue, which keeps one
+    /// without `UBLK_F_PER_IO_DAEMON`, which keeps one I/O thread a queue
     /// (`device::recover`).
     config: DeviceConfig,
     queues: Arc<Queues>,

@@ -19,18 +19,17 @@ const RECOVER_WAIT: Duration = Duration::from_secs(30);
 /// Adds the device of `cfg` to the driver (not started yet: no queues, no
 /// disk), with `recovery`'s flags, and with `UBLK_F_QUIESCE` where the
 /// driver has it and recovery is on (the graceful handover of `zblk
-/// restart`), with `transport`'s flag, and with `UBLK_F_PER_IO_DAEMON`
-/// for several I/O threads a queue ([`crate::io_threads`], checked
-/// against the driver before). Its id and I/O buffer size are the
-/// driver's answer (`dev_info()`).
+/// restart`), with `transport`'s flag, and with `cfg`'s I/O threads a
+/// queue ([`crate::io_threads`], checked against the driver before; the
+/// driver sets `UBLK_F_PER_IO_DAEMON` itself). Its id and I/O buffer
+/// size are the driver's answer (`dev_info()`).
 pub fn create(
     cfg: &DeviceConfig,
     recovery: Recovery,
     features: Features,
     transport: Transport,
 ) -> Result<UblkCtrl> {
-    let mut flags =
-        recovery.ctrl_flags() | transport.ctrl_flags() | io_threads::ctrl_flags(cfg.io_threads);
+    let mut flags = recovery.ctrl_flags() | transport.ctrl_flags();
     if recovery.is_on() && features.has(libublk::sys::UBLK_F_QUIESCE) {
         flags |= u64::from(libublk::sys::UBLK_F_QUIESCE);
     }
@@ -46,16 +45,15 @@ pub fn create(
 /// created) whose daemon died: `START_USER_RECOVERY` once the driver has
 /// let go of the dead daemon, then a control for recovery, whose start
 /// (`run_target`) ends with `END_USER_RECOVERY`. The device is served
-/// with `cfg`'s I/O threads a queue when it was made for several
-/// (`UBLK_F_PER_IO_DAEMON`), else with one (`io_threads_per_queue()`
-/// says which).
+/// with `cfg`'s I/O threads a queue when it has `UBLK_F_PER_IO_DAEMON`,
+/// else with one (`io_threads_per_queue()` says which).
 pub fn recover(cfg: &DeviceConfig, id: u32) -> Result<UblkCtrl> {
     let sid = i32::try_from(id).map_err(|_| Error::IdOutOfRange(id))?;
     let simple = UblkCtrl::new_simple(sid).map_err(Error::ublk(Step::OpenDevice(id)))?;
     let threads = io_threads::recovered(cfg.io_threads, simple.dev_info().flags);
     if threads != cfg.io_threads {
         log::warn!(
-            "device {id} was made without UBLK_F_PER_IO_DAEMON: \
+            "device {id} has no UBLK_F_PER_IO_DAEMON: \
              served with 1 I/O thread a queue, not {}",
             cfg.io_threads
         );

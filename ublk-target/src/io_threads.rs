@@ -9,12 +9,12 @@
 //! at once, on other CPUs too under `--queue-cpus other` or `any`.
 //!
 //! Each I/O thread has its own engine context, tick eventfd and shared
-//! state in [`crate::queue`], at index [`slot`]. The driver feature is
-//! needed at creation (the device is made with `UBLK_F_PER_IO_DAEMON`,
-//! [`ctrl_flags`]) and excludes `UBLK_F_BATCH_IO`; a recovering daemon
-//! serves the device with the count its configuration names when the
-//! device was made for it, and with one thread a queue otherwise
-//! ([`recovered`]).
+//! state in [`crate::queue`], at index [`slot`]. A driver that has the
+//! feature sets `UBLK_F_PER_IO_DAEMON` in the flags of every device it
+//! adds, but for a `UBLK_F_BATCH_IO` one (asking for the flag is refused
+//! with EINVAL); a recovering daemon serves the device with the count its
+//! configuration names when the device has the flag, and with one thread
+//! a queue otherwise ([`recovered`]).
 
 use crate::features::Features;
 use crate::transport::TransportChoice;
@@ -61,15 +61,6 @@ pub fn transport_choice(n: u16, choice: TransportChoice) -> TransportChoice {
     }
 }
 
-/// The control flag a device with `n` threads a queue is made with.
-pub fn ctrl_flags(n: u16) -> u64 {
-    if n > 1 {
-        u64::from(sys::UBLK_F_PER_IO_DAEMON)
-    } else {
-        0
-    }
-}
-
 /// The threads a queue a recovering daemon serves a device with driver
 /// flags `flags` with, its configuration asking for `n`: `n` when the
 /// device was made with `UBLK_F_PER_IO_DAEMON`, else one (a device made
@@ -106,7 +97,6 @@ mod tests {
     #[test]
     fn one_thread_needs_nothing() {
         assert_eq!(check(1, 1, TransportChoice::Batch, Features(0)), Ok(()));
-        assert_eq!(ctrl_flags(1), 0);
     }
 
     #[test]
@@ -117,7 +107,6 @@ mod tests {
             e.contains("UBLK_F_PER_IO_DAEMON") && e.contains("6.16"),
             "{e}"
         );
-        assert_eq!(ctrl_flags(2), u64::from(sys::UBLK_F_PER_IO_DAEMON));
     }
 
     #[test]
