@@ -62,6 +62,7 @@ wait $fg || fail "zblk add --foreground exited $? after zblk del"
 # data reads back, and again after zblk restart, whose daemon serves the
 # device with two threads too.
 if [ "$per_io" = 1 ]; then
+    t0=$(date +%s)
     refuse zblk add --size 64M --io-threads 2 --transport batch
     zadd --size 64M --algo "$ZBLK_ALGO" --io-threads 2 --queue-cpus any
     t_id=$ZID t_dev=$ZDEV
@@ -83,6 +84,7 @@ if [ "$per_io" = 1 ]; then
     dd if="$t_dev" of=/tmp/zblk-vm.iot.back bs=1048576 count=16 iflag=direct 2>/dev/null || fail "read of $t_dev after zblk restart failed"
     cmp -s /tmp/zblk-vm.iot /tmp/zblk-vm.iot.back || fail "--io-threads 2: data of $t_dev differs after zblk restart"
     must zblk del -n "$t_id"
+    log "--io-threads 2 checks took $(($(date +%s) - t0)) s"
     iot="--io-threads 2 served by both threads, 16 MB verified before and after zblk restart"
 else
     out=$(zblk add --size 64M --io-threads 2 2>&1) && fail "--io-threads 2 accepted without PER_IO_DAEMON: $out"
