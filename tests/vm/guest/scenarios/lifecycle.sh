@@ -59,8 +59,8 @@ wait $fg || fail "zblk add --foreground exited $? after zblk del"
 
 # --io-threads 2: parallel writers reach both threads of a queue (the
 # per-queue counters are per I/O thread, thread t at index q * 2 + t); the
-# data reads back, and again after zblk restart, whose daemon serves the
-# device with two threads too.
+# data reads back, and again after zblk restart and after a kill -9, whose
+# new daemons serve the device with two threads too.
 if [ "$per_io" = 1 ]; then
     t0=$(date +%s)
     refuse zblk add --size 64M --io-threads 2 --transport batch
@@ -83,9 +83,18 @@ if [ "$per_io" = 1 ]; then
     [ "$(zstat | jget io_threads)" = 2 ] || fail "--io-threads 2: after zblk restart stat says io_threads '$(zstat | jget io_threads)'"
     dd if="$t_dev" of=/tmp/zblk-vm.iot.back bs=1048576 count=16 iflag=direct 2>/dev/null || fail "read of $t_dev after zblk restart failed"
     cmp -s /tmp/zblk-vm.iot /tmp/zblk-vm.iot.back || fail "--io-threads 2: data of $t_dev differs after zblk restart"
+    # A crash: the keeper's new daemon serves it with two threads again.
+    LOG=/run/zblk/$t_id.log
+    taken=$(takeovers "$LOG")
+    pid=$(zdaemon_pid "$t_id") || fail "no process holds /dev/ublkc$t_id"
+    kill -9 "$pid"
+    wait_takeover "$LOG" "$taken" 300 || fail "--io-threads 2: no take-over 30 s after kill -9: $(tail -2 "$LOG" | tr '\n' '|')"
+    [ "$(zstat | jget io_threads)" = 2 ] || fail "--io-threads 2: after the crash stat says io_threads '$(zstat | jget io_threads)'"
+    dd if="$t_dev" of=/tmp/zblk-vm.iot.back bs=1048576 count=16 iflag=direct 2>/dev/null || fail "read of $t_dev after the crash failed"
+    cmp -s /tmp/zblk-vm.iot /tmp/zblk-vm.iot.back || fail "--io-threads 2: data of $t_dev differs after the crash"
     must zblk del -n "$t_id"
     log "--io-threads 2 checks took $(($(date +%s) - t0)) s"
-    iot="--io-threads 2 served by both threads, 16 MB verified before and after zblk restart"
+    iot="--io-threads 2 served by both threads, 16 MB verified before and after zblk restart and a kill -9"
 else
     out=$(zblk add --size 64M --io-threads 2 2>&1) && fail "--io-threads 2 accepted without PER_IO_DAEMON: $out"
     echo "$out" | grep -q PER_IO_DAEMON || fail "--io-threads 2 refused without naming PER_IO_DAEMON: $out"
