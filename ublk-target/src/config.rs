@@ -58,7 +58,8 @@ pub struct DeviceConfig {
     #[arg(long, default_value = "0", value_parser = parse_size)]
     #[serde(default)]
     pub mem_limit: u64,
-    /// Number of queues, one thread each [default: one per CPU].
+    /// Number of queues, each served by --io-threads threads [default:
+    /// one per CPU].
     #[arg(short, long, value_parser = clap::value_parser!(u16).range(1..=4096))]
     #[serde(default)]
     pub queues: Option<u16>,
@@ -68,6 +69,14 @@ pub struct DeviceConfig {
     #[arg(long, value_enum, default_value_t = QueueCpus::Queue)]
     #[serde(default)]
     pub queue_cpus: QueueCpus,
+    /// I/O threads per queue, each serving its share of the queue's tags,
+    /// so that one queue's requests are compressed on several CPUs at
+    /// once (with --queue-cpus other or any); more than 1 needs the
+    /// driver's UBLK_F_PER_IO_DAEMON (Linux 6.16+), at most --depth.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=4096))]
+    #[serde(default = "one")]
+    pub io_threads: u16,
     /// Queue depth (requests in flight per queue).
     #[arg(short, long, default_value_t = 128, value_parser = clap::value_parser!(u16).range(1..=4096))]
     pub depth: u16,
@@ -149,6 +158,12 @@ pub struct DeviceConfig {
     #[arg(long)]
     #[serde(default, skip_serializing_if = "is_false")]
     pub phase_timers: bool,
+}
+
+/// The default of a count that is one unless set (a configuration
+/// written before the setting existed).
+fn one() -> u16 {
+    1
 }
 
 /// Whether a flag is off (left out of the JSON).
@@ -429,6 +444,24 @@ mod tests {
             (c.ublk_id(), c.queue_count(), c.io_buf_bytes()),
             (7, 3, 256 << 10)
         );
+    }
+
+    #[test]
+    fn io_threads_default_to_one_and_round_trip() {
+        let c = parse(&["-s", "1G"]);
+        assert_eq!(c.io_threads, 1);
+        let c = parse(&["-s", "1G", "--io-threads", "2", "--queue-cpus", "any"]);
+        assert_eq!(c.io_threads, 2);
+        let v: serde_json::Value = serde_json::from_str(&c.to_json()).unwrap();
+        assert_eq!(v["io_threads"], 2);
+        assert_eq!(DeviceConfig::from_json(&c.to_json()).unwrap(), c);
+        // A configuration written before the setting: one thread a queue.
+        let old = DeviceConfig::from_json(
+            r#"{"size":4096,"algorithm":"lz4","group_pages":1,"mode":"per-page","depth":1}"#,
+        )
+        .unwrap();
+        assert_eq!(old.io_threads, 1);
+        assert!(DeviceConfig::from_flags(["-s", "1G", "--io-threads", "0"]).is_err());
     }
 
     #[test]

@@ -18,7 +18,7 @@ use crate::policy::{self, Policy, Settings};
 use crate::queue::Queues;
 use crate::signals::StopSignals;
 use crate::transport::Transport;
-use crate::{device, fdpass, keeper, notify, paths, placement, privileges, safety};
+use crate::{device, fdpass, io_threads, keeper, notify, paths, placement, privileges, safety};
 use libublk::ctrl::UblkCtrl;
 use std::os::fd::{OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
@@ -97,6 +97,10 @@ pub fn run(cfg: &DeviceConfig, start: Start, log_file: Option<&Path>, ready: Rea
 /// The device's control, engine and recovery, made or taken over.
 struct Device {
     ctrl: UblkCtrl,
+    /// The configuration it runs with: `cfg`, but for a recovered device
+    /// without `UBLK_F_PER_IO_DAEMON`, which keeps one I/O thread a queue
+    /// (`device::recover`).
+    config: DeviceConfig,
     queues: Arc<Queues>,
     recovery: Recovery,
     recovered: bool,
@@ -134,6 +138,8 @@ fn serve(
         Start::Recover { memfd } => recover(cfg, memfd)?,
     };
     let id = dev.ctrl.dev_info().dev_id;
+    // Reported, and kept for the next daemon, as the device runs.
+    let cfg = &dev.config.clone();
     if let Some(tmp) = log_file {
         move_log(tmp, id);
     }
@@ -225,6 +231,8 @@ fn idle_policy(cfg: &DeviceConfig, dev: &Device) -> Policy {
 /// before the device exists, so that no page is ever stored that only
 /// this process could find.
 fn fresh(cfg: &DeviceConfig, features: Features, holder: Holder) -> Result<Device> {
+    io_threads::check(cfg.io_threads, cfg.depth, cfg.transport, features)
+        .map_err(Error::Refused)?;
     let wanted = !cfg.no_recovery && !matches!(holder, Holder::Nobody);
     let recovery = if !wanted {
         Recovery::Off
@@ -253,10 +261,12 @@ fn fresh(cfg: &DeviceConfig, features: Features, holder: Holder) -> Result<Devic
             Holder::Nobody => {}
         }
     }
-    let transport = Transport::choose(cfg.transport, features).map_err(Error::Refused)?;
+    let choice = io_threads::transport_choice(cfg.io_threads, cfg.transport);
+    let transport = Transport::choose(choice, features).map_err(Error::Refused)?;
     let ctrl = device::create(cfg, recovery, features, transport)?;
     Ok(Device {
         ctrl,
+        config: cfg.clone(),
         queues,
         recovery,
         recovered: false,
@@ -274,9 +284,13 @@ fn recover(cfg: &DeviceConfig, memfd: OwnedFd) -> Result<Device> {
         "device {id}: store recovered in {} ms",
         t0.elapsed().as_millis()
     );
-    let queues = Arc::new(Queues::with_store(cfg, store)?);
-    queues.log_first_request();
     let ctrl = device::recover(cfg, id)?;
+    let config = DeviceConfig {
+        io_threads: ctrl.io_threads_per_queue(),
+        ..cfg.clone()
+    };
+    let queues = Arc::new(Queues::with_store(&config, store)?);
+    queues.log_first_request();
     let reissue = u64::from(libublk::sys::UBLK_F_USER_RECOVERY_REISSUE);
     let recovery = if ctrl.dev_info().flags & reissue != 0 {
         Recovery::Reissue
@@ -285,6 +299,7 @@ fn recover(cfg: &DeviceConfig, memfd: OwnedFd) -> Result<Device> {
     };
     Ok(Device {
         ctrl,
+        config,
         queues,
         recovery,
         recovered: true,
@@ -383,11 +398,13 @@ fn move_log(tmp: &Path, id: u32) {
 fn log_start(info: &DeviceInfo, recovered: bool, t0: Instant) {
     let c = &info.config;
     log::info!(
-        "device {}: {} bytes, {} queues x {} tags, {} KiB I/O buffers, {}, recovery {}",
+        "device {}: {} bytes, {} queues x {} tags, {} I/O threads a queue, \
+         {} KiB I/O buffers, {}, recovery {}",
         info.id(),
         c.size,
         c.queue_count(),
         c.depth,
+        c.io_threads,
         c.io_buf_bytes() >> 10,
         c.engine.algo,
         info.recovery

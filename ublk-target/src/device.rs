@@ -6,7 +6,7 @@ use crate::config::DeviceConfig;
 use crate::error::{Error, Result, Step, UblkCause};
 use crate::features::{Features, Recovery};
 use crate::transport::Transport;
-use crate::{params, paths};
+use crate::{io_threads, params, paths};
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
 use libublk::io::UblkDev;
 use libublk::{UblkError, UblkFlags};
@@ -19,9 +19,10 @@ const RECOVER_WAIT: Duration = Duration::from_secs(30);
 /// Adds the device of `cfg` to the driver (not started yet: no queues, no
 /// disk), with `recovery`'s flags, and with `UBLK_F_QUIESCE` where the
 /// driver has it and recovery is on (the graceful handover of `zblk
-/// restart`), and with `transport`'s flag. Its id and I/O buffer size
-/// are the driver's answer
-/// (`dev_info()`).
+/// restart`), with `transport`'s flag, and with `cfg`'s I/O threads a
+/// queue ([`crate::io_threads`], checked against the driver before; the
+/// driver sets `UBLK_F_PER_IO_DAEMON` itself). Its id and I/O buffer
+/// size are the driver's answer (`dev_info()`).
 pub fn create(
     cfg: &DeviceConfig,
     recovery: Recovery,
@@ -32,7 +33,7 @@ pub fn create(
     if recovery.is_on() && features.has(libublk::sys::UBLK_F_QUIESCE) {
         flags |= u64::from(libublk::sys::UBLK_F_QUIESCE);
     }
-    builder(cfg)
+    builder(cfg, cfg.io_threads)
         .id(cfg.ublk_id())
         .ctrl_flags(flags)
         .dev_flags(UblkFlags::UBLK_DEV_F_ADD_DEV | UblkFlags::UBLK_DEV_F_MLOCK_IO_BUFFER)
@@ -43,12 +44,22 @@ pub fn create(
 /// Takes over device `id` (of `cfg`, as it was resolved when it was
 /// created) whose daemon died: `START_USER_RECOVERY` once the driver has
 /// let go of the dead daemon, then a control for recovery, whose start
-/// (`run_target`) ends with `END_USER_RECOVERY`.
+/// (`run_target`) ends with `END_USER_RECOVERY`. The device is served
+/// with `cfg`'s I/O threads a queue when it has `UBLK_F_PER_IO_DAEMON`,
+/// else with one (`io_threads_per_queue()` says which).
 pub fn recover(cfg: &DeviceConfig, id: u32) -> Result<UblkCtrl> {
     let sid = i32::try_from(id).map_err(|_| Error::IdOutOfRange(id))?;
     let simple = UblkCtrl::new_simple(sid).map_err(Error::ublk(Step::OpenDevice(id)))?;
+    let threads = io_threads::recovered(cfg.io_threads, simple.dev_info().flags);
+    if threads != cfg.io_threads {
+        log::warn!(
+            "device {id} has no UBLK_F_PER_IO_DAEMON: \
+             served with 1 I/O thread a queue, not {}",
+            cfg.io_threads
+        );
+    }
     start_recovery(&simple, id)?;
-    builder(cfg)
+    builder(cfg, threads)
         .id(sid)
         .dev_flags(UblkFlags::UBLK_DEV_F_RECOVER_DEV | UblkFlags::UBLK_DEV_F_MLOCK_IO_BUFFER)
         .build()
@@ -85,13 +96,15 @@ fn start_recovery(ctrl: &UblkCtrl, id: u32) -> Result<()> {
     }
 }
 
-/// The builder settings a device and its recovery share.
-fn builder(cfg: &DeviceConfig) -> UblkCtrlBuilder<'static> {
+/// The builder settings a device and its recovery share, with `threads`
+/// I/O threads a queue.
+fn builder(cfg: &DeviceConfig, threads: u16) -> UblkCtrlBuilder<'static> {
     UblkCtrlBuilder::default()
         .name("zblk")
         .nr_queues(cfg.queue_count())
         .depth(cfg.depth)
         .io_buf_bytes(cfg.io_buf_bytes())
+        .io_threads_per_queue(threads)
 }
 
 /// Deletes device `id` whose daemon is gone and will not come back (the

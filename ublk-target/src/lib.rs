@@ -14,6 +14,8 @@
 //! - [`features`]: the driver's feature bits in words, and the recovery a
 //!   device gets from them;
 //! - [`fdpass`]: a descriptor over a Unix socket (`SCM_RIGHTS`);
+//! - [`io_threads`]: several I/O threads a queue (`UBLK_F_PER_IO_DAEMON`):
+//!   the driver check, the recovered count, each thread's index;
 //! - [`io`]: request decoding and dispatch, pure and unit-tested;
 //! - [`safety`]: what a swap device's server needs so that it never waits
 //!   on swap (mlockall, io-flusher, OOM score);
@@ -47,6 +49,7 @@ pub mod error;
 pub mod fdpass;
 pub mod features;
 pub mod io;
+pub mod io_threads;
 pub mod keeper;
 pub mod logsink;
 pub mod notify;

@@ -1,6 +1,8 @@
-//! The queue threads: one per ublk queue, each owning one [`QueueCtx`] and
-//! the queue's I/O buffers; requests are handled inline by
-//! [`crate::io::handle_io`] and completed at once.
+//! The queue threads: one per ublk queue, or `--io-threads N` per queue
+//! each serving its share of the queue's tags ([`crate::io_threads`]).
+//! Each I/O thread owns one [`QueueCtx`] and its tags' I/O buffers;
+//! requests are handled inline by [`crate::io::handle_io`] and completed
+//! at once. Below, "a queue" is one I/O thread and what it serves.
 //!
 //! Queues hear from the control loop through one eventfd each, read by an
 //! io_uring request in the queue's own ring: the queue thread wakes, frees
@@ -21,12 +23,13 @@
 use crate::config::DeviceConfig;
 use crate::error::{Error, Result, Step, UblkCause};
 use crate::io::{handle_io, IoDesc, RateLimit};
+use crate::io_threads;
 use crate::transport::Transport;
 use libublk::io::{
     UblkBatchBuffers, UblkBatchCompletion, UblkBatchConfig, UblkBatchQueue, UblkDev, UblkIOCtx,
     UblkQueue,
 };
-use libublk::{BufDesc, BufDescList, UblkIORes};
+use libublk::{BufDesc, BufDescList, UblkError, UblkIORes};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -103,8 +106,11 @@ impl QueueShared {
 /// and the control loop.
 pub struct Queues {
     store: Arc<Store>,
-    queues: Vec<QueueShared>,
-    /// Engine contexts waiting for their queue thread, by queue id.
+    /// One per I/O thread, at [`io_threads::slot`].
+    threads: Vec<QueueShared>,
+    /// I/O threads per ublk queue.
+    per_queue: u16,
+    /// Engine contexts waiting for their I/O thread, as [`Self::threads`].
     ctxs: Mutex<Vec<Option<QueueCtx>>>,
     /// Generation of the latest tick.
     tick_gen: AtomicU64,
@@ -122,24 +128,27 @@ pub struct Queues {
 }
 
 impl Queues {
-    /// A new engine for `cfg` and one context and eventfd per queue.
+    /// A new engine for `cfg` and one context and eventfd per I/O thread.
     pub fn new(cfg: &DeviceConfig) -> Result<Self> {
         Self::with_store(cfg, Store::new(cfg.store_config())?)
     }
 
     /// The engine `store` (new or recovered) for `cfg`, and one context
-    /// and eventfd per queue.
+    /// and eventfd per I/O thread (`cfg.io_threads` a queue).
     pub fn with_store(cfg: &DeviceConfig, store: Arc<Store>) -> Result<Self> {
-        let n = cfg.queue_count();
-        let queues = (0..n)
+        let per_queue = cfg.io_threads.max(1);
+        let n = usize::from(cfg.queue_count()) * usize::from(per_queue);
+        let threads = (0..n)
             .map(|_| QueueShared::new())
             .collect::<Result<Vec<_>>>()?;
-        // Created in queue order so that stats list queue i as context i.
+        // Created in slot order so that stats list I/O thread i as
+        // context i.
         let ctxs = (0..n).map(|_| Some(store.new_ctx())).collect();
         Ok(Queues {
             store,
-            alive: AtomicUsize::new(queues.len()),
-            queues,
+            alive: AtomicUsize::new(threads.len()),
+            threads,
+            per_queue,
             ctxs: Mutex::new(ctxs),
             tick_gen: AtomicU64::new(0),
             log_first: AtomicBool::new(false),
@@ -174,7 +183,7 @@ impl Queues {
 
     /// The thread ids of the queue threads that have started.
     pub fn thread_ids(&self) -> Vec<libc::pid_t> {
-        self.queues
+        self.threads
             .iter()
             .map(|q| q.tid.load(Ordering::SeqCst))
             .filter(|&t| t > 0)
@@ -189,7 +198,7 @@ impl Queues {
     /// Requests served by all queues since the daemon started: what
     /// `crate::policy` measures how busy the device is by.
     pub fn served_total(&self) -> u64 {
-        self.queues
+        self.threads
             .iter()
             .map(|q| q.served.load(Ordering::Relaxed))
             .sum()
@@ -204,7 +213,7 @@ impl Queues {
     /// Wakes every queue; returns the generation they will report.
     pub fn kick_all(&self) -> u64 {
         let gen = self.tick_gen.fetch_add(1, Ordering::SeqCst) + 1;
-        self.queues.iter().for_each(QueueShared::kick);
+        self.threads.iter().for_each(QueueShared::kick);
         gen
     }
 
@@ -215,7 +224,7 @@ impl Queues {
         if !self.wait_ticks(gen, FLUSH_WAIT) {
             log::warn!("stats: a queue did not answer within {FLUSH_WAIT:?}");
         }
-        self.queues
+        self.threads
             .iter()
             .map(|q| q.pending.load(Ordering::SeqCst))
             .sum()
@@ -249,7 +258,7 @@ impl Queues {
     }
 
     fn served_counts(&self) -> Vec<u64> {
-        self.queues
+        self.threads
             .iter()
             .map(|q| q.served.load(Ordering::SeqCst))
             .collect()
@@ -259,7 +268,7 @@ impl Queues {
     fn wait_ticks(&self, gen: u64, limit: Duration) -> bool {
         let t0 = Instant::now();
         while self
-            .queues
+            .threads
             .iter()
             .any(|q| q.done.load(Ordering::SeqCst) < gen)
         {
@@ -285,17 +294,20 @@ impl Queues {
         }
     }
 
-    /// Body of queue thread `qid` (libublk has already made it an
-    /// io-flusher): serves the queue until the device stops.
+    /// Body of an I/O thread of queue `qid` (libublk has already made it
+    /// an io-flusher and told it its index among the queue's threads):
+    /// serves its tags until the device stops.
     pub fn serve(&self, qid: u16, dev: &UblkDev) {
-        let qs = self.queues.get(usize::from(qid));
+        let thread = libublk::io::io_thread_idx();
+        let slot = self.slot(qid, thread);
+        let qs = slot.and_then(|s| self.threads.get(s));
         if let Some(q) = qs {
             // SAFETY: gettid has no preconditions.
             q.tid.store(unsafe { libc::gettid() }, Ordering::SeqCst);
         }
         let _alive = AliveGuard(&self.alive, qs.map(|q| &q.done));
-        let (Some(ctx), Some(qs)) = (self.take_ctx(qid), qs) else {
-            log::error!("queue {qid}: no engine context");
+        let (Some(ctx), Some(qs)) = (slot.and_then(|s| self.take_ctx(s)), qs) else {
+            log::error!("queue {qid} thread {thread}: no engine context");
             // Makes start_dev fail instead of waiting for this queue forever.
             dev.notify_buffer_registration_complete(true);
             return;
@@ -303,12 +315,19 @@ impl Queues {
         self.serve_queue(qs, ctx, qid, dev);
     }
 
-    /// Hands queue `qid`'s engine context to its thread (once).
-    fn take_ctx(&self, qid: u16) -> Option<QueueCtx> {
+    /// The slot of I/O thread `thread` of queue `qid`, if the device has
+    /// that thread.
+    fn slot(&self, qid: u16, thread: u16) -> Option<usize> {
+        let s = io_threads::slot(qid, thread, self.per_queue);
+        (thread < self.per_queue && s < self.threads.len()).then_some(s)
+    }
+
+    /// Hands the engine context of slot `slot` to its thread (once).
+    fn take_ctx(&self, slot: usize) -> Option<QueueCtx> {
         self.ctxs
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .get_mut(usize::from(qid))
+            .get_mut(slot)
             .and_then(Option::take)
     }
 
@@ -324,16 +343,13 @@ impl Queues {
 
     /// One command per request: each completion is the next fetch.
     fn serve_classic(&self, qs: &QueueShared, mut ctx: QueueCtx, qid: u16, dev: &UblkDev) {
-        let mut bufs = locked_io_bufs(dev, qid);
-        let q = match UblkQueue::new(qid, dev)
-            .and_then(|q| q.submit_fetch_commands_unified(BufDescList::Slices(Some(&bufs))))
-        {
+        let Some(q) = new_queue(qid, dev) else {
+            return;
+        };
+        let mut bufs = locked_io_bufs(&q, dev);
+        let q = match q.submit_fetch_commands_unified(BufDescList::Slices(Some(&bufs))) {
             Ok(q) => q,
-            Err(e) => {
-                log::error!("queue {qid}: setup failed: {}", UblkCause(&e));
-                dev.notify_buffer_registration_complete(true);
-                return;
-            }
+            Err(e) => return setup_failed(qid, dev, &e),
         };
         submit_tick_read(&q, qs);
         let mut rl = RateLimit::default();
@@ -352,15 +368,10 @@ impl Queues {
     /// `UBLK_F_BATCH_IO`: multishot fetches hand over groups of tags, whose
     /// results go back in one commit per wake-up (see `crate::transport`).
     fn serve_batch(&self, qs: &QueueShared, mut ctx: QueueCtx, qid: u16, dev: &UblkDev) {
-        let q = match UblkQueue::new(qid, dev) {
-            Ok(q) => q,
-            Err(e) => {
-                log::error!("queue {qid}: setup failed: {}", UblkCause(&e));
-                dev.notify_buffer_registration_complete(true);
-                return;
-            }
+        let Some(q) = new_queue(qid, dev) else {
+            return;
         };
-        let bufs = UblkBatchBuffers::IoBufs(locked_io_bufs(dev, qid));
+        let bufs = UblkBatchBuffers::IoBufs(locked_io_bufs(&q, dev));
         // On failure it tells the device's start itself.
         let mut batch = match UblkBatchQueue::new(&q, bufs, UblkBatchConfig::default()) {
             Ok(b) => b,
@@ -468,19 +479,42 @@ fn commit_round(batch: &mut UblkBatchQueue, done: &mut Vec<UblkBatchCompletion>,
     }
 }
 
-/// The queue's per-tag I/O buffers, locked and so faulted in now: the
-/// driver copies a write's data into its buffer in this process's context,
-/// and a first touch there under memory pressure would send the queue into
+/// This thread's share of queue `qid`, logged and told to the device's
+/// start if it cannot be set up.
+fn new_queue(qid: u16, dev: &UblkDev) -> Option<UblkQueue<'_>> {
+    UblkQueue::new(qid, dev)
+        .map_err(|e| setup_failed(qid, dev, &e))
+        .ok()
+}
+
+/// Logs a queue that could not be set up and makes the device's start
+/// fail instead of waiting for it forever.
+fn setup_failed(qid: u16, dev: &UblkDev, e: &UblkError) {
+    log::error!("queue {qid}: setup failed: {}", UblkCause(e));
+    dev.notify_buffer_registration_complete(true);
+}
+
+/// The queue's per-tag I/O buffers (indexed by tag), the buffers of the
+/// tags this thread serves locked and so faulted in now: the driver
+/// copies a write's data into its buffer in this process's context, and
+/// a first touch there under memory pressure would send the queue into
 /// direct reclaim, waiting on the swap writes it is to complete (the
 /// daemon's `mlockall` is `MCL_ONFAULT`, which locks pages only once
-/// touched). A buffer that cannot be locked is logged once and used as is.
-fn locked_io_bufs(dev: &UblkDev, qid: u16) -> Vec<libublk::helpers::IoBuf<u8>> {
+/// touched). The other I/O threads' tags keep buffers never touched, so
+/// never backed by memory. A buffer that cannot be locked is logged once
+/// and used as is.
+fn locked_io_bufs(q: &UblkQueue, dev: &UblkDev) -> Vec<libublk::helpers::IoBuf<u8>> {
     let bufs = dev.alloc_queue_io_bufs();
-    let failed = bufs.iter().filter(|b| !b.mlock()).count();
+    let failed = q
+        .tags()
+        .filter_map(|t| bufs.get(usize::from(t)))
+        .filter(|b| !b.mlock())
+        .count();
     if failed > 0 {
         log::warn!(
-            "queue {qid}: {failed} of {} I/O buffers could not be locked ({})",
-            bufs.len(),
+            "queue {}: {failed} of {} I/O buffers could not be locked ({})",
+            q.get_qid(),
+            q.nr_tags(),
             std::io::Error::last_os_error()
         );
     }
@@ -492,7 +526,7 @@ fn locked_io_bufs(dev: &UblkDev, qid: u16) -> Vec<libublk::helpers::IoBuf<u8>> {
 fn finish(qs: &QueueShared, ctx: &mut QueueCtx, qid: u16) {
     ctx.flush_frees();
     qs.pending.store(0, Ordering::SeqCst);
-    log::info!("queue {qid}: done");
+    log::info!("queue {qid} thread {}: done", libublk::io::io_thread_idx());
 }
 
 /// Seconds since boot (`CLOCK_BOOTTIME`, the clock of `/proc/uptime`).
@@ -575,13 +609,13 @@ pub(crate) mod fake {
 
     /// Counts `n` requests as served by queue `qid`, as a busy device would.
     pub fn serve_requests(q: &Queues, qid: usize, n: u64) {
-        q.queues[qid].served.fetch_add(n, Ordering::Relaxed);
+        q.threads[qid].served.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Marks every queue thread gone (for tests that start none).
     pub fn no_threads(q: &Queues) {
         q.alive.store(0, Ordering::SeqCst);
-        q.queues
+        q.threads
             .iter()
             .for_each(|s| s.done.store(GONE, Ordering::SeqCst));
     }
@@ -595,8 +629,8 @@ pub(crate) mod fake {
         stop: Arc<AtomicBool>,
     ) -> std::thread::JoinHandle<()> {
         std::thread::spawn(move || {
-            let _alive = AliveGuard(&shared.alive, Some(&shared.queues[usize::from(qid)].done));
-            let mut ctx = shared.take_ctx(qid).unwrap();
+            let _alive = AliveGuard(&shared.alive, Some(&shared.threads[usize::from(qid)].done));
+            let mut ctx = shared.take_ctx(usize::from(qid)).unwrap();
             let page: Vec<u8> = (0..PAGE_SIZE)
                 .map(|i| (i % 251) as u8 ^ qid as u8)
                 .collect();
@@ -607,7 +641,7 @@ pub(crate) mod fake {
             // Ten handles detached: fewer than a free batch, so they wait.
             ctx.discard(base, 10 * PAGE_SIZE as u64).unwrap();
             assert_eq!(ctx.pending_frees(), 10);
-            let qs = &shared.queues[usize::from(qid)];
+            let qs = &shared.threads[usize::from(qid)];
             loop {
                 let mut b = [0u8; 8];
                 // SAFETY: blocking read of 8 bytes into a local buffer from
@@ -620,5 +654,27 @@ pub(crate) mod fake {
                 }
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_io_thread_has_its_own_slot() {
+        let flags = ["-s", "1M", "-q", "2", "-d", "4", "--io-buf", "4K"];
+        let cfg = DeviceConfig::from_flags(flags.iter().chain(&["--io-threads", "2"])).unwrap();
+        let q = Queues::new(&cfg).unwrap();
+        assert_eq!(q.threads.len(), 4);
+        assert_eq!(q.alive(), 4);
+        assert_eq!(q.slot(1, 1), Some(3));
+        assert_eq!(q.slot(0, 2), None, "no third thread a queue");
+        assert_eq!(q.slot(2, 0), None, "no third queue");
+        assert!(q.take_ctx(3).is_some() && q.take_ctx(3).is_none());
+        fake::serve_requests(&q, 3, 5);
+        assert_eq!(q.served_total(), 5);
+        let one = Queues::new(&DeviceConfig::from_flags(flags).unwrap()).unwrap();
+        assert_eq!((one.threads.len(), one.slot(1, 0)), (2, Some(1)));
     }
 }

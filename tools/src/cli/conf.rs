@@ -86,6 +86,8 @@ struct Section {
     /// with `priority=N` or `algo=NAME` for a recompression algorithm;
     /// several separated by `;`.
     algorithm_params: Option<Spanned<String>>,
+    /// Like `--io-threads`: I/O threads per queue.
+    io_threads: Option<Spanned<i64>>,
     /// MB or `"none"`: no device on a machine with more memory
     /// (zram-generator's key of that name).
     host_memory_limit: Option<Spanned<toml::Value>>,
@@ -639,7 +641,7 @@ const FS_WITHOUT_MOUNT: &str = "fs-type needs mount-point: without it the device
 
 /// The keys that are a `zblk add` flag taking the value as written:
 /// key, flag, value (taken out of `s`).
-fn plain_flags(s: &mut Section) -> [(&'static str, &'static str, Option<FlagValue>); 9] {
+fn plain_flags(s: &mut Section) -> [(&'static str, &'static str, Option<FlagValue>); 10] {
     [
         (
             "compression-algorithm",
@@ -670,6 +672,7 @@ fn plain_flags(s: &mut Section) -> [(&'static str, &'static str, Option<FlagValu
             "--algo-params",
             text(s.algorithm_params.take()),
         ),
+        ("io-threads", "--io-threads", num(s.io_threads.take())),
     ]
 }
 
@@ -786,7 +789,8 @@ mod tests {
                     recompress-idle-after = 600\n\
                     recompress-algorithm = \"lz4hc zstd:9\"\n\
                     writeback-idle-after = 3600\n\
-                    algorithm-params = \"dict=/etc/zblk/a.dict; priority=2 dict=/etc/zblk/b.dict\"\n";
+                    algorithm-params = \"dict=/etc/zblk/a.dict; priority=2 dict=/etc/zblk/b.dict\"\n\
+                    io-threads = 2\n";
         let e = parse_ok(text, 16000.0);
         assert_eq!(e.len(), 2);
         let (a, b) = (&e[0], &e[1]);
@@ -823,6 +827,7 @@ mod tests {
             (0, None)
         );
         assert!(b.add.dev.algo_params.is_empty());
+        assert_eq!((d.io_threads, b.add.dev.io_threads), (2, 1));
         // What is not written takes zblk add's defaults.
         assert_eq!((b.name.as_str(), b.add.dev.id), ("ublkb1", Some(1)));
         assert_eq!(b.add.dev.size, 512 << 20);
@@ -1257,6 +1262,7 @@ mod tests {
             ),
             ("mode = \"dense\"", "mode: unknown mode 'dense'"),
             ("group-pages = 65", "group-pages: 65 is not in 1..=64"),
+            ("io-threads = 0", "io-threads: 0 is not in 1..=4096"),
             ("mem-limit = \"1X\"", "mem-limit: invalid size '1X'"),
             (
                 "recompress-idle-after = -1",

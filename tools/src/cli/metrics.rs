@@ -58,6 +58,7 @@ use Part::{Device as D, Stats as S};
 const FIELDS: &[Field] = &[
     f(D, "queues", G, "Queues serving the device."),
     f(D, "depth", G, "Tags (requests in flight) per queue."),
+    f(D, "io_threads", G, "I/O threads serving each queue."),
     f(D, "io_buf_bytes", G, "Bytes of each I/O buffer."),
     f(D, "pid", G, "Process id of the device's daemon."),
     f(
@@ -441,7 +442,19 @@ fn device(x: &mut Exposition, reply: &Value) {
     }
     latency(x, &base, &part(S)["latency"]);
     phases(x, &base, &part(S)["phases"]);
-    queues(x, &base, &part(S)["queues"]);
+    queues(x, &base, part(D), &part(S)["queues"]);
+}
+
+/// Queue and I/O thread of entry `i` of the stats' per-queue list (one
+/// entry per I/O thread, `zblk_ublk::io_threads::slot`) of the device
+/// `device` describes; no thread when it has one a queue.
+pub fn queue_thread(device: &Value, i: usize) -> (usize, Option<usize>) {
+    let n = device["io_threads"]
+        .as_u64()
+        .and_then(|n| u16::try_from(n).ok())
+        .unwrap_or(1);
+    let (q, t) = zblk_ublk::io_threads::of_slot(i, n);
+    (q, (n > 1).then_some(t))
 }
 
 /// The phase timers of a device made with `--phase-timers` (none
@@ -506,17 +519,22 @@ fn latency(x: &mut Exposition, base: &[(&str, &str)], lat: &Value) {
     }
 }
 
-/// `zblk_queue_<counter>_total{queue}`: each counter, per queue.
-fn queues(x: &mut Exposition, base: &[(&str, &str)], queues: &Value) {
+/// `zblk_queue_<counter>_total{queue}`: each counter, per queue (and
+/// `thread`, per I/O thread of a device with several a queue).
+fn queues(x: &mut Exposition, base: &[(&str, &str)], device: &Value, queues: &Value) {
     let Some(qs) = queues.as_array() else { return };
     for fld in FIELDS.iter().filter(|f| f.part == S && f.kind == C) {
         for (i, q) in qs.iter().enumerate() {
             let Some(v) = number(&q[fld.key]) else {
                 continue;
             };
-            let i = i.to_string();
+            let (queue, thread) = queue_thread(device, i);
+            let (queue, thread) = (queue.to_string(), thread.map(|t| t.to_string()));
             let mut labels = base.to_vec();
-            labels.push(("queue", &i));
+            labels.push(("queue", &queue));
+            if let Some(t) = &thread {
+                labels.push(("thread", t));
+            }
             x.add(&series_name("zblk_queue_", fld), C, fld.help, &labels, &v);
         }
     }

@@ -219,12 +219,13 @@ const GAUGES: [&str; 10] = [
 pub fn stat_text(reply: &Value) -> String {
     let (d, s) = (&reply["device"], &reply["stats"]);
     let mut out = format!(
-        "{} (id {}, pid {}, {} queues x {} tags, {} I/O buffers, recovery {})\n",
+        "{} (id {}, pid {}, {} queues x {} tags, {} I/O threads a queue, {} I/O buffers, recovery {})\n",
         d["path"].as_str().unwrap_or("?"),
         u(d, "id"),
         u(d, "pid"),
         u(d, "queues"),
         u(d, "depth"),
+        u(d, "io_threads").max(1),
         format_size(u(d, "io_buf_bytes")),
         d["recovery"].as_str().unwrap_or("off"),
     );
@@ -294,7 +295,12 @@ pub fn stat_text(reply: &Value) -> String {
 
     let queues = s["queues"].as_array().cloned().unwrap_or_default();
     let mut headers = vec!["PER-QUEUE".to_string()];
-    headers.extend((0..queues.len()).map(|i| format!("q{i}")));
+    headers.extend(
+        (0..queues.len()).map(|i| match metrics::queue_thread(d, i) {
+            (q, None) => format!("q{q}"),
+            (q, Some(t)) => format!("q{q}.{t}"),
+        }),
+    );
     let keys: Vec<String> = queues
         .first()
         .and_then(Value::as_object)

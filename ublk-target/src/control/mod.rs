@@ -189,7 +189,7 @@ pub struct DeviceInfo {
     pub path: String,
     /// The configuration it runs with ([`DeviceConfig::resolved`]): the
     /// JSON fields `id`, `size`, `algorithm`, `group_pages`, `mode`,
-    /// `mem_limit`, `queues`, `depth` and `io_buf_bytes`.
+    /// `mem_limit`, `queues`, `io_threads`, `depth` and `io_buf_bytes`.
     #[serde(flatten)]
     pub config: DeviceConfig,
     /// Daemon process id.

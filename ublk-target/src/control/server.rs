@@ -922,6 +922,7 @@ mod tests {
             "mem_limit",
             "queues",
             "queue_cpus",
+            "io_threads",
             "depth",
             "io_buf_bytes",
             "no_recovery",
@@ -933,7 +934,7 @@ mod tests {
         ] {
             assert!(keys.contains(&k), "{k} missing from {keys:?}");
         }
-        assert_eq!(keys.len(), 18, "{keys:?}");
+        assert_eq!(keys.len(), 19, "{keys:?}");
         assert_eq!(v["queue_cpus"], "queue");
         assert_eq!(v["transport"], "classic");
         assert_eq!(v["transport_in_use"], "batch");
