@@ -150,7 +150,8 @@ zadd_env() {
 # CFG_ALGO, CFG_MODE (all after ALGO's colon, further colons included;
 # per-page when there is none), CFG_FLAGS (each +FLAG=VALUE as the words
 # "--FLAG VALUE", for zblk add; empty when there is none) and CFG_ENV
-# (NAME=VALUE, for zadd_env; empty when there is none).
+# (NAME=VALUE, for zadd_env; empty when there is none). Kernel zram has no
+# mode: zram:ALGO:LEVEL is CFG_ALGO ALGO:LEVEL (zram_swap sets the level).
 cfg_parse() {
     CFG_KIND=${1%%:*} cfg_rest=${1#*:} CFG_ENV="" CFG_FLAGS=""
     case $cfg_rest in *@*=*) CFG_ENV=${cfg_rest#*@} cfg_rest=${cfg_rest%%@*} ;; esac
@@ -161,6 +162,7 @@ cfg_parse() {
         cfg_rest=${cfg_rest%%+*} ;;
     esac
     CFG_ALGO=${cfg_rest%%:*} CFG_MODE=per-page
+    if [ "$CFG_KIND" = zram ]; then CFG_ALGO=$cfg_rest; return; fi
     if [ "$cfg_rest" != "$CFG_ALGO" ]; then CFG_MODE=${cfg_rest#*:}; fi
 }
 

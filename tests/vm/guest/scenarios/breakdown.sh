@@ -170,8 +170,6 @@ bd_up() {
     case $KIND in
     zram)
         [ -z "$env" ] || fail "$1: @NAME=VALUE is for zblk configurations"
-        # zram:ALGO:LEVEL: cfg_parse reads the level as a mode.
-        [ "$mode" = per-page ] || algo=$algo:$mode
         zram_swap_with "$algo" "$ZBLK_DEV_MB" ;;
     zblk)
         # shellcheck disable=SC2086 # timers and CFG_FLAGS are words or none

@@ -74,8 +74,6 @@ wm_up() {
     case $kind in
     zram)
         [ -z "$env" ] || fail "$1: @NAME=VALUE is for zblk configurations"
-        # zram:ALGO:LEVEL: cfg_parse reads the level as a mode.
-        [ "$mode" = per-page ] || algo=$algo:$mode
         zram_swap_with "$algo" "$dev_mb" ;;
     zblk)
         # zblk.wm_rt=0: the reserve's provisioner at normal priority
