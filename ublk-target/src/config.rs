@@ -77,6 +77,15 @@ pub struct DeviceConfig {
           value_parser = clap::value_parser!(u16).range(1..=4096))]
     #[serde(default = "one")]
     pub io_threads: u16,
+    /// Busy-poll: a queue thread keeps polling its ring for this many µs
+    /// after the last request it served before it sleeps, so that the next
+    /// request needs no wake-up (0: never). It spends the CPU the thread
+    /// runs on: use it with --queue-cpus other, where that CPU is not the
+    /// one whose task waits for the request.
+    #[arg(long, value_name = "US", default_value_t = 0,
+          value_parser = clap::value_parser!(u32).range(0..=MAX_POLL_US))]
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    pub poll_us: u32,
     /// Queue depth (requests in flight per queue).
     #[arg(short, long, default_value_t = 128, value_parser = clap::value_parser!(u16).range(1..=4096))]
     pub depth: u16,
@@ -175,6 +184,14 @@ fn is_false(v: &bool) -> bool {
 fn is_zero(v: &u64) -> bool {
     *v == 0
 }
+
+/// [`is_zero`] for a 32-bit setting.
+fn is_zero_u32(v: &u32) -> bool {
+    *v == 0
+}
+
+/// The longest busy-poll window `--poll-us` takes: 10 ms.
+pub const MAX_POLL_US: i64 = 10_000;
 
 impl DeviceConfig {
     /// Parses `zblk add`'s device flags alone (`["--size", "1G", "-q", "2"]`):
@@ -444,6 +461,18 @@ mod tests {
             (c.ublk_id(), c.queue_count(), c.io_buf_bytes()),
             (7, 3, 256 << 10)
         );
+    }
+
+    #[test]
+    fn poll_us_defaults_to_off_is_bounded_and_round_trips() {
+        let c = parse(&["-s", "1G"]);
+        assert_eq!(c.poll_us, 0);
+        assert!(!c.to_json().contains("poll_us"), "off is left out");
+        let c = parse(&["-s", "1G", "--poll-us", "300", "--queue-cpus", "other"]);
+        assert_eq!(c.poll_us, 300);
+        assert_eq!(DeviceConfig::from_json(&c.to_json()).unwrap(), c);
+        assert!(DeviceConfig::from_flags(["-s", "1G", "--poll-us", "10001"]).is_err());
+        assert!(DeviceConfig::from_flags(["-s", "1G", "--poll-us", "-1"]).is_err());
     }
 
     #[test]

@@ -325,6 +325,12 @@ fn start_device(
     let dev_fn = move |ctrl: &UblkCtrl| {
         // libublk pinned the queue threads before starting the device.
         placement::apply(info.config.queue_cpus, &queues.thread_ids());
+        if info.config.poll_us > 0 && info.config.queue_cpus != placement::QueueCpus::Other {
+            log::warn!(
+                "device {}: --poll-us without --queue-cpus other may poll on the CPU whose task waits for the request",
+                info.id()
+            );
+        }
         ready.fire(Ok(&info));
         let stop = Arc::new(AtomicBool::new(false));
         let thread = policy::spawn(queues.clone(), policy.clone(), stop.clone())

@@ -17,6 +17,7 @@
 //! - [`io_threads`]: several I/O threads a queue (`UBLK_F_PER_IO_DAEMON`):
 //!   the driver check, the recovered count, each thread's index;
 //! - [`io`]: request decoding and dispatch, pure and unit-tested;
+//! - [`poll`]: when a queue thread polls its ring instead of sleeping;
 //! - [`safety`]: what a swap device's server needs so that it never waits
 //!   on swap (mlockall, io-flusher, OOM score);
 //! - [`privileges`]: dropping the capabilities a started daemon or keeper
@@ -57,6 +58,7 @@ pub mod params;
 pub mod paths;
 pub mod placement;
 mod policy;
+pub mod poll;
 pub mod privileges;
 mod queue;
 pub mod safety;

@@ -24,12 +24,13 @@ use crate::config::DeviceConfig;
 use crate::error::{Error, Result, Step, UblkCause};
 use crate::io::{handle_io, IoDesc, RateLimit};
 use crate::io_threads;
+use crate::poll::PollWindow;
 use crate::transport::Transport;
 use libublk::io::{
     UblkBatchBuffers, UblkBatchCompletion, UblkBatchConfig, UblkBatchQueue, UblkDev, UblkIOCtx,
     UblkQueue,
 };
-use libublk::{BufDesc, BufDescList, UblkError, UblkIORes};
+use libublk::{BufDesc, BufDescList, UblkError, UblkIORes, UblkUringData};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -110,6 +111,9 @@ pub struct Queues {
     threads: Vec<QueueShared>,
     /// I/O threads per ublk queue.
     per_queue: u16,
+    /// How long a queue thread polls its ring past the last request it
+    /// served, in µs ([`crate::poll`]; 0: never).
+    poll_us: u32,
     /// Engine contexts waiting for their I/O thread, as [`Self::threads`].
     ctxs: Mutex<Vec<Option<QueueCtx>>>,
     /// Generation of the latest tick.
@@ -149,6 +153,7 @@ impl Queues {
             alive: AtomicUsize::new(threads.len()),
             threads,
             per_queue,
+            poll_us: cfg.poll_us,
             ctxs: Mutex::new(ctxs),
             tick_gen: AtomicU64::new(0),
             log_first: AtomicBool::new(false),
@@ -353,15 +358,32 @@ impl Queues {
         };
         submit_tick_read(&q, qs);
         let mut rl = RateLimit::default();
-        q.wait_and_handle_io(|q, tag, io| {
-            if !io.is_tgt_io() {
-                serve_request(q, tag, &mut ctx, &mut bufs, &mut rl);
-                self.served(qs, qid);
-            } else {
-                let cqe = (io.user_data(), io.result());
-                self.on_target_cqe(q, qs, &mut ctx, cqe, q.is_stopping());
+        let mut poll = PollWindow::new(self.poll_us);
+        loop {
+            let mut served = 0;
+            let r = q.flush_and_wake_io_tasks(
+                |data, cqe, _| {
+                    if data & UblkUringData::Target as u64 != 0 {
+                        let own = (data, cqe.result());
+                        self.on_target_cqe(&q, qs, &mut ctx, own, q.is_stopping());
+                    } else if cqe.result() == libublk::sys::UBLK_IO_RES_OK as i32 {
+                        // Any other result is the driver aborting the
+                        // command: nothing to serve (as libublk's
+                        // `wait_and_handle_io`).
+                        let tag = UblkIOCtx::user_data_to_tag(data) as u16;
+                        serve_request(&q, tag, &mut ctx, &mut bufs, &mut rl);
+                        self.served(qs, qid);
+                        served += 1;
+                    }
+                },
+                poll.to_wait(Instant::now),
+            );
+            if let Err(e) = r {
+                queue_ended(qid, &e);
+                break;
             }
-        });
+            poll.after(served, Instant::now);
+        }
         finish(qs, &mut ctx, qid);
     }
 
@@ -384,8 +406,12 @@ impl Queues {
         let mut rl = RateLimit::default();
         let mut done: Vec<UblkBatchCompletion> =
             Vec::with_capacity(usize::from(dev.dev_info.queue_depth));
+        let mut poll = PollWindow::new(self.poll_us);
         loop {
             let mut failed = None;
+            // Completions a full commit left for the next pass are no
+            // new request: only this pass's may keep the window open.
+            let carried = done.len();
             let r = q.flush_and_wake_io_tasks(
                 |_, cqe, _| {
                     let mine = batch.handle_cqe(cqe, |b, tags| {
@@ -409,14 +435,13 @@ impl Queues {
                         Err(e) => failed = Some(e),
                     }
                 },
-                1,
+                poll.to_wait(Instant::now),
             );
             if let Some(e) = failed.or(r.err()) {
-                if !matches!(e, libublk::UblkError::QueueIsDown) {
-                    log::error!("queue {qid}: {}", UblkCause(&e));
-                }
+                queue_ended(qid, &e);
                 break;
             }
+            poll.after(done.len() - carried, Instant::now);
             if !commit_round(&mut batch, &mut done, qid) {
                 break;
             }
@@ -438,6 +463,15 @@ impl Queues {
     ) {
         if UblkIOCtx::user_data_to_op(user_data) != TICK_OP {
             return;
+        }
+        if result < 0 && !stopping {
+            // Not armed again: the control loop's kicks go unanswered
+            // from here on, and it says so when it next waits for them.
+            log::error!(
+                "queue {}: the tick's eventfd read failed: {}",
+                q.get_qid(),
+                std::io::Error::from_raw_os_error(-result)
+            );
         }
         self.on_tick(qs, ctx);
         if result >= 0 && (!stopping || self.handover.load(Ordering::SeqCst)) {
@@ -578,6 +612,13 @@ fn serve_request(
             q.get_qid(),
             UblkCause(&e)
         );
+    }
+}
+
+/// Logs why queue `qid`'s loop ended, unless it is the queue going down.
+fn queue_ended(qid: u16, e: &UblkError) {
+    if !matches!(e, UblkError::QueueIsDown) {
+        log::error!("queue {qid}: {}", UblkCause(e));
     }
 }
 

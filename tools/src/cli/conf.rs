@@ -88,6 +88,10 @@ struct Section {
     algorithm_params: Option<Spanned<String>>,
     /// Like `--io-threads`: I/O threads per queue.
     io_threads: Option<Spanned<i64>>,
+    /// Like `--queue-cpus`: queue, other or any.
+    queue_cpus: Option<Spanned<String>>,
+    /// Like `--poll-us`: the queue threads' busy-poll window in µs.
+    poll_us: Option<Spanned<i64>>,
     /// MB or `"none"`: no device on a machine with more memory
     /// (zram-generator's key of that name).
     host_memory_limit: Option<Spanned<toml::Value>>,
@@ -641,7 +645,7 @@ const FS_WITHOUT_MOUNT: &str = "fs-type needs mount-point: without it the device
 
 /// The keys that are a `zblk add` flag taking the value as written:
 /// key, flag, value (taken out of `s`).
-fn plain_flags(s: &mut Section) -> [(&'static str, &'static str, Option<FlagValue>); 10] {
+fn plain_flags(s: &mut Section) -> [(&'static str, &'static str, Option<FlagValue>); 12] {
     [
         (
             "compression-algorithm",
@@ -673,6 +677,8 @@ fn plain_flags(s: &mut Section) -> [(&'static str, &'static str, Option<FlagValu
             text(s.algorithm_params.take()),
         ),
         ("io-threads", "--io-threads", num(s.io_threads.take())),
+        ("queue-cpus", "--queue-cpus", text(s.queue_cpus.take())),
+        ("poll-us", "--poll-us", num(s.poll_us.take())),
     ]
 }
 
@@ -747,11 +753,22 @@ fn add_args(flags: &[&str]) -> Result<AddArgs, String> {
     AddArgs::from_arg_matches(&m).map_err(|e| reason(&e))
 }
 
-/// The value parser's own words if it gave any, else clap's line.
+/// The value parser's own words if it gave any; for a value not among a
+/// setting's choices, the value and the choices (clap's line would name
+/// the flag, which the file does not have); else clap's line.
 fn reason(e: &clap::Error) -> String {
-    match std::error::Error::source(e) {
-        Some(src) => src.to_string(),
-        None => super::one_line(&e.to_string()),
+    use clap::error::{ContextKind, ContextValue};
+    if let Some(src) = std::error::Error::source(e) {
+        return src.to_string();
+    }
+    match (
+        e.get(ContextKind::InvalidValue),
+        e.get(ContextKind::ValidValue),
+    ) {
+        (Some(ContextValue::String(v)), Some(ContextValue::Strings(ok))) => {
+            format!("invalid value '{v}' (one of: {})", ok.join(", "))
+        }
+        _ => super::one_line(&e.to_string()),
     }
 }
 
@@ -759,6 +776,7 @@ fn reason(e: &clap::Error) -> String {
 mod tests {
     use super::*;
     use zblk::{Algo, Mode};
+    use zblk_ublk::placement::QueueCpus;
 
     const FILE: &str = "/etc/zblk/zblk.conf";
 
@@ -790,7 +808,9 @@ mod tests {
                     recompress-algorithm = \"lz4hc zstd:9\"\n\
                     writeback-idle-after = 3600\n\
                     algorithm-params = \"dict=/etc/zblk/a.dict; priority=2 dict=/etc/zblk/b.dict\"\n\
-                    io-threads = 2\n";
+                    io-threads = 2\n\
+                    queue-cpus = \"other\"\n\
+                    poll-us = 300\n";
         let e = parse_ok(text, 16000.0);
         assert_eq!(e.len(), 2);
         let (a, b) = (&e[0], &e[1]);
@@ -828,6 +848,11 @@ mod tests {
         );
         assert!(b.add.dev.algo_params.is_empty());
         assert_eq!((d.io_threads, b.add.dev.io_threads), (2, 1));
+        assert_eq!(
+            (d.queue_cpus, b.add.dev.queue_cpus),
+            (QueueCpus::Other, QueueCpus::Queue)
+        );
+        assert_eq!((d.poll_us, b.add.dev.poll_us), (300, 0));
         // What is not written takes zblk add's defaults.
         assert_eq!((b.name.as_str(), b.add.dev.id), ("ublkb1", Some(1)));
         assert_eq!(b.add.dev.size, 512 << 20);
@@ -1263,6 +1288,11 @@ mod tests {
             ("mode = \"dense\"", "mode: unknown mode 'dense'"),
             ("group-pages = 65", "group-pages: 65 is not in 1..=64"),
             ("io-threads = 0", "io-threads: 0 is not in 1..=4096"),
+            ("poll-us = 20000", "poll-us: 20000 is not in 0..=10000"),
+            (
+                "queue-cpus = \"near\"",
+                "queue-cpus: invalid value 'near' (one of: queue, other, any)",
+            ),
             ("mem-limit = \"1X\"", "mem-limit: invalid size '1X'"),
             (
                 "recompress-idle-after = -1",

@@ -59,6 +59,12 @@ const FIELDS: &[Field] = &[
     f(D, "queues", G, "Queues serving the device."),
     f(D, "depth", G, "Tags (requests in flight) per queue."),
     f(D, "io_threads", G, "I/O threads serving each queue."),
+    f(
+        D,
+        "poll_us",
+        G,
+        "Microseconds a queue thread busy-polls after its last request (0: never).",
+    ),
     f(D, "io_buf_bytes", G, "Bytes of each I/O buffer."),
     f(D, "pid", G, "Process id of the device's daemon."),
     f(

@@ -395,7 +395,20 @@ pub(super) mod tests {
         ctx1.write(8192, &[0u8; 4096]).unwrap();
         let mut back = vec![0u8; 8192];
         ctx1.read(0, &mut back).unwrap();
-        let flags = ["--size", "1M", "--queues", "2", "--backing-dev", &path];
+        // Settings left out of the JSON at their defaults are set, so that
+        // every field a device can show is in the sample.
+        let flags = [
+            "--size",
+            "1M",
+            "--queues",
+            "2",
+            "--backing-dev",
+            &path,
+            "--queue-cpus",
+            "other",
+            "--poll-us",
+            "300",
+        ];
         let config = DeviceConfig::from_flags(flags).unwrap();
         let mut info = DeviceInfo::new(0, "/dev/ublkb0".into(), &config, 1 << 21);
         info.pid = 1;

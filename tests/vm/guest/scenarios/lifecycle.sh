@@ -2,8 +2,9 @@
 # with; bad arguments fail with one clear line; --io-threads 2 serves each
 # queue with two threads (verified data, and again after zblk restart) where
 # the driver has UBLK_F_PER_IO_DAEMON and is refused in one line where not;
-# kill -9 of the daemon under load leaves the guest alive and a new device
-# can be added afterwards.
+# --poll-us serves verified data, before and after zblk restart; kill -9 of
+# the daemon under load leaves the guest alive and a new device can be
+# added afterwards.
 
 # Expects "$@" to fail with a non-empty message.
 refuse() {
@@ -101,6 +102,20 @@ else
     log "driver lacks PER_IO_DAEMON: --io-threads 2 refused: $out"
     iot="--io-threads 2 refused without PER_IO_DAEMON"
 fi
+
+# --poll-us: queue threads that busy-poll on the other CPUs serve the
+# device, the data reads back, and the window survives zblk restart.
+zadd --size 64M --algo "$ZBLK_ALGO" --queue-cpus other --poll-us 200
+[ "$(zstat | jget poll_us)" = 200 ] || fail "--poll-us 200: stat says poll_us '$(zstat | jget poll_us)'"
+dd if=/dev/urandom of=/tmp/zblk-vm.poll bs=1048576 count=8 2>/dev/null
+dd if=/tmp/zblk-vm.poll of="$ZDEV" bs=4096 count=2048 oflag=direct conv=notrunc 2>/dev/null || fail "--poll-us: write to $ZDEV failed"
+must zblk restart -n "$ZID" >/dev/null
+[ "$(zstat | jget poll_us)" = 200 ] || fail "--poll-us 200: after zblk restart stat says poll_us '$(zstat | jget poll_us)'"
+dd if="$ZDEV" of=/tmp/zblk-vm.poll.back bs=4096 count=2048 iflag=direct 2>/dev/null || fail "--poll-us: read of $ZDEV failed"
+cmp -s /tmp/zblk-vm.poll /tmp/zblk-vm.poll.back || fail "--poll-us: data read back from $ZDEV differs"
+must zblk del -n "$ZID" >/dev/null
+rm -f /tmp/zblk-vm.poll /tmp/zblk-vm.poll.back
+refuse zblk add --size 64M --poll-us 20000
 
 refuse zblk add --size 0
 refuse zblk add --size 1000
@@ -239,4 +254,4 @@ if [ -b "$loop_dev" ]; then
 fi
 zblk list 2>&1 | grep -E "^/dev/ublkb$loop_id " | grep -q live && fail "crash loop: zblk list still shows device $loop_id live"
 zblk del -n "$loop_id" --force >/dev/null 2>&1
-pass "del and SIGTERM refused on active swap, del --force removed it; SIGTERM stopped an idle device; taken id refused; --foreground served until del; $iot; 6 bad commands refused; kill -9 under load: loaders stopped in ${load_s}s, new device $ZDEV verified; binary gone: quiesced, then zblk recover verified 4 MB; killed keeper replaced, its daemon's kill recovered (4 MB verified); crash loop: the keeper gave up after $k kills and $loop_dev failed I/O"
+pass "del and SIGTERM refused on active swap, del --force removed it; SIGTERM stopped an idle device; taken id refused; --foreground served until del; $iot; --poll-us 200 on other CPUs verified, kept over restart; 7 bad commands refused; kill -9 under load: loaders stopped in ${load_s}s, new device $ZDEV verified; binary gone: quiesced, then zblk recover verified 4 MB; killed keeper replaced, its daemon's kill recovered (4 MB verified); crash loop: the keeper gave up after $k kills and $loop_dev failed I/O"
