@@ -305,20 +305,26 @@ watchdog_check() {
 
 # ---- kernel zram ------------------------------------------------------------
 
-# Sets up /dev/zram0 of $1 MB with $ZBLK_ALGO as swap with discard, priority
-# 100. ZBLK_ALGO is ALGO or ALGO:LEVEL, the level given through zram's
-# algorithm_params (zram's zstd is level 3 unless told).
-zram_swap() {
+# Resets /dev/zram0 and sizes it $2 MB with algorithm $1: ALGO or
+# ALGO:LEVEL, the level given through zram's algorithm_params (zram's zstd
+# is level 3 unless told).
+zram_make() {
     [ -e /sys/block/zram0 ] || fail "no /sys/block/zram0 (zram module not loaded?)"
     echo 1 >/sys/block/zram0/reset
-    zs_name=${ZBLK_ALGO%%:*}
+    zs_name=${1%%:*}
     echo "$zs_name" >/sys/block/zram0/comp_algorithm || fail "zram: algorithm $zs_name refused"
-    if [ "$zs_name" != "$ZBLK_ALGO" ]; then
-        [ -e /sys/block/zram0/algorithm_params ] || fail "zram: no algorithm_params for $ZBLK_ALGO"
-        echo "algo=$zs_name level=${ZBLK_ALGO#*:}" >/sys/block/zram0/algorithm_params ||
-            fail "zram: algorithm_params level=${ZBLK_ALGO#*:} refused"
+    if [ "$zs_name" != "$1" ]; then
+        [ -e /sys/block/zram0/algorithm_params ] || fail "zram: no algorithm_params for $1"
+        echo "algo=$zs_name level=${1#*:}" >/sys/block/zram0/algorithm_params ||
+            fail "zram: algorithm_params level=${1#*:} refused"
     fi
-    echo "${1}M" >/sys/block/zram0/disksize || fail "zram: disksize refused"
+    echo "${2}M" >/sys/block/zram0/disksize || fail "zram: disksize refused"
+}
+
+# Sets up /dev/zram0 of $1 MB with $ZBLK_ALGO (as zram_make takes it) as
+# swap with discard, priority 100.
+zram_swap() {
+    zram_make "$ZBLK_ALGO" "$1"
     must mkswap /dev/zram0 >/dev/null
     must swapon --discard --priority 100 /dev/zram0
     is_swap /dev/zram0 || fail "zram0 is not in /proc/swaps"

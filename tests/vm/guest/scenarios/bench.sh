@@ -63,9 +63,7 @@ dev_down() {
 # A raw (not swap) device of KIND with ALGO; sets RAW to its path.
 raw_up() {
     if [ "$KIND" = zram ]; then
-        echo 1 >/sys/block/zram0/reset
-        echo "$ALGO" >/sys/block/zram0/comp_algorithm || fail "zram: algorithm $ALGO refused"
-        echo "${ZBLK_DEV_MB}M" >/sys/block/zram0/disksize || fail "zram: disksize refused"
+        zram_make "$ALGO" "$ZBLK_DEV_MB"
         RAW=/dev/zram0
     else
         zadd --size "${ZBLK_DEV_MB}M" --algo "$ALGO"

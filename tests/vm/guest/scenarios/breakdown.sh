@@ -58,6 +58,15 @@
 #                             zblk.bd_mb / N MB each (a workload per CPU:
 #                             no idle core) for the configurations after
 #                             it in the round
+#   randio=S                  after each configuration's swap workload,
+#                             S seconds of random 4 KB O_DIRECT reads at
+#                             queue depth 1 (randio --jobs 1) on a raw
+#                             128 MB device of the same configuration,
+#                             64 MB of it pre-filled: one line of phase
+#                             qd1read (p50 and IOPS), for the zram and
+#                             zblk configurations after it in the round
+#                             (0: off); the zblk device has no phase
+#                             timers, whose clock reads would be timed
 #   hogs=N                    runs N busy loops (outside the workload's
 #                             cgroup, nice 0) during the configurations
 #                             after it in the round: swap under CPU
@@ -219,6 +228,28 @@ bd_down() {
     fi
 }
 
+# With randio=S: random reads at queue depth 1 on a raw device of
+# configuration $CFG (after bd_up and bd_down), one BREAKDOWN line.
+bd_randio() {
+    [ "$RANDIO_S" -gt 0 ] || return 0
+    case $KIND in
+    zram)
+        zram_make "$algo" 128
+        rdev=/dev/zram0 ;;
+    zblk)
+        # shellcheck disable=SC2086 # CFG_FLAGS is words or none
+        zadd_env "$env" --size 128M --algo "$algo" --mode "$mode" $CFG_FLAGS
+        rdev=$ZDEV ;;
+    *) return 0 ;;
+    esac
+    randio --dev "$rdev" --mb 64 --prefill --write-pct 0 --jobs 1 --seconds "$RANDIO_S" >/tmp/zblk-bd.randio 2>&1 ||
+        fail "$CFG: randio reads failed: $(tail -c 300 /tmp/zblk-bd.randio)"
+    rj=$(grep '"program":"randio"' /tmp/zblk-bd.randio | tail -1)
+    p50=$(echo "$rj" | jget p50_us) iops=$(echo "$rj" | jget iops)
+    echo "BREAKDOWN {\"round\":$R,\"config\":\"$CFG\",\"phase\":\"qd1read\",\"p50_us\":${p50:-null},\"iops\":${iops:-null}}"
+    if [ "$KIND" = zram ]; then echo 1 >/sys/block/zram0/reset; else must zblk del -n "$ZID" >/dev/null; fi
+}
+
 # Runs usemem on configuration $CFG and prints its two BREAKDOWN lines;
 # sets BD_WALL (the workload's elapsed seconds).
 bd_run() {
@@ -281,7 +312,7 @@ while [ "$R" -le "$ZBLK_BD_ROUNDS" ]; do
     echo "$PC0" >/proc/sys/vm/page-cluster
     hogs_set 0
     thp_restore
-    SCATTER="" PROCS=1
+    SCATTER="" PROCS=1 RANDIO_S=0
     for CFG in $ZBLK_BD_CONFIGS; do
         case $CFG in
         scatter=on | scatter=off)
@@ -303,6 +334,11 @@ while [ "$R" -le "$ZBLK_BD_ROUNDS" ]; do
             [ "$PROCS" -ge 1 ] 2>/dev/null || fail "procs=$PROCS: expected a count of at least 1"
             log "usemem runs $PROCS workers of $((ZBLK_BD_MB / PROCS)) MB from here on"
             continue ;;
+        randio=*)
+            RANDIO_S=${CFG#randio=}
+            [ "$RANDIO_S" -ge 0 ] 2>/dev/null || fail "randio=$RANDIO_S: expected seconds"
+            log "random reads at queue depth 1 for $RANDIO_S s after each configuration from here on"
+            continue ;;
         pc=*)
             echo "${CFG#pc=}" >/proc/sys/vm/page-cluster || fail "page-cluster ${CFG#pc=} refused"
             log "vm.page-cluster $(cat /proc/sys/vm/page-cluster) from here on"
@@ -311,6 +347,7 @@ while [ "$R" -le "$ZBLK_BD_ROUNDS" ]; do
         bd_up "$CFG"
         bd_run
         bd_down
+        bd_randio
         log "round $R $CFG: usemem ${BD_WALL} s; large shmem folios allocated so far (kB:count): $(thp_allocs)"
         summary="$summary $CFG=${BD_WALL}s"
     done
