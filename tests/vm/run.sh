@@ -76,7 +76,7 @@
 #                     zblk.settle_s=10        time allowed to fall back after munmap
 #                     zblk.compare_rounds=1   zram/zblk pairs in zram-compare
 #                     zblk.timeout=360        limit per scenario in the guest
-#                     zblk.soak_s=60          traffic time of the soak scenario;
+#                     zblk.soak_s=120         traffic time of the soak scenario;
 #                       ZBLK_VM_ARGS='zblk.soak_s=600 zblk.timeout=900' with
 #                       --scenario soak --timeout 1500 is the 10-minute soak
 #                       (opt-in: too long for CI's default run)
