@@ -13,7 +13,7 @@
 # Usage: bash tests/vm/run.sh [options]
 #   --kernel K          6.12, 7.3 or both (default both: the default suite takes
 #                       about 8 min of qemu time per kernel under TCG, crash,
-#                       soak and upgrade 4 min of it, inside the 45 min CI
+#                       soak and upgrade 5 min of it, inside the 45 min CI
 #                       allows for both); repeatable and comma-separated too;
 #                       the kernels boot one after the other, in the given order
 #   --scenario NAME     run only this scenario (repeatable; default: all, in order
