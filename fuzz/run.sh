@@ -10,8 +10,7 @@
 # Seeds are read from fuzz/corpus/<target>/ (committed); what the fuzzer
 # adds goes to fuzz/work/corpus/<target>/ (ignored), so later runs go on
 # from there. ZBLK_FUZZ_JOBS=N runs N targets at a time (default 1);
-# ZBLK_FUZZ_NICE sets the niceness (default 10). lz4_flex and zblk-lz4 are
-# built without coverage instrumentation (fuzz/rustc-uninstrumented.sh).
+# ZBLK_FUZZ_NICE sets the niceness (default 10).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -24,8 +23,6 @@ nice_n=${ZBLK_FUZZ_NICE:-10}
 jobs=${ZBLK_FUZZ_JOBS:-1}
 
 mkdir -p work
-# lz4's compressor without coverage instrumentation (see the wrapper).
-export RUSTC_WRAPPER=$PWD/rustc-uninstrumented.sh
 echo "== fuzz: building ${#targets[@]} targets (cargo +nightly fuzz build)"
 nice -n "$nice_n" cargo +nightly fuzz build --debug-assertions >/dev/null 2>work/build.log || {
     cat work/build.log >&2

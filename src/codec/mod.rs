@@ -128,7 +128,7 @@ pub struct AccelEvents {
 /// A compression algorithm and its parameters, as named on the command line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Algo {
-    /// LZ4 (lz4_flex block format).
+    /// LZ4 (the block format, no frame).
     Lz4,
     /// LZ4HC (liblz4's high-compression mode) at the given level: the LZ4
     /// block format, decoded at lz4's speed.

@@ -107,9 +107,9 @@ pub fn protect_from_oom() -> Result<()> {
 /// the top of a heap back to the OS once more than 128 KB of it is free,
 /// and serves blocks over a (moving) threshold with an mmap of their own,
 /// unmapped on free; either way the next allocation faults in fresh pages.
-/// The codecs allocate and free scratch memory on every call (lz4_flex an
-/// 8 KB hash table per page), so under memory pressure a queue thread would
-/// fault, enter direct reclaim and wait on the swap writes it is there to
+/// Whatever a queue thread allocates and frees while it serves (a library's
+/// scratch buffer, a vector grown for a request) would then come back as
+/// fresh pages, so under memory pressure a queue thread would fault, enter direct reclaim and wait on the swap writes it is there to
 /// complete. With trimming off and the mmap threshold at its maximum, the
 /// heap keeps (locked, by `lock_memory`) what it once used, and those
 /// allocations reuse it. Logged and ignored where malloc is not glibc's.
