@@ -5,7 +5,8 @@
 //! (BENCHMARKS.md, sections 1 and 2), with the same ratio.
 //!
 //! The compression state (`LZ4_stream_t`, 16 KB of hash table) lives in a
-//! buffer the codec allocates once. It is initialised by the first call
+//! buffer the codec allocates once ([`ExtState`], which lz4hc's codec
+//! shares). It is initialised by the first call
 //! (`LZ4_compress_fast_extState`) and reused by every later one with
 //! `LZ4_compress_fast_extState_fastReset`, which starts a new, independent
 //! block without clearing the table: clearing 16 KB per 4 KB page would
@@ -48,15 +49,130 @@ extern "C" {
     ) -> c_int;
 }
 
+/// A liblz4 compressor with a caller-owned state: (state, src, dst,
+/// src_size, dst_capacity, acceleration or level) to the output's length,
+/// 0 if it did not fit.
+type ExtStateFn =
+    unsafe extern "C" fn(*mut c_void, *const c_char, *mut c_char, c_int, c_int, c_int) -> c_int;
+
+/// One of liblz4's compressors that work in a state the caller allocates:
+/// the state's size, the call that initialises it while compressing, and
+/// the call that reuses an initialised one without clearing it.
+pub(super) struct ExtStateKind {
+    name: &'static str,
+    size: unsafe extern "C" fn() -> c_int,
+    full: ExtStateFn,
+    fast: ExtStateFn,
+}
+
+impl ExtStateKind {
+    /// # Safety
+    /// `size`, `full` and `fast` are liblz4's size query, initialising
+    /// compressor and `_fastReset` compressor of one and the same state
+    /// type.
+    pub(super) const unsafe fn new(
+        name: &'static str,
+        size: unsafe extern "C" fn() -> c_int,
+        full: ExtStateFn,
+        fast: ExtStateFn,
+    ) -> ExtStateKind {
+        ExtStateKind {
+            name,
+            size,
+            full,
+            fast,
+        }
+    }
+}
+
+/// lz4's compressor (`LZ4_stream_t`, 16 KB of hash table).
+// SAFETY: the three calls of `LZ4_stream_t`, as lz4.h pairs them.
+const LZ4: ExtStateKind = unsafe {
+    ExtStateKind::new(
+        "lz4",
+        LZ4_sizeofState,
+        LZ4_compress_fast_extState,
+        LZ4_compress_fast_extState_fastReset,
+    )
+};
+
+/// A liblz4 compression state allocated once per codec, initialised by
+/// its first call and reused by every later one (`_fastReset`), which
+/// starts a new, independent block without clearing the tables: liblz4
+/// offsets the old positions out of reach instead.
+pub(super) struct ExtState {
+    kind: &'static ExtStateKind,
+    /// `kind.size()` bytes, 8-byte aligned as liblz4 asks.
+    state: Vec<u64>,
+    /// Whether `state` has been initialised by a `full` call.
+    ready: bool,
+}
+
+impl ExtState {
+    /// A state of `kind`, allocated and not yet initialised.
+    pub(super) fn new(kind: &'static ExtStateKind) -> ExtState {
+        // SAFETY: only returns a constant size.
+        let bytes = unsafe { (kind.size)() }.max(0) as usize;
+        ExtState {
+            kind,
+            state: vec![0; bytes.div_ceil(8)],
+            ready: false,
+        }
+    }
+
+    /// Compresses `src` into `dst` as one LZ4 block with `param` (lz4's
+    /// acceleration, lz4hc's level): `Ok(None)` when it does not fit.
+    pub(super) fn compress(
+        &mut self,
+        src: &[u8],
+        dst: &mut [u8],
+        param: c_int,
+    ) -> Result<Option<usize>, CodecError> {
+        let name = self.kind.name;
+        let (Ok(n), Ok(cap)) = (c_int::try_from(src.len()), c_int::try_from(dst.len())) else {
+            return Err(CodecError::Internal(format!(
+                "{name}: a {}-byte input is too large",
+                src.len()
+            )));
+        };
+        let compress = if self.ready {
+            self.kind.fast
+        } else {
+            self.kind.full
+        };
+        // SAFETY: `state` is the size `kind` asks, 8-byte aligned, owned by
+        // this value and used by no other call meanwhile (`&mut self`);
+        // `kind`'s `full` call initialised it before any `fast` one (the
+        // pair is one state type's: `ExtStateKind::new`). `src` and `dst`
+        // are valid for `n` and `cap` bytes; liblz4 reads at most `n` and
+        // writes at most `cap`.
+        let out = unsafe {
+            compress(
+                self.state.as_mut_ptr().cast(),
+                src.as_ptr().cast(),
+                dst.as_mut_ptr().cast(),
+                n,
+                cap,
+                param,
+            )
+        };
+        // A full call initialises the state whether the output fitted or
+        // not (liblz4 updates it before it compresses).
+        self.ready = true;
+        match usize::try_from(out) {
+            Ok(0) | Err(_) => Ok(None),
+            Ok(k) if k > dst.len() => Err(CodecError::overflow(k, dst.len())),
+            Ok(k) => Ok(Some(k)),
+        }
+    }
+}
+
 /// liblz4's acceleration 1: its default, and what zram's lz4 runs.
 const ACCELERATION: c_int = 1;
 
 /// LZ4 block codec with its own compression state.
 pub struct Lz4Codec {
-    /// `LZ4_sizeofState()` bytes, 8-byte aligned as liblz4 asks.
-    state: Vec<u64>,
-    /// Whether `state` has been initialised by a full `extState` call.
-    ready: bool,
+    state: ExtState,
 }
 
 impl std::fmt::Debug for Lz4Codec {
@@ -74,11 +190,8 @@ impl Default for Lz4Codec {
 impl Lz4Codec {
     /// Creates an LZ4 codec.
     pub fn new() -> Self {
-        // SAFETY: only returns a constant size.
-        let bytes = unsafe { LZ4_sizeofState() }.max(0) as usize;
         Lz4Codec {
-            state: vec![0; bytes.div_ceil(8)],
-            ready: false,
+            state: ExtState::new(&LZ4),
         }
     }
 }
@@ -89,40 +202,7 @@ impl Codec for Lz4Codec {
     }
 
     fn compress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<Option<usize>, CodecError> {
-        let (Ok(n), Ok(cap)) = (c_int::try_from(src.len()), c_int::try_from(dst.len())) else {
-            return Err(CodecError::Internal(format!(
-                "lz4: a {}-byte input is too large",
-                src.len()
-            )));
-        };
-        let compress = if self.ready {
-            LZ4_compress_fast_extState_fastReset
-        } else {
-            LZ4_compress_fast_extState
-        };
-        // SAFETY: `state` is `LZ4_sizeofState()` bytes, 8-byte aligned,
-        // owned by this codec and used by no other call meanwhile
-        // (`&mut self`); a full `extState` call initialised it before any
-        // `_fastReset` one. `src` and `dst` are valid for `n` and `cap`
-        // bytes; liblz4 reads at most `n` and writes at most `cap`.
-        let out = unsafe {
-            compress(
-                self.state.as_mut_ptr().cast(),
-                src.as_ptr().cast(),
-                dst.as_mut_ptr().cast(),
-                n,
-                cap,
-                ACCELERATION,
-            )
-        };
-        // A full call initialises the state whether the output fitted or
-        // not.
-        self.ready = true;
-        match usize::try_from(out) {
-            Ok(0) | Err(_) => Ok(None),
-            Ok(k) if k > dst.len() => Err(CodecError::overflow(k, dst.len())),
-            Ok(k) => Ok(Some(k)),
-        }
+        self.state.compress(src, dst, ACCELERATION)
     }
 
     fn decompress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<(), CodecError> {

@@ -3,14 +3,14 @@
 //! so pages decode at lz4's speed, with the lz4 codec's decoder.
 //!
 //! The compression state (`LZ4_streamHC_t`, 256 KB of hash and chain
-//! tables) lives in a buffer the codec allocates once: `LZ4_compress_HC`
-//! would allocate and free one per call. It is initialised once
-//! (`LZ4_compress_HC_extStateHC` on the first call) and then reused with
-//! `LZ4_compress_HC_extStateHC_fastReset`, which starts a new, independent
-//! block without clearing the tables (liblz4 offsets the old positions
-//! out of reach instead): clearing 256 KB per 4 KB page would cost more
-//! than compressing it.
+//! tables) lives in a buffer the codec allocates once (lz4's `ExtState`):
+//! `LZ4_compress_HC` would allocate and free one per call. It is
+//! initialised once (`LZ4_compress_HC_extStateHC` on the first call) and
+//! then reused with `LZ4_compress_HC_extStateHC_fastReset`, which starts a
+//! new, independent block without clearing the tables: clearing 256 KB per
+//! 4 KB page would cost more than compressing it.
 
+use super::lz4::{ExtState, ExtStateKind};
 use super::{Algo, Codec, CodecError};
 use libc::{c_char, c_int, c_void};
 
@@ -42,13 +42,21 @@ extern "C" {
     ) -> c_int;
 }
 
+/// LZ4HC's compressor (`LZ4_streamHC_t`).
+// SAFETY: the three calls of `LZ4_streamHC_t`, as lz4hc.h pairs them.
+const LZ4HC: ExtStateKind = unsafe {
+    ExtStateKind::new(
+        "lz4hc",
+        LZ4_sizeofStateHC,
+        LZ4_compress_HC_extStateHC,
+        LZ4_compress_HC_extStateHC_fastReset,
+    )
+};
+
 /// LZ4HC block codec with its own compression state.
 pub struct Lz4HcCodec {
     level: i32,
-    /// `LZ4_sizeofStateHC()` bytes, 8-byte aligned as liblz4 asks.
-    state: Vec<u64>,
-    /// Whether `state` has been initialised by a full `extStateHC` call.
-    ready: bool,
+    state: ExtState,
 }
 
 impl std::fmt::Debug for Lz4HcCodec {
@@ -62,12 +70,9 @@ impl std::fmt::Debug for Lz4HcCodec {
 impl Lz4HcCodec {
     /// Creates an LZ4HC codec at `level` (1..=12).
     pub fn new(level: i32) -> Self {
-        // SAFETY: only returns a constant size.
-        let bytes = unsafe { LZ4_sizeofStateHC() }.max(0) as usize;
         Lz4HcCodec {
             level,
-            state: vec![0; bytes.div_ceil(8)],
-            ready: false,
+            state: ExtState::new(&LZ4HC),
         }
     }
 }
@@ -78,41 +83,7 @@ impl Codec for Lz4HcCodec {
     }
 
     fn compress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<Option<usize>, CodecError> {
-        let (Ok(n), Ok(cap)) = (c_int::try_from(src.len()), c_int::try_from(dst.len())) else {
-            return Err(CodecError::Internal(format!(
-                "lz4hc: a {}-byte input is too large",
-                src.len()
-            )));
-        };
-        let compress = if self.ready {
-            LZ4_compress_HC_extStateHC_fastReset
-        } else {
-            LZ4_compress_HC_extStateHC
-        };
-        // SAFETY: `state` is `LZ4_sizeofStateHC()` bytes, 8-byte aligned,
-        // owned by this codec and used by no other call meanwhile
-        // (`&mut self`); it was initialised by a full `extStateHC` call
-        // before any `_fastReset` one. `src` and `dst` are valid for `n`
-        // and `cap` bytes; liblz4 writes at most `cap`.
-        let out = unsafe {
-            compress(
-                self.state.as_mut_ptr().cast(),
-                src.as_ptr().cast(),
-                dst.as_mut_ptr().cast(),
-                n,
-                cap,
-                self.level,
-            )
-        };
-        // A full call initialises the state whether the output fitted or
-        // not (a failed one leaves it marked for reinitialisation, which
-        // `_fastReset` does).
-        self.ready = true;
-        match usize::try_from(out) {
-            Ok(0) | Err(_) => Ok(None),
-            Ok(k) if k > dst.len() => Err(CodecError::overflow(k, dst.len())),
-            Ok(k) => Ok(Some(k)),
-        }
+        self.state.compress(src, dst, self.level)
     }
 
     fn decompress(&mut self, src: &[u8], dst: &mut [u8]) -> Result<(), CodecError> {

@@ -305,6 +305,25 @@ mod tests {
     }
 
     #[test]
+    fn a_codec_goes_on_after_a_page_that_did_not_fit() {
+        // lz4 and lz4hc reuse their state without clearing it after the
+        // first call, a refused one included.
+        for algo in [Algo::Lz4, Algo::Lz4Hc(9), Algo::Zstd(1), Algo::Deflate(1)] {
+            let mut c = algo.new_codec();
+            let pages = sample_pages();
+            let mut small = vec![0u8; 3072];
+            assert_eq!(c.compress(&pages[2], &mut small).unwrap(), None, "{algo}");
+            for page in pages.iter().chain(pages.iter()) {
+                let mut dst = vec![0u8; page.len() * 2];
+                let n = c.compress(page, &mut dst).unwrap().expect("fits in 2x");
+                let mut back = vec![0u8; page.len()];
+                c.decompress(&dst[..n], &mut back).unwrap();
+                assert_eq!(&back, page, "{algo}");
+            }
+        }
+    }
+
+    #[test]
     fn compressible_page_fits_the_huge_budget() {
         for algo in [
             Algo::Lz4,
