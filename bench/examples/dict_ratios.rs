@@ -24,8 +24,8 @@
 //! which indexes the dictionary again for every page) and through liblz4,
 //! which indexes it once (`LZ4_loadDict`, or `LZ4_loadDictSlow` that
 //! indexes every position) and attaches it to a working stream per page.
-//! Last, lz4_flex's compressor with liblz4's decoder (the store's pair
-//! when these figures were taken; the store now compresses with liblz4).
+//! Last, lz4_flex's compressor with liblz4's decoder (the store's pair at
+//! b2be4ae, where BENCHMARKS.md's figures were taken).
 //! zstd prepares its dictionaries once (`EncoderDictionary`,
 //! `DecoderDictionary`) and writes frames as the store does (magicless, no
 //! content size, checksum or dictionary id). Every measured page is
@@ -234,8 +234,8 @@ impl PageCodec for LibLz4<'_> {
     }
 }
 
-/// lz4_flex's compressor with liblz4's decoder, as the store paired them
-/// without a dictionary: the blocks are one format.
+/// lz4_flex's compressor with liblz4's decoder (the store's pair at
+/// b2be4ae) without a dictionary: the blocks are one format.
 struct FlexThenLib<'d> {
     flex: Flex<'d>,
     lib: LibLz4<'d>,

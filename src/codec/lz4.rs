@@ -2,27 +2,27 @@
 //! decoded by liblz4 (`lz4-sys`'s bundled C sources): natively, on
 //! real-memory pages, its compressor is 7 % faster than lz4_flex's and its
 //! decoder (`LZ4_decompress_safe`, bounds-checked on both buffers) 1.3x,
-//! with the same ratio (BENCHMARKS.md, sections 1 and 2). Under qemu's
+//! with the same ratio (BENCHMARKS.md, section 2 "The compressor" and
+//! section 1). Under qemu's
 //! TCG emulation, where the swap figures are taken, the order reverses
 //! (section 3): real processors are what the choice is for.
 //!
 //! The compression state (`LZ4_stream_t`, 16 KB of hash table) lives in a
 //! buffer the codec allocates once ([`ExtState`], which lz4hc's codec
-//! shares). It is initialised by the first call
-//! (`LZ4_compress_fast_extState`) and reused by every later one with
-//! `LZ4_compress_fast_extState_fastReset`, which starts a new, independent
-//! block without clearing the table: clearing 16 KB per 4 KB page would
-//! cost a tenth of compressing it. liblz4 compresses straight into a
-//! buffer smaller than the worst case, giving up (0) when the output
-//! would not fit, so a page bound for a slab object is never copied.
+//! shares), so no call allocates. liblz4 clears its table before every
+//! input of 4 KB or more (a page, a packed group): each is an independent
+//! block. It compresses straight into a buffer smaller than the worst
+//! case, giving up (0) when the output would not fit, so a page bound for a
+//! slab object is never copied.
 
 use super::{Algo, Codec, CodecError};
 use libc::{c_char, c_int, c_void};
 
 // liblz4's entry points with a caller-owned state and its one-shot decoder
 // with a dictionary, compiled into `lz4-sys`'s static library, which the
-// crate does not declare (`_fastReset` is in lz4.h's static-linking
-// section: stable, but not exported by a shared liblz4).
+// crate does not declare. `_fastReset` is in lz4.h's experimental section,
+// for static linking only: its signature is that of the liblz4 1.10.0
+// sources `lz4-sys` bundles and builds into every zblk binary.
 extern "C" {
     fn LZ4_decompress_safe_usingDict(
         src: *const c_char,
@@ -59,7 +59,7 @@ type ExtStateFn =
 
 /// One of liblz4's compressors that work in a state the caller allocates:
 /// the state's size, the call that initialises it while compressing, and
-/// the call that reuses an initialised one without clearing it.
+/// the call that reuses an initialised one (`_fastReset`).
 pub(super) struct ExtStateKind {
     name: &'static str,
     size: unsafe extern "C" fn() -> c_int,
@@ -98,10 +98,13 @@ const LZ4: ExtStateKind = unsafe {
     )
 };
 
-/// A liblz4 compression state allocated once per codec, initialised by
-/// its first call and reused by every later one (`_fastReset`), which
-/// starts a new, independent block without clearing the tables: liblz4
-/// offsets the old positions out of reach instead.
+/// A liblz4 compression state allocated once per codec, initialised by a
+/// full call and reused by later ones (`_fastReset`), which start a new,
+/// independent block without first clearing the whole state: lz4hc's 256
+/// KB of tables would cost more to clear than a page to compress (liblz4
+/// offsets the old positions out of reach instead). After a call that
+/// failed (the output did not fit) the next one is a full call again:
+/// lz4.h promises a valid state only after a successful one.
 pub(super) struct ExtState {
     kind: &'static ExtStateKind,
     /// `kind.size()` bytes, 8-byte aligned as liblz4 asks.
@@ -130,13 +133,15 @@ impl ExtState {
         dst: &mut [u8],
         param: c_int,
     ) -> Result<Option<usize>, CodecError> {
-        let name = self.kind.name;
-        let (Ok(n), Ok(cap)) = (c_int::try_from(src.len()), c_int::try_from(dst.len())) else {
+        let Ok(n) = c_int::try_from(src.len()) else {
             return Err(CodecError::Internal(format!(
-                "{name}: a {}-byte input is too large",
+                "{}: a {}-byte input is too large",
+                self.kind.name,
                 src.len()
             )));
         };
+        // liblz4 takes an `int` capacity; it never writes more than that.
+        let cap = c_int::try_from(dst.len()).unwrap_or(c_int::MAX);
         let compress = if self.ready {
             self.kind.fast
         } else {
@@ -144,10 +149,11 @@ impl ExtState {
         };
         // SAFETY: `state` is the size `kind` asks, 8-byte aligned, owned by
         // this value and used by no other call meanwhile (`&mut self`);
-        // `kind`'s `full` call initialised it before any `fast` one (the
-        // pair is one state type's: `ExtStateKind::new`). `src` and `dst`
-        // are valid for `n` and `cap` bytes; liblz4 reads at most `n` and
-        // writes at most `cap`.
+        // a `fast` call comes only after a successful call of `kind`, which
+        // left the state initialised (the pair is one state type's:
+        // `ExtStateKind::new`). `src` and `dst` are valid for `n` and at
+        // least `cap` bytes; liblz4 reads at most `n` and writes at most
+        // `cap`.
         let out = unsafe {
             compress(
                 self.state.as_mut_ptr().cast(),
@@ -158,9 +164,7 @@ impl ExtState {
                 param,
             )
         };
-        // A full call initialises the state whether the output fitted or
-        // not (liblz4 updates it before it compresses).
-        self.ready = true;
+        self.ready = out > 0;
         match usize::try_from(out) {
             Ok(0) | Err(_) => Ok(None),
             Ok(k) if k > dst.len() => Err(CodecError::overflow(k, dst.len())),

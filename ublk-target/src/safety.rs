@@ -109,8 +109,9 @@ pub fn protect_from_oom() -> Result<()> {
 /// unmapped on free; either way the next allocation faults in fresh pages.
 /// Whatever a queue thread allocates and frees while it serves (a library's
 /// scratch buffer, a vector grown for a request) would then come back as
-/// fresh pages, so under memory pressure a queue thread would fault, enter direct reclaim and wait on the swap writes it is there to
-/// complete. With trimming off and the mmap threshold at its maximum, the
+/// fresh pages, so under memory pressure a queue thread would fault, enter
+/// direct reclaim and wait on the swap writes it is there to complete.
+/// With trimming off and the mmap threshold at its maximum, the
 /// heap keeps (locked, by `lock_memory`) what it once used, and those
 /// allocations reuse it. Logged and ignored where malloc is not glibc's.
 pub fn keep_heap() {
