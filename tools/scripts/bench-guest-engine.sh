@@ -29,6 +29,7 @@ while [ $# -gt 0 ]; do
     *) die "unknown option $1 (see the header)" ;;
     esac
 done
+case $rounds in '' | *[!0-9]* | 0) die "--rounds takes a positive number" ;; esac
 CORPUS=${ZBLK_CORPUS:-$REPO/../shared/corpus/realmem-dev.bin.zst}
 [ -f "$CORPUS" ] || die "no corpus at $CORPUS (set ZBLK_CORPUS)"
 
@@ -51,8 +52,12 @@ build() {
     done
 }
 
-tags=HEAD
-build "$REPO" HEAD
+# A build is named by its commit; the working tree's with -dirty when it
+# differs from HEAD.
+head=$(git rev-parse --short HEAD)
+git diff --quiet HEAD -- || head=$head-dirty
+tags=$head
+build "$REPO" "$head"
 if [ -n "$against" ]; then
     git worktree add -q --detach "$work/tree" "$against" || die "no commit $against"
     tag=$(git rev-parse --short "$against")
@@ -63,13 +68,25 @@ fi
 # The guest's part: every round runs each build's programs in turn.
 cat >"$work/extra.sh" <<EOF
 C=/lib/zblk-vm/data/$(basename "$CORPUS")
-[ -e /sys/block/zram0 ] || modprobe zram num_devices=1
+# Runs program \$1 of build \$2 in round \$3 with the rest as arguments,
+# every line of its output prefixed; a failure is a FAIL line and exit 1.
+run() {
+    p=\$1 t=\$2 r=\$3
+    shift 3
+    if \${p}_\$t "\$@" >/tmp/out 2>&1; then
+        sed "s/^/\$t \$p round \$r /" /tmp/out
+    else
+        rc=\$?
+        tail -n 5 /tmp/out
+        echo "FAIL guest-engine \${p}_\$t exited \$rc in round \$r"
+        exit 1
+    fi
+}
 r=1
 while [ \$r -le $rounds ]; do
     for t in $tags; do
-        engine_ratios_\$t \$C --rounds 1 lz4 2>&1 | grep '^| lz4' | sed "s/^/\$t engine_ratios round \$r /"
-        native_zram_\$t \$C --zram zram0 --zram-algos lz4 --rounds 1 --copies 1 2>&1 |
-            grep -E '^\| (zblk|zram)' | sed "s/^/\$t native_zram round \$r /"
+        run engine_ratios \$t \$r \$C --rounds 1 lz4
+        run native_zram \$t \$r \$C --zram zram0 --zram-algos lz4 --rounds 1 --copies 1
     done
     r=\$((r + 1))
 done
@@ -78,6 +95,8 @@ EOF
 
 carry=()
 for f in "$work"/native_zram_* "$work"/engine_ratios_*; do carry+=(--carry "$f"); done
-ZBLK_VM_NOBUILD=${ZBLK_VM_NOBUILD:-0} bash tests/vm/run.sh --kernel "$kernel" --scenario stat \
-    --extra-script "$work/extra.sh" --data "$CORPUS" "${carry[@]}" --timeout 1800 2>&1 |
-    grep -E '^(HEAD|[0-9a-f]{7,}) (engine_ratios|native_zram) round|^(PASS|FAIL|ALL)'
+# The guest's own limit on a script (zblk.timeout, seconds) and qemu's.
+ZBLK_VM_ARGS="zblk.timeout=$((600 * rounds + 300)) ${ZBLK_VM_ARGS:-}" \
+    bash tests/vm/run.sh --kernel "$kernel" --scenario stat --extra-script "$work/extra.sh" \
+    --data "$CORPUS" "${carry[@]}" --timeout $((600 * rounds + 900)) 2>&1 |
+    grep -E '^[0-9a-f]{7,}(-dirty)? (engine_ratios|native_zram) round [0-9]+ \| (lz4|zblk|zram) |^(PASS|FAIL|ALL)|^\[vm\] (error|warning)|^console logs'
