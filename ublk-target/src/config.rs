@@ -84,7 +84,7 @@ pub struct DeviceConfig {
     /// one whose task waits for the request.
     #[arg(long, value_name = "US", default_value_t = 0,
           value_parser = clap::value_parser!(u32).range(0..=MAX_POLL_US))]
-    #[serde(default, skip_serializing_if = "is_zero_u32")]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub poll_us: u32,
     /// Queue depth (requests in flight per queue).
     #[arg(short, long, default_value_t = 128, value_parser = clap::value_parser!(u16).range(1..=4096))]
@@ -180,14 +180,10 @@ fn is_false(v: &bool) -> bool {
     !*v
 }
 
-/// Whether a setting is at its "off" value (left out of the JSON).
-fn is_zero(v: &u64) -> bool {
-    *v == 0
-}
-
-/// [`is_zero`] for a 32-bit setting.
-fn is_zero_u32(v: &u32) -> bool {
-    *v == 0
+/// Whether a numeric setting is at its "off" value, zero (left out of the
+/// JSON).
+fn is_zero<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
 }
 
 /// The longest busy-poll window `--poll-us` takes: 10 ms.

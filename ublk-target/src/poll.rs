@@ -58,8 +58,10 @@ impl PollWindow {
         }
     }
 
-    /// Whether a window is open (the thread is polling).
-    pub fn polling(&self) -> bool {
+    /// Whether a window is open (the thread is polling): for the tests,
+    /// the queue loop needs only [`Self::to_wait`].
+    #[cfg(test)]
+    fn polling(&self) -> bool {
         self.until.is_some()
     }
 }
