@@ -40,7 +40,10 @@
 #                       breakdown (where a swapped page's time goes: CPU
 #                       by consumer and zblk's phase timers, BREAKDOWN lines)
 #                       and thp (the swap workload in 4 KB pages, 64 KB mTHP
-#                       and 2 MB THP folios, zram then zblk per size))
+#                       and 2 MB THP folios, zram then zblk per size)
+#                       and stall (one process of 1.5x RAM, no cgroup, run
+#                       after run under a watchdog that captures a stall:
+#                       see the scenario's header))
 #   --mem SIZE          guest memory (qemu -m syntax, default 2G)
 #   --cpus N            guest vCPUs (default 2)
 #   --keep              keep the work folder (initramfs, console log) and print it
@@ -87,7 +90,7 @@
 #   ZBLK_VM_MONITOR=1  a qemu monitor socket and SysRq, to ask a stuck guest
 #                   where it is (see boot())
 #   ZBLK_VM_SYSRQ_SILENCE=SECS  with ZBLK_VM_MONITOR=1: when the console has
-#                   been silent SECS seconds, SysRq 9, w, l and m are sent by
+#                   been silent SECS seconds, SysRq 9, t, w, l and m are sent by
 #                   tools/scripts/vm-sysrq-watch.py (again every 5 minutes
 #                   while it stays silent); the dumps land in console.log
 #   ZBLK_VM_ACCEL   qemu accelerator: tcg (default; works everywhere) or kvm
@@ -112,7 +115,7 @@ WORK=${ZBLK_VM_WORK:-$REPO/tests/vm/work}
 # swapkill runs last: it leaves a dead swap area the kernel cannot remove.
 DEFAULT_SCENARIOS="swap munmap blockio stat lifecycle recompress exhaust soak filesystem crash upgrade security swapkill"
 # bench measures and is slow: run by name only (tools/scripts/bench-device.sh).
-ALL_SCENARIOS="$DEFAULT_SCENARIOS zram-compare bench recovery-cost transport-ab tiering wholemachine breakdown thp"
+ALL_SCENARIOS="$DEFAULT_SCENARIOS zram-compare bench recovery-cost transport-ab tiering wholemachine breakdown thp stall"
 SCENARIOS=""
 MEM=2G
 CPUS=2
@@ -396,13 +399,13 @@ build_bins() {
     BINDIR=${tdir:-${CARGO_TARGET_DIR:-$REPO/target}}/$TARGET/release
     if [ "${ZBLK_VM_NOBUILD:-0}" != 1 ]; then
         command -v cargo >/dev/null || die "cargo not found (install Rust: https://rustup.rs)"
-        log "building static zblk, usemem, munmap_bench, randio"
+        log "building static zblk, usemem, munmap_bench, randio, stallwatch"
         (cd "$REPO" && RUSTFLAGS='-C target-feature=+crt-static' \
             cargo build --release --target "$TARGET" -p zblk-tools \
-            --bin zblk --bin usemem --bin munmap_bench --bin randio) >&2 || die "cargo build failed"
+            --bin zblk --bin usemem --bin munmap_bench --bin randio --bin stallwatch) >&2 || die "cargo build failed"
     fi
     local b
-    for b in zblk usemem munmap_bench randio; do
+    for b in zblk usemem munmap_bench randio stallwatch; do
         [ -x "$BINDIR/$b" ] || die "missing $BINDIR/$b"
     done
 }
@@ -443,7 +446,7 @@ pack_initramfs() {
     [ -n "$EXTRA" ] && cp "$EXTRA" "$root/lib/zblk-vm/extra.sh"
     cp "$KDIR"/modules/*.ko "$KDIR/modules/order" "$root/lib/zblk-vm/modules/"
     [ -f "$KDIR/modules/builtin" ] && cp "$KDIR/modules/builtin" "$root/lib/zblk-vm/modules/"
-    for b in zblk usemem munmap_bench randio; do cp "$BINDIR/$b" "$root/usr/local/bin/"; done
+    for b in zblk usemem munmap_bench randio stallwatch; do cp "$BINDIR/$b" "$root/usr/local/bin/"; done
     # util-linux's swap and discard tools: busybox's lack --priority and -z.
     for b in swapon swapoff mkswap blkdiscard; do
         local p; p=$(command -v "$b" || true)

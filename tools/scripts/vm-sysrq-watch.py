@@ -3,9 +3,9 @@
 
 tests/vm/run.sh starts this beside qemu when ZBLK_VM_MONITOR=1 and
 ZBLK_VM_SYSRQ_SILENCE=SECS are set. Whenever the console log has not grown
-for SECS seconds, it sends SysRq 9 (console loglevel), w (blocked tasks),
-l (every CPU's backtrace) and m (memory) through the monitor socket, and
-again every 5 minutes while the silence lasts (stuck or slow?): the guest
+for SECS seconds, it sends SysRq 9 (console loglevel), t (every task),
+w (blocked tasks), l (every CPU's backtrace) and m (memory) through the
+monitor socket, and again every 5 minutes while the silence lasts (stuck or slow?): the guest
 prints them on its console, so they land in console.log beside the
 scenario's last words. A guest stuck in reclaim often cannot run its own
 watchdog (in such a stall even `sleep 1` can make no progress), which is
@@ -23,7 +23,7 @@ import time
 
 # 9 first: the console loglevel (4 in the suite) would print only the
 # dumps' headers.
-KEYS = ("9", "w", "l", "m")
+KEYS = ("9", "t", "w", "l", "m")
 ECHO_S = 60
 REPEAT_S = 300
 

@@ -128,6 +128,16 @@ proc_stacks() {
     done
 }
 
+# The CPU ticks (user/system) of daemon $1's threads, summed by kind:
+# "queue u/s free u/s reserve u/s other u/s" (queue threads, the deferred
+# free's drain thread, the memory reserve's provisioner, the rest).
+daemon_ticks() {
+    for t in /proc/"$1"/task/*; do
+        echo "$(cat "$t/comm" 2>/dev/null) $(sed 's/.*) //' "$t/stat" 2>/dev/null | awk '{ print $12, $13 }')"
+    done | awk 'NF == 3 { j = ($1 == "zblk") ? 1 : ($1 == "zblk-free") ? 2 : ($1 == "zblk-reserve") ? 3 : 4; u[j] += $2; s[j] += $3 }
+        END { for (j = 1; j <= 4; j++) printf "%d/%d ", u[j], s[j] }'
+}
+
 # zadd with NAME=VALUE ($1; nothing when empty) in the daemon's
 # environment (an A/B of an engine setting read from the environment); the
 # script gets its own value (or none) back after it.
@@ -301,6 +311,19 @@ watchdog_check() {
     awk -v g="$WATCHDOG_GAP" -v l="$limit" 'BEGIN { exit !(g > l) }' &&
         fail "the guest stalled: no watchdog beat for ${WATCHDOG_GAP} s (limit $limit s, $WATCHDOG_BEATS beats)"
     return 0
+}
+
+# One line of how a swap configuration ($1: zram:..., zblk:... or zswap:...)
+# is doing: free memory and swap, pages swapped out and in so far, and for
+# zblk what device $ZID stores and how its memory reserve fares.
+swap_sample() {
+    m=$(awk '/^MemFree:/ { f = $2 } /^SwapFree:/ { s = $2 } END { printf "memfree_mb=%d swapfree_mb=%d", f / 1024, s / 1024 }' /proc/meminfo)
+    d=""
+    if [ "${1%%:*}" = zblk ]; then
+        st=$(timeout 5 zblk stat -n "$ZID" --json 2>/dev/null | tr -d '\n')
+        d=" stored_pages=$(echo "$st" | jnum stored_pages) mem_used_total=$(echo "$st" | jnum mem_used_total) failed_writes=$(echo "$st" | jnum failed_writes) mem_spare=$(echo "$st" | jnum mem_spare) reserve_misses=$(echo "$st" | jnum reserve_misses) reserve_refusals=$(echo "$st" | jnum reserve_refusals)"
+    fi
+    echo "$m pswpout=$(vmstat pswpout) pswpin=$(vmstat pswpin)$d"
 }
 
 # ---- kernel zram ------------------------------------------------------------

@@ -125,18 +125,6 @@ wm_down() {
     esac
 }
 
-# One line of how configuration $1 is doing: free memory and swap, pages
-# swapped out and in so far, and for zblk what its device stores.
-wm_sample() {
-    m=$(awk '/^MemFree:/ { f = $2 } /^SwapFree:/ { s = $2 } END { printf "memfree_mb=%d swapfree_mb=%d", f / 1024, s / 1024 }' /proc/meminfo)
-    d=""
-    if [ "${1%%:*}" = zblk ]; then
-        st=$(timeout 5 zblk stat -n "$ZID" --json 2>/dev/null | tr -d '\n')
-        d=" stored_pages=$(echo "$st" | jnum stored_pages) mem_used_total=$(echo "$st" | jnum mem_used_total) failed_writes=$(echo "$st" | jnum failed_writes) mem_spare=$(echo "$st" | jnum mem_spare) reserve_misses=$(echo "$st" | jnum reserve_misses) reserve_refusals=$(echo "$st" | jnum reserve_refusals)"
-    fi
-    echo "$m pswpout=$(vmstat pswpout) pswpin=$(vmstat pswpin)$d"
-}
-
 # Logs a sample of configuration $1 every 20 s while usemem (pid $2,
 # started at $3) runs; after ZBLK_WM_LIMIT_S fails the scenario with the
 # threads of usemem's processes and of zblk's daemon and where they wait.
@@ -145,14 +133,14 @@ wm_watch() {
     while kill -0 "$2" 2>/dev/null; do
         sleep 1
         i=$((i + 1))
-        [ $((i % 20)) = 0 ] && log "$1 at ${i} s: $(wm_sample "$1")"
+        [ $((i % 20)) = 0 ] && log "$1 at ${i} s: $(swap_sample "$1")"
         if [ "$i" -ge "$ZBLK_WM_LIMIT_S" ]; then
             procs=$(grep -l '^usemem$' /proc/[0-9]*/comm 2>/dev/null | cut -d/ -f3)
             [ "${1%%:*}" = zblk ] && procs="$procs $(zdaemon_pid "$ZID")"
             for p in $procs; do
                 log "stuck: pid $p: $(proc_stacks "$p" | tr '\n' '|')"
             done
-            fail "$1: the workload has not ended after $ZBLK_WM_LIMIT_S s: $(wm_sample "$1")"
+            fail "$1: the workload has not ended after $ZBLK_WM_LIMIT_S s: $(swap_sample "$1")"
         fi
     done
 }
@@ -199,10 +187,7 @@ wm_engine() {
     for k in write_ns compress_ns alloc_ns copy_ns install_ns read_ns decode_ns pages_written pages_read num_writes reserve_misses reserve_fallbacks reserve_refusals; do
         v="$v $(echo "$st" | jnum $k)"
     done
-    d=$(for t in /proc/"$(zdaemon_pid "$ZID")"/task/*; do
-        echo "$(cat "$t/comm" 2>/dev/null) $(sed 's/.*) //' "$t/stat" 2>/dev/null | awk '{ print $12, $13 }')"
-    done | awk 'NF == 3 { j = ($1 == "zblk") ? 1 : ($1 == "zblk-free") ? 2 : ($1 == "zblk-reserve") ? 3 : 4; u[j] += $2; s[j] += $3 }
-        END { for (j = 1; j <= 4; j++) printf "%d/%d ", u[j], s[j] }')
+    d=$(daemon_ticks "$(zdaemon_pid "$ZID")")
     log "engine $1: $(echo "$v" | awk '{ w = ($8 > 0) ? $8 : 1; r = ($9 > 0) ? $9 : 1
         printf "pages_written=%d write_us=%.2f compress_us=%.2f alloc_us=%.2f copy_us=%.2f install_us=%.2f pages_read=%d read_us=%.2f decode_us=%.2f pages_per_write=%.2f reserve_misses=%d fallbacks=%d refusals=%d",
             $8, $1 / w / 1e3, $2 / w / 1e3, $3 / w / 1e3, $4 / w / 1e3, $5 / w / 1e3, $9, $6 / r / 1e3, $7 / r / 1e3, ($10 > 0) ? $8 / $10 : 0, $11, $12, $13 }') daemon_ticks=$d"
