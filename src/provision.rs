@@ -24,6 +24,62 @@ const ARENA_ROOM: usize = 1 << 20;
 /// throttling it stays at normal priority.
 const SCHED_ENV: &str = "ZBLK_RESERVE_SCHED";
 
+/// An experiment's switch: `ZBLK_RESERVE_NOIO=1` leaves the provisioner an
+/// I/O flusher like the daemon's other threads (see [`allow_io_in_reclaim`]),
+/// for an A/B.
+const NOIO_ENV: &str = "ZBLK_RESERVE_NOIO";
+
+/// Lets the provisioner's own reclaim write pages out, and reach the OOM
+/// killer, when the process is an I/O flusher (`PR_SET_IO_FLUSHER`, which
+/// the daemon sets before any thread exists, so that every thread has it).
+///
+/// A queue thread must never wait on I/O that it would serve itself; the
+/// provisioner serves none, and as an I/O flusher its page faults are
+/// `GFP_NOIO`. Below the min watermark (half of it, at `SCHED_FIFO`) such a
+/// fault's reclaim can swap nothing out, and the page allocator never calls
+/// the OOM killer for an allocation without `__GFP_FS`: it retries it for
+/// as long as it takes (`out_of_memory`: "The OOM killer does not
+/// compensate for IO-less reclaim"), a real-time thread in a loop while the
+/// queue thread pinned to that CPU runs only in what real-time throttling
+/// leaves. Without the flag, its reclaim swaps pages out as any task's does
+/// (through the queue threads, which wait for the provisioner at most
+/// `MISS_WAITS` x `MISS_WAIT` and never for its reclaim), and when nothing
+/// can be reclaimed the OOM killer frees memory (the daemon's
+/// `oom_score_adj` of -1000 keeps the daemon out of its choice). Clearing
+/// the flag needs `CAP_SYS_RESOURCE`, which a daemon that has a keeper
+/// keeps; without it the provisioner stays an I/O flusher, said in the log.
+fn allow_io_in_reclaim() {
+    const PR_SET_IO_FLUSHER: libc::c_int = 57;
+    const PR_GET_IO_FLUSHER: libc::c_int = 58;
+    if std::env::var(NOIO_ENV).is_ok_and(|v| v == "1") {
+        log::info!("memory reserve: provisioner left an I/O flusher ({NOIO_ENV}=1)");
+        return;
+    }
+    // SAFETY: prctl with integer arguments has no memory effects.
+    let flusher = unsafe { libc::prctl(PR_GET_IO_FLUSHER, 0, 0, 0, 0) };
+    if flusher < 0 {
+        let e = std::io::Error::last_os_error();
+        // EINVAL: a kernel before 5.6, which has no I/O flushers.
+        if e.raw_os_error() != Some(libc::EINVAL) {
+            log::info!("memory reserve: provisioner keeps the process's I/O-flusher setting ({e})");
+        }
+        return;
+    }
+    if flusher == 0 {
+        return;
+    }
+    // SAFETY: as above; this clears the flags of the calling thread alone.
+    if unsafe { libc::prctl(PR_SET_IO_FLUSHER, 0, 0, 0, 0) } == 0 {
+        log::info!("memory reserve: provisioner reclaims with I/O (not an I/O flusher)");
+    } else {
+        log::warn!(
+            "memory reserve: provisioner stays an I/O flusher ({}): below the min \
+             watermark its faults wait for kswapd and never for the OOM killer",
+            std::io::Error::last_os_error()
+        );
+    }
+}
+
 /// Whether the provisioner asks for `SCHED_FIFO` (see [`SCHED_ENV`]): not
 /// when told `normal`, nor where the kernel's real-time throttling is off
 /// (`sched_rt_runtime_us` -1), since nothing would then bound a real-time
@@ -81,6 +137,7 @@ impl Provisioner {
                 // Its page faults are to be the spares' alone, off every
                 // lock (see `crate::page::prefault_thread`).
                 crate::page::prefault_thread(ARENA_ROOM);
+                allow_io_in_reclaim();
                 if wants_realtime() {
                     realtime();
                 }

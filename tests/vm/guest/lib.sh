@@ -176,6 +176,21 @@ cfg_parse() {
     if [ "$cfg_rest" != "$CFG_ALGO" ]; then CFG_MODE=${cfg_rest#*:}; fi
 }
 
+# The PF_MEMALLOC_NOIO bit (0x80000: the thread's allocations are
+# GFP_NOIO, as an I/O flusher's) of each thread of process $1 named $2, as
+# the distinct values found ("0", "1", "0 1"), or "none".
+thread_noio() {
+    tn=$(for t in /proc/"$1"/task/*; do
+        [ "$(cat "$t/comm" 2>/dev/null)" = "$2" ] || continue
+        st=$(cat "$t/stat" 2>/dev/null) || continue
+        # comm has no spaces here, so fields split plainly.
+        # shellcheck disable=SC2086
+        set -- $st
+        echo $(( ($9 >> 19) & 1 ))
+    done | sort -u)
+    echo ${tn:-none}
+}
+
 # The scheduling policy of the zblk-reserve threads (field 41 of their
 # stat: 0 normal, 1 FIFO), or "none".
 reserve_policy() {

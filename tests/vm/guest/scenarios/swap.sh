@@ -20,6 +20,11 @@ prss=${prss%% *}
 [ "$psize" -gt 0 ] && [ "$prss" = "$psize" ] && [ "$punl" = 0 ] ||
     fail "daemon $dpid: program $psize kB mapped, $prss kB resident, $punl mappings not locked"
 log "program: $psize kB mapped, all resident and locked"
+# The daemon is an I/O flusher (its threads' allocations never recurse into
+# I/O), all but the provisioner, whose reclaim may swap out and reach the
+# OOM killer (src/provision.rs, allow_io_in_reclaim).
+[ "$(thread_noio "$dpid" zblk)" = 1 ] || fail "daemon $dpid: queue threads' PF_MEMALLOC_NOIO: $(thread_noio "$dpid" zblk), not 1"
+[ "$(thread_noio "$dpid" zblk-reserve)" = 0 ] || fail "daemon $dpid: provisioner's PF_MEMALLOC_NOIO: $(thread_noio "$dpid" zblk-reserve), not 0"
 grep -q "^$ZDEV .*100\$" /proc/swaps || log "note: priority is not 100: $(grep "^$ZDEV " /proc/swaps)"
 swap_workload zblk
 st=$(zstat)
