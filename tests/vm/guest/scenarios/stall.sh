@@ -18,6 +18,10 @@
 # (mlocked, SCHED_FIFO 2) cannot run is the host's to ask: run with
 # ZBLK_VM_MONITOR=1 ZBLK_VM_SYSRQ_SILENCE=90 (stallwatch prints a line
 # every 20 s, so 90 s of silence means the guest itself is stuck).
+# zblk.stall_ab=NAME=VALUE starts the daemon of every even-numbered zblk
+# run with that variable in its environment, for an A/B in one boot
+# (ZBLK_RESERVE_NOIO=1: the provisioner left an I/O flusher); the result
+# then gives each half's failed writes and median time.
 # Per run it logs the time, failed writes (zblk's failed_writes, the
 # kernel's "Write-error on swap-device" lines), OOM kills and the longest
 # quiet time; the result fails on any stall, bad page or OOM kill.
@@ -39,7 +43,7 @@ mem_kb=$(awk '/^MemTotal:/ { print $2 }' /proc/meminfo)
 work_mb=$(awk -v k="$mem_kb" -v f="$ZBLK_STALL_FACTOR" 'BEGIN { printf "%d", k * f / 1024 }')
 dev_mb=$((mem_kb * 2 / 1024))
 log "RAM $((mem_kb / 1024)) MB; one process of $work_mb MB ($pattern pages); devices $dev_mb MB; $ZBLK_STALL_RUNS zblk runs, zram before each: $ZBLK_STALL_ZRAM"
-log "min_free_kbytes=$(cat /proc/sys/vm/min_free_kbytes) watermark_scale_factor=$(cat /proc/sys/vm/watermark_scale_factor) page-cluster=$(cat /proc/sys/vm/page-cluster)"
+log "min_free_kbytes=$(cat /proc/sys/vm/min_free_kbytes) watermark_scale_factor=$(cat /proc/sys/vm/watermark_scale_factor) page-cluster=$(cat /proc/sys/vm/page-cluster) watermarks(all zones): $(awk '/^ +(min|low|high) / { w[$1] += $2 } END { printf "min=%d low=%d high=%d MB", w["min"] * 4 / 1024, w["low"] * 4 / 1024, w["high"] * 4 / 1024 }' /proc/zoneinfo)"
 
 # Runs the workload on the swap device just set up ($1: zram or zblk,
 # for the log). Sets RUN_LINE (its figures) and RUN_STALL (1 when the
@@ -94,11 +98,14 @@ while [ "$run" -le "$ZBLK_STALL_RUNS" ]; do
         swapoff /dev/zram0 || fail "swapoff /dev/zram0 failed after run $run"
         echo 1 >/sys/block/zram0/reset
     fi
-    zadd --size "${dev_mb}M" --algo "$ZBLK_STALL_ALGO" --swap
+    ab="" half=a
+    if [ -n "${ZBLK_STALL_AB:-}" ] && [ $((run % 2)) = 0 ]; then ab=$ZBLK_STALL_AB half=b; fi
+    zadd_env "$ab" --size "${dev_mb}M" --algo "$ZBLK_STALL_ALGO" --swap
     stall_workload zblk
     fw=$(zstat | jnum failed_writes)
-    log "run $run zblk: $RUN_LINE failed_writes=$fw reserve_refusals=$(zstat | jnum reserve_refusals) reserve_misses=$(zstat | jnum reserve_misses) daemon_ticks(queue,free,reserve,other)=$(daemon_ticks "$(zdaemon_pid "$ZID")" | tr ' ' ',')"
+    log "run $run zblk${ab:+ $ab}: $RUN_LINE failed_writes=$fw reserve_refusals=$(zstat | jnum reserve_refusals) reserve_misses=$(zstat | jnum reserve_misses) daemon_ticks(queue,free,reserve,other)=$(daemon_ticks "$(zdaemon_pid "$ZID")" | tr ' ' ',')"
     fw_total=$((fw_total + fw)) werr_total=$((werr_total + werr))
+    eval "fw_$half=\$((\${fw_$half:-0} + fw)) walls_$half=\"\${walls_$half:-} $wall\""
     walls_zblk="$walls_zblk $wall"
     if [ "$RUN_STALL" = 1 ]; then
         stalls="$stalls zblk#$run"
@@ -117,6 +124,7 @@ done
 res="runs=$ZBLK_STALL_RUNS zram_before=$ZBLK_STALL_ZRAM pattern=$pattern work_mb=$work_mb ram_mb=$((mem_kb / 1024)) stalls=$(echo $stalls | wc -w) failed_writes=$fw_total write_errors=$werr_total zblk_wall_median=$(echo "$walls_zblk" | median)"
 [ "$ZBLK_STALL_ZRAM" = each ] && res="$res zram_wall_median=$(echo "$walls_zram" | median)"
 res="$res zblk_walls=$(echo $walls_zblk | tr ' ' ',')"
+[ -n "${ZBLK_STALL_AB:-}" ] && res="$res | without $ZBLK_STALL_AB: failed_writes=${fw_a:-0} wall_median=$(echo "${walls_a:-}" | median) | with it: failed_writes=${fw_b:-0} wall_median=$(echo "${walls_b:-}" | median)"
 [ -z "$stalls" ] || fail "$res stalled:$stalls$problems"
 [ -z "$problems" ] || fail "$res problems:$problems"
 pass "$res"
