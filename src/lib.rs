@@ -82,7 +82,7 @@ pub use stats::{Counters, Latencies, Latency, PhaseTimes};
 pub use store::{QueueCtx, Store, StoreStats};
 // Hooks for tests: corrupting objects, crashing, older layouts.
 #[cfg(feature = "test-support")]
-pub use store::{
+pub use testing::{
     debug_as_layout3, debug_as_layout4, debug_as_layout5, debug_corrupt_object, debug_crash,
     debug_flip_object_byte,
 };

@@ -3,6 +3,14 @@
 
 use crate::alloc::{Handle, Relocate};
 
+#[cfg(feature = "test-support")]
+mod store;
+#[cfg(feature = "test-support")]
+pub use store::{
+    debug_as_layout3, debug_as_layout4, debug_as_layout5, debug_corrupt_object, debug_crash,
+    debug_flip_object_byte,
+};
+
 /// Passes through crash points so far in this process (see
 /// `ZBLK_CRASH_AT` in the engine's `inject` module).
 pub use crate::inject::passed as crash_points_passed;
