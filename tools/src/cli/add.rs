@@ -5,7 +5,10 @@
 
 use super::args::{AddArgs, DaemonArgs, KeeperArgs, RecoverArgs};
 use super::fs::{self, FsType};
-use super::{show, sys, CliError, CliResult};
+use super::{
+    base::{CliError, CliResult},
+    show, sys,
+};
 use std::fmt::Display;
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
