@@ -8,31 +8,11 @@
 //!
 //! # Layers
 //!
-//! The nine layers of `docs/architecture.md`, top first. A module imports
-//! only modules of its own layer or of the layers below it, never above
-//! (`tools/scripts/engine-dag.py` checks that the imports form no cycle):
-//!
-//! 1. `store`: [`Store`] and [`QueueCtx`], the four operations (write,
-//!    read, discard, write-zeroes) over byte ranges, compaction, stats;
-//! 2. `compact` (rewriting the pages of sparse packed groups),
-//!    `recompress` (idle marking and recompression with the secondary
-//!    algorithm), `writeback` (compressed objects out to the backing
-//!    store), `recover` (taking over a dead process's store);
-//! 3. `write` and `read`: the two paths;
-//! 4. `table`: the slot table and what entering or leaving a slot does;
-//! 5. `packed`: the packed object format, packing and unpacking a group;
-//! 6. `ctx`: one queue thread's state;
-//! 7. `config`: how a store is built;
-//! 8. `backing` (the backing store and its free map), `slot` (entry
-//!    encoding and lock), `free` (deferred free), `error`, `codec` (with
-//!    the IAA codec), `provision` (the memory reserve's provisioner);
-//! 9. `accel` (the IAA device interface), `alloc` and `slab` (the object
-//!    allocator), `stats`, `page`, `shm` (the memfd a recoverable store
-//!    lives in), `inject` and `fault` (crash and allocation-failure
-//!    points for tests), `clock` (the coarse clock of access times).
-//!
-//! `testing` (test doubles, with the `test-support` feature) sits beside
-//! them, used by tests only.
+//! The modules form layers, each importing only from its own layer or the
+//! layers below it. Their one description is the table "The engine's
+//! layers" in `docs/architecture.md` (in the source tree), which
+//! `tools/scripts/engine-dag.py` reads to check every import on every
+//! test run.
 
 #![warn(missing_docs)]
 
