@@ -16,12 +16,21 @@
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "test-support")]
 pub mod accel;
+#[cfg(not(feature = "test-support"))]
+mod accel;
+#[cfg(feature = "test-support")]
 pub mod alloc;
+#[cfg(not(feature = "test-support"))]
+mod alloc;
 mod backing;
 mod block_state;
 mod clock;
+#[cfg(feature = "test-support")]
 pub mod codec;
+#[cfg(not(feature = "test-support"))]
+mod codec;
 mod compact;
 mod config;
 mod ctx;
@@ -38,7 +47,10 @@ mod recover;
 mod sample;
 mod secondary;
 mod shm;
+#[cfg(feature = "test-support")]
 pub mod slab;
+#[cfg(not(feature = "test-support"))]
+mod slab;
 mod slot;
 mod stats;
 mod store;
@@ -50,8 +62,10 @@ mod writeback;
 
 pub use block_state::{SlotKind, SlotState};
 pub use codec::{Algo, Dictionaries, MAX_DICT_BYTES};
+#[cfg(feature = "test-support")]
+pub use config::CodecFactory;
 pub use config::{
-    AllocatorKind, CodecFactory, Mode, StoreConfig, AUTO_COMPACT_MIN_PAGES, AUTO_COMPACT_PERCENT,
+    AllocatorKind, Mode, StoreConfig, AUTO_COMPACT_MIN_PAGES, AUTO_COMPACT_PERCENT,
     DEFAULT_GROUP_PAGES, DEFAULT_HUGE_THRESHOLD, MAX_GROUP_PAGES,
 };
 pub use error::{Error, Result};

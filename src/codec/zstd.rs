@@ -16,7 +16,7 @@
 //! workspace, 17 MB into their malloc arena). An input larger than the
 //! workspace was sized for goes to an ordinary context, made on first use.
 
-use super::{Algo, Codec, CodecError, DEFAULT_CODEC_PAGES};
+use super::{Algo, Codec, CodecError};
 use crate::page::PAGE_SIZE;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -329,10 +329,11 @@ fn dynamic_cctx(level: i32, dict: Option<&Dict>) -> zstd_safe::CCtx<'static> {
 
 impl ZstdCodec {
     /// Creates a zstd codec at `level` for inputs of up to
-    /// [`DEFAULT_CODEC_PAGES`] pages (larger ones are compressed too, by a
+    /// `DEFAULT_CODEC_PAGES` pages (larger ones are compressed too, by a
     /// context made on first use).
+    #[cfg(any(test, feature = "test-support"))]
     pub fn new(level: i32) -> Self {
-        Self::for_pages(level, DEFAULT_CODEC_PAGES)
+        Self::for_pages(level, super::DEFAULT_CODEC_PAGES)
     }
 
     /// Creates a zstd codec at `level` whose compression context is sized,

@@ -414,11 +414,13 @@ impl SlabAllocator {
     }
 
     /// Live zspages over all classes.
+    #[cfg(any(test, feature = "test-support"))]
     pub fn zspages(&self) -> u64 {
         self.classes.iter().map(|c| lock(c).live_zspages).sum()
     }
 
     /// Objects allocated and not freed, over all classes.
+    #[cfg(any(test, feature = "test-support"))]
     pub fn objects(&self) -> u64 {
         self.classes.iter().map(|c| lock(c).objs_used).sum()
     }

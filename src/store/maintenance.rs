@@ -211,7 +211,7 @@ impl Store {
     /// Sets the memory limit in bytes (0: none), at run time. A store in
     /// shared memory keeps it for the process that recovers it.
     pub fn set_mem_limit(&self, bytes: u64) {
-        self.allocator().set_mem_limit(bytes);
+        self.table.allocator().set_mem_limit(bytes);
         self.record_live(None);
     }
 
@@ -253,7 +253,7 @@ impl Store {
         shm.update_header(|h| {
             // Read under the header lock: two threads recording one after
             // the other write what was in force last, never an older pair.
-            let mem_limit = self.allocator().mem_limit();
+            let mem_limit = self.table.allocator().mem_limit();
             let writeback_limit = self.wb_limit.load(Relaxed);
             let note = match (note, h.live.take()) {
                 (Some(n), _) => n.to_string(),
@@ -283,7 +283,7 @@ impl Store {
     }
 
     fn compact_now(&self) -> u64 {
-        let n = self.allocator().compact(&self.table);
+        let n = self.table.allocator().compact(&self.table);
         self.pages_compacted.fetch_add(n, Relaxed);
         n
     }
@@ -296,7 +296,7 @@ impl Store {
     /// were not reused since the previous call are given back first.
     /// Returns the pages given back.
     pub fn maybe_compact(&self) -> u64 {
-        let alloc = self.allocator();
+        let alloc = self.table.allocator();
         let trimmed = alloc.trim();
         let pages = alloc.compactable_pages();
         let used = alloc.mem_used_total();

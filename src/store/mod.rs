@@ -25,7 +25,7 @@ mod stats;
 pub use ops::QueueCtx;
 pub use stats::StoreStats;
 
-use crate::alloc::{HeapAllocator, ObjAllocator};
+use crate::alloc::ObjAllocator;
 use crate::backing::Backing;
 use crate::clock::Clock;
 use crate::codec::Algo;
@@ -110,13 +110,16 @@ impl Store {
                 (Arc::new(slab), Some(shm))
             }
             AllocatorKind::Slab => (Arc::new(SlabAllocator::new(slab_cfg)), None),
-            AllocatorKind::Heap => (Arc::new(HeapAllocator::new()), None),
+            #[cfg(feature = "test-support")]
+            AllocatorKind::Heap => (Arc::new(crate::alloc::HeapAllocator::new()), None),
         };
         let table = Self::table(&cfg, shm.as_ref(), alloc)?;
         Ok(Self::assemble(cfg, table, PastLives::new(clock_base)))
     }
 
     /// Creates a store over the given allocator (in private memory).
+    /// Tests only (cargo feature `test-support`).
+    #[cfg(feature = "test-support")]
     pub fn with_allocator(cfg: StoreConfig, alloc: Box<dyn ObjAllocator>) -> Result<Arc<Store>> {
         cfg.validate()?;
         if cfg.shared {
@@ -294,7 +297,9 @@ impl Store {
         self.cfg.size
     }
 
-    /// The object allocator.
+    /// The object allocator (tests look into it: cargo feature
+    /// `test-support`).
+    #[cfg(feature = "test-support")]
     pub fn allocator(&self) -> &dyn ObjAllocator {
         self.table.allocator()
     }

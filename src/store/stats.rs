@@ -110,7 +110,7 @@ impl Store {
         // partial batches in contexts plus what the drain has not reached.
         let freed = self.table.frees().freed();
         let deferred_free_pending = counters.deferred_frees.saturating_sub(freed);
-        let alloc = self.allocator();
+        let alloc = self.table.allocator();
         let backing = self.table.backing();
         let wb_limit = self.wb_limit.load(Relaxed);
         let reserve = alloc.reserve_stats();

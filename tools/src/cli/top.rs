@@ -7,12 +7,12 @@
 //! deadline and shows as `no-answer`; the screen never freezes on it.
 
 use super::args::TopArgs;
+use super::base::CliResult;
 use super::metrics::Scrape;
 use super::scrape::{scrape, DEFAULT_TIMEOUT_SECS};
 use super::show::table;
 use super::size::format_size;
 use super::term::{Term, Wake};
-use super::base::CliResult;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
