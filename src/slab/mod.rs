@@ -569,11 +569,11 @@ impl SlabAllocator {
     /// chunk), in one call: under emulation a system call costs more than
     /// faulting in a page.
     fn back_run(&self, class: &SizeClass, first: u64, n: usize) -> bool {
-        self.back_run_by(class, first, n, Backing::Populate)
+        self.back_run_by(class, first, n, FaultIn::Populate)
     }
 
     /// [`Self::back_run`], backing the pages as `how` says.
-    fn back_run_by(&self, class: &SizeClass, first: u64, n: usize, how: Backing) -> bool {
+    fn back_run_by(&self, class: &SizeClass, first: u64, n: usize, how: FaultIn) -> bool {
         let addr = class.dir.zspage_addr(first);
         let len = class.spec.zspage_bytes() * n;
         // A chunk locked on fault is locked by populating it.
@@ -592,8 +592,8 @@ impl SlabAllocator {
             }
         }
         let backed = match how {
-            Backing::Populate => vm::populate_range(addr, len),
-            Backing::Touch => vm::touch_range(addr, len),
+            FaultIn::Populate => vm::populate_range(addr, len),
+            FaultIn::Touch => vm::touch_range(addr, len),
         };
         !self.shared || (backed && !crate::fault::fail("shm:grow"))
     }
@@ -845,9 +845,9 @@ fn for_runs<T, K: PartialEq>(items: &[T], key: impl Fn(&T) -> K, mut f: impl FnM
     }
 }
 
-/// How new zspages get their pages.
+/// How new zspages get their pages: how their memory is faulted in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Backing {
+pub(super) enum FaultIn {
     /// One `MADV_POPULATE_WRITE` per run of zspages: one system call, but
     /// it holds the process's `mmap_lock` (for reading) for as long as its
     /// page allocations wait in reclaim.

@@ -36,7 +36,7 @@
 //!   room in the class's bookkeeping vectors, faulting all of it in itself:
 //!   it may block in reclaim, the queue threads meanwhile run on the
 //!   reserve, and their completed writes are what lets reclaim free memory.
-//!   It faults its spares in page by page (`Backing::Touch`), not with one
+//!   It faults its spares in page by page (`FaultIn::Touch`), not with one
 //!   `MADV_POPULATE_WRITE`: that call holds `mmap_lock` through its
 //!   reclaim, and a queue thread growing its malloc arena (`mprotect`)
 //!   waited behind it with every swap write held (6.12, whole machine).
@@ -50,7 +50,7 @@
 //! The reserve is charged like any zspage (`mem_used_total`, `mem_spare`),
 //! so a `mem_limit` counts it.
 
-use super::{lock, Backing, ClassState, SizeClass, SlabAllocator, STACK_ENTRIES};
+use super::{lock, ClassState, FaultIn, SizeClass, SlabAllocator, STACK_ENTRIES};
 use crate::alloc::{AllocError, Handle, ObjAllocator, ReserveStats};
 use std::sync::atomic::{
     AtomicBool, AtomicU64,
@@ -577,7 +577,7 @@ impl SlabAllocator {
         // Nobody else knows these ids meanwhile: they are in no list.
         let mut failed = Vec::new();
         super::for_id_runs(ids, |first, k| {
-            if !self.back_run_by(class, first, k, Backing::Touch) {
+            if !self.back_run_by(class, first, k, FaultIn::Touch) {
                 failed.extend(first..first + k as u64);
             }
         });

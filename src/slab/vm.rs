@@ -292,7 +292,7 @@ pub fn populate_range(addr: usize, len: usize) -> bool {
 
 /// Backs a range by writing to each of its pages: one write fault per page,
 /// taken under the VMA's lock rather than the process's `mmap_lock` (see
-/// `Backing::Touch`). Each page's first byte is written back as it was
+/// `FaultIn::Touch`). Each page's first byte is written back as it was
 /// read. The caller owns the range: no other thread reads or writes it
 /// meanwhile (the provisioner's new spares are in no list yet). Returns
 /// true: a page the OS cannot give waits in the fault (or the OOM killer
