@@ -202,7 +202,7 @@ impl MemAccount {
     /// the limit.
     pub fn try_charge(&self, bytes: u64) -> Result<(), AllocError> {
         let limit = self.limit.load(Relaxed);
-        if crate::fault::fail("mem:charge") {
+        if crate::fail_point::fail("mem:charge") {
             return Err(AllocError { limit });
         }
         let prev = self.used.fetch_add(bytes, Relaxed);

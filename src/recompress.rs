@@ -266,7 +266,7 @@ fn install_compressed(
         plan.owners.push(page);
         allocate_group(plan, alloc)?;
         copy_objects(plan, alloc, compressed, data);
-        crate::inject::point("recompress:planned");
+        crate::crash_point::point("recompress:planned");
         let new = Entry {
             algo,
             ..plan.entries[0]
@@ -489,7 +489,7 @@ fn pack_and_install(
     // SAFETY: `h` is fresh from `allocate`, PACK_HEADER + clen bytes, and
     // in no slot yet.
     unsafe { packed::write_object(alloc, h, orig, base, id, &dst[..clen]) };
-    crate::inject::point("recompress:group-written");
+    crate::crash_point::point("recompress:group-written");
     let (mut kept, mut saved) = (0u64, 0i64);
     for (pos, m) in group.iter().enumerate() {
         let new = Entry {

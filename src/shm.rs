@@ -486,7 +486,7 @@ impl SharedMem {
     /// Returns the address, or `None` (logged) if the OS refused.
     pub(crate) fn map(&self, offset: u64, len: usize) -> Option<usize> {
         let off = libc::off_t::try_from(offset).ok()?;
-        if crate::fault::fail("shm:map") {
+        if crate::fail_point::fail("shm:map") {
             return None;
         }
         // SAFETY: a fresh shared mapping of our own file; the result is

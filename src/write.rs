@@ -37,7 +37,7 @@ pub(crate) fn write_group(
             plan.clear();
             plan_per_page(cfg, st, plan, alloc, first, data)?;
         }
-        crate::inject::point("write:planned");
+        crate::crash_point::point("write:planned");
         let t = st.clock();
         table.install_group(st, &plan.entries, first);
         st.lap(Phase::Install, t);

@@ -353,7 +353,7 @@ fn flush(
             backing.path().display()
         )));
     }
-    crate::inject::point("writeback:written");
+    crate::crash_point::point("writeback:written");
     r.blocks += batch.blocks.len() as u64;
     let before = r.written;
     for i in 0..batch.items.len() {

@@ -77,7 +77,7 @@ impl ObjAllocator for HeapAllocator {
     ) -> Result<(), AllocError> {
         let total: u64 = sizes.iter().map(|&s| Self::charge(s)).sum();
         self.mem.try_charge(total)?;
-        if crate::fault::fail("heap:alloc") {
+        if crate::fail_point::fail("heap:alloc") {
             // What a refused malloc would need: the charge given back.
             self.mem.uncharge(total);
             return Err(AllocError { limit: 0 });

@@ -95,7 +95,7 @@ impl SlabAllocator {
                 Some(h)
             });
             if ok {
-                crate::inject::point("compact:moved");
+                crate::crash_point::point("compact:moved");
                 moved += 1;
                 freed += self.free_obj(class, st, src, idx);
             } else if new != 0 {

@@ -486,7 +486,7 @@ impl SlabAllocator {
             // what is left.
             return self.take_spare(class, st, keep_boxes).ok_or(e.into());
         }
-        if crate::fault::fail("slab:zspage") {
+        if crate::fail_point::fail("slab:zspage") {
             self.uncharge(class.cost);
             return Err(AllocError { limit: 0 }.into());
         }
@@ -595,7 +595,7 @@ impl SlabAllocator {
             FaultIn::Populate => vm::populate_range(addr, len),
             FaultIn::Touch => vm::touch_range(addr, len),
         };
-        !self.shared || (backed && !crate::fault::fail("shm:grow"))
+        !self.shared || (backed && !crate::fail_point::fail("shm:grow"))
     }
 
     /// Backs every zspage made fresh during the lock hold `st`, after
@@ -663,7 +663,7 @@ impl SlabAllocator {
         st: &mut ClassState,
         owner: u64,
     ) -> Result<Handle, Refused> {
-        if crate::fault::fail("slab:obj") {
+        if crate::fail_point::fail("slab:obj") {
             return Err(AllocError { limit: 0 }.into());
         }
         let id = match st.fullest_partial(None) {

@@ -572,7 +572,7 @@ impl SlabAllocator {
             ids.push(id);
         }
         drop(st);
-        crate::fault::provisioner_stall_point();
+        crate::fail_point::provisioner_stall_point();
         ids.sort_unstable();
         // Nobody else knows these ids meanwhile: they are in no list.
         let mut failed = Vec::new();

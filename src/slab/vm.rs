@@ -168,7 +168,7 @@ impl ChunkDir {
         let Some(len) = (chunk_len(c) as usize).checked_mul(self.zspage_bytes) else {
             return false;
         };
-        if crate::fault::fail("slab:chunk") {
+        if crate::fail_point::fail("slab:chunk") {
             return false;
         }
         match self.map_chunk(c, len) {
