@@ -13,7 +13,7 @@ use crate::ctx::CtxState;
 use crate::error::{Error, Result};
 use crate::page::{PAGE_SIZE, PAGE_SIZE_U64};
 use crate::recompress::{Recompress, RecompressReport};
-use crate::shm::{Live, NOTE_BYTES};
+use crate::shm::{RuntimeSettings, NOTE_BYTES};
 use crate::slot::ATIME_MASK;
 use crate::writeback::{Writeback, WritebackReport};
 use std::sync::atomic::Ordering::Relaxed;
@@ -152,7 +152,7 @@ impl Store {
                     .wb_limit
                     .compare_exchange(allowed, left, Relaxed, Relaxed);
                 r.limited = r.selected >= allowed && allowed < asked;
-                self.record_live(None);
+                self.record_runtime(None);
             }
             Ok(r)
         })
@@ -186,7 +186,7 @@ impl Store {
     pub fn set_writeback_limit(&self, pages: u64) {
         let v = if pages == 0 { u64::MAX } else { pages };
         self.wb_limit.store(v, Relaxed);
-        self.record_live(None);
+        self.record_runtime(None);
     }
 
     /// The slot values of `algos`, adding those the store lacks to its
@@ -212,7 +212,7 @@ impl Store {
     /// shared memory keeps it for the process that recovers it.
     pub fn set_mem_limit(&self, bytes: u64) {
         self.table.allocator().set_mem_limit(bytes);
-        self.record_live(None);
+        self.record_runtime(None);
     }
 
     /// Keeps `note` (at most 2048 bytes, opaque to the engine) with a store
@@ -226,27 +226,27 @@ impl Store {
                 note.len()
             )));
         }
-        self.record_live_result(Some(note))
+        self.record_runtime_result(Some(note))
     }
 
     /// The note the store's last process kept with it (see
     /// [`Store::set_owner_note`]), if any.
     pub fn owner_note(&self) -> Option<String> {
         let shm = self.table.shared()?;
-        let note = shm.read_header().ok()?.live?.note;
+        let note = shm.read_header().ok()?.runtime?.note;
         (!note.is_empty()).then_some(note)
     }
 
     /// Records the limits now in force, and `note` if given (else the note
     /// recorded before), in the header of a store in shared memory; a
     /// failure is logged (the limits still hold in this process).
-    fn record_live(&self, note: Option<&str>) {
-        if let Err(e) = self.record_live_result(note) {
+    fn record_runtime(&self, note: Option<&str>) {
+        if let Err(e) = self.record_runtime_result(note) {
             log::warn!("the store's header could not keep its limits: {e}");
         }
     }
 
-    fn record_live_result(&self, note: Option<&str>) -> Result<()> {
+    fn record_runtime_result(&self, note: Option<&str>) -> Result<()> {
         let Some(shm) = self.table.shared() else {
             return Ok(());
         };
@@ -255,12 +255,12 @@ impl Store {
             // the other write what was in force last, never an older pair.
             let mem_limit = self.table.allocator().mem_limit();
             let writeback_limit = self.wb_limit.load(Relaxed);
-            let note = match (note, h.live.take()) {
+            let note = match (note, h.runtime.take()) {
                 (Some(n), _) => n.to_string(),
                 (None, Some(old)) => old.note,
                 (None, None) => String::new(),
             };
-            h.live = Some(Live {
+            h.runtime = Some(RuntimeSettings {
                 mem_limit,
                 writeback_limit,
                 note,

@@ -36,7 +36,7 @@ use crate::free::FreeConfig;
 use crate::page::PAGE_SIZE_U64;
 use crate::provision::Provisioner;
 use crate::secondary::Secondaries;
-use crate::shm::{Live, SharedMem};
+use crate::shm::{RuntimeSettings, SharedMem};
 use crate::slab::{SlabAllocator, SlabConfig};
 use crate::slot::ATIME_MASK;
 use crate::stats::StatsShard;
@@ -54,7 +54,7 @@ pub struct Store {
     /// The maintenance thread state (codec, shard, free batch) that
     /// compaction, idle marking and recompression run with, one at a time.
     compactor: Mutex<Option<CtxState>>,
-    past: PastLives,
+    inherited: Inherited,
     /// What slots' access times count.
     pub(crate) clock: Clock,
     /// The secondary algorithms, as recompressions chose them.
@@ -67,7 +67,7 @@ pub struct Store {
 
 /// What a store carries over from the processes it was recovered from.
 #[derive(Default)]
-struct PastLives {
+struct Inherited {
     /// Recoveries so far (the packed object id epoch).
     recoveries: u64,
     /// When the last one was, seconds since the epoch (0: never).
@@ -81,15 +81,15 @@ struct PastLives {
     /// The secondary algorithms the header names.
     secondaries: Vec<Algo>,
     /// The settings the store last ran with, if any changed at run time.
-    live: Option<Live>,
+    runtime: Option<RuntimeSettings>,
 }
 
-impl PastLives {
-    /// A new store's: no past, its clock starting now.
-    fn new(clock_base: u64) -> PastLives {
-        PastLives {
+impl Inherited {
+    /// A new store's: nothing inherited, its clock starting now.
+    fn new(clock_base: u64) -> Inherited {
+        Inherited {
             clock_base,
-            ..PastLives::default()
+            ..Inherited::default()
         }
     }
 }
@@ -114,7 +114,7 @@ impl Store {
             AllocatorKind::Heap => (Arc::new(crate::alloc::HeapAllocator::new()), None),
         };
         let table = Self::table(&cfg, shm.as_ref(), alloc)?;
-        Ok(Self::assemble(cfg, table, PastLives::new(clock_base)))
+        Ok(Self::assemble(cfg, table, Inherited::new(clock_base)))
     }
 
     /// Creates a store over the given allocator (in private memory).
@@ -128,8 +128,8 @@ impl Store {
             ));
         }
         let table = Self::table(&cfg, None, Arc::from(alloc))?;
-        let past = PastLives::new(crate::clock::boot_seconds());
-        Ok(Self::assemble(cfg, table, past))
+        let inherited = Inherited::new(crate::clock::boot_seconds());
+        Ok(Self::assemble(cfg, table, inherited))
     }
 
     /// Takes over the store a dead process left in the shared memory `fd`
@@ -177,23 +177,23 @@ impl Store {
             scan.dropped,
             header.recoveries
         );
-        let past = PastLives {
+        let inherited = Inherited {
             recoveries: header.recoveries,
             recovered_at: header.recovered_at,
             gauges: Some(gauges),
             dropped: scan.dropped,
             clock_base: header.clock_base,
             secondaries,
-            live: header.live,
+            runtime: header.runtime,
         };
-        if let Some(l) = &past.live {
+        if let Some(l) = &inherited.runtime {
             log::info!(
                 "recovery: keeping the limits set at run time (mem_limit {} bytes, writeback limit {})",
                 l.mem_limit,
                 if l.writeback_limit == u64::MAX { "off".to_string() } else { format!("{} pages", l.writeback_limit) }
             );
         }
-        Ok(Self::assemble(cfg, table, past))
+        Ok(Self::assemble(cfg, table, inherited))
     }
 
     /// The slot table of a store of `cfg` over `alloc`.
@@ -227,23 +227,26 @@ impl Store {
 
     /// Puts a store together; a recovered one keeps the limits its last
     /// process set at run time over those of `cfg`.
-    fn assemble(cfg: StoreConfig, table: SlotTable, past: PastLives) -> Arc<Store> {
-        let (mem_limit, wb_limit) = past.live.as_ref().map_or((cfg.mem_limit, u64::MAX), |l| {
-            (l.mem_limit, l.writeback_limit)
-        });
+    fn assemble(cfg: StoreConfig, table: SlotTable, inherited: Inherited) -> Arc<Store> {
+        let (mem_limit, wb_limit) = inherited
+            .runtime
+            .as_ref()
+            .map_or((cfg.mem_limit, u64::MAX), |l| {
+                (l.mem_limit, l.writeback_limit)
+            });
         table.allocator().set_mem_limit(mem_limit);
-        let secondaries = Arc::new(Secondaries::from_list(&past.secondaries));
+        let secondaries = Arc::new(Secondaries::from_list(&inherited.secondaries));
         let store = Arc::new(Store {
             table,
             shards: Mutex::new(Vec::new()),
             pages_compacted: AtomicU64::new(0),
             compactor: Mutex::new(None),
-            clock: Clock::from_base(past.clock_base),
+            clock: Clock::from_base(inherited.clock_base),
             secondaries,
             wb_limit: AtomicU64::new(wb_limit),
             provisioner: Mutex::new(None),
             cfg,
-            past,
+            inherited,
         });
         if store.cfg.reserve {
             let p = Provisioner::start(store.table.allocator_arc());
@@ -270,7 +273,7 @@ impl Store {
     fn new_state(&self) -> (usize, CtxState) {
         let (id, shard) = self.new_shard();
         let secondaries = self.secondaries.clone();
-        let st = CtxState::new(&self.cfg, id, self.past.recoveries, shard, secondaries);
+        let st = CtxState::new(&self.cfg, id, self.inherited.recoveries, shard, secondaries);
         (id, st)
     }
 

@@ -103,7 +103,7 @@ impl Store {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        let recounted = self.past.gauges.iter().map(|s| &**s);
+        let recounted = self.inherited.gauges.iter().map(|s| &**s);
         let (counters, latency) = stats::merge(recounted.chain(shards.iter().map(|s| &**s)));
         let queues = shards.iter().map(|s| stats::sum_counters([&**s])).collect();
         // Handles detached (counted per queue) minus those freed so far:
@@ -131,9 +131,9 @@ impl Store {
             deferred_free_pending,
             slot_table_bytes: self.table.bytes(),
             shared: self.table.shared().is_some(),
-            recoveries: self.past.recoveries,
-            recovered_at: self.past.recovered_at,
-            recovery_dropped: self.past.dropped,
+            recoveries: self.inherited.recoveries,
+            recovered_at: self.inherited.recovered_at,
+            recovery_dropped: self.inherited.dropped,
             recompress_algorithm: crate::secondary::list_to_string(&self.secondaries.list()),
             backing_dev: backing
                 .map(|b| b.path().display().to_string())
