@@ -259,8 +259,8 @@ pub(super) fn may_lock_unbounded() -> bool {
     const CAP_IPC_LOCK: u32 = 14;
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|st| {
-            let hex = st.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+        .and_then(|state| {
+            let hex = state.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
             u64::from_str_radix(hex.trim(), 16).ok()
         })
         .is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0)
