@@ -36,17 +36,10 @@ pub enum Mode {
     Packed,
 }
 
-impl std::str::FromStr for Mode {
-    type Err = String;
-
-    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
-        match s {
-            "per-page" => Ok(Mode::PerPage),
-            "packed" => Ok(Mode::Packed),
-            _ => Err(format!("unknown mode '{s}': expected per-page or packed")),
-        }
-    }
-}
+crate::keyword::keywords!(Mode, "mode", {
+    "per-page" => Mode::PerPage,
+    "packed" => Mode::Packed,
+});
 
 impl std::fmt::Display for Mode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -38,6 +38,7 @@ mod ctx;
 mod error;
 mod fail_point;
 mod free;
+mod keyword;
 mod packed;
 mod page;
 mod provision;

@@ -65,21 +65,12 @@ pub enum RecompressType {
     HugeIdle,
 }
 
-impl std::str::FromStr for RecompressType {
-    type Err = String;
-
-    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
-        match s {
-            "all" => Ok(RecompressType::All),
-            "idle" => Ok(RecompressType::Idle),
-            "huge" => Ok(RecompressType::Huge),
-            "huge_idle" => Ok(RecompressType::HugeIdle),
-            _ => Err(format!(
-                "unknown recompress type '{s}': expected all, idle, huge or huge_idle"
-            )),
-        }
-    }
-}
+crate::keyword::keywords!(RecompressType, "recompress type", {
+    "all" => RecompressType::All,
+    "idle" => RecompressType::Idle,
+    "huge" => RecompressType::Huge,
+    "huge_idle" => RecompressType::HugeIdle,
+});
 
 /// What to recompress, and with what.
 #[derive(Debug, Clone)]
