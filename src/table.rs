@@ -33,7 +33,8 @@ use std::sync::Arc;
 /// page: the entry that was read, and the very object behind it. An
 /// unchanged entry is not enough, since the page may have been overwritten
 /// meanwhile and its new object, of the same size, given the old object's
-/// freed handle (seen: a page read back one version old).
+/// freed handle: moving it then would bring the page's older version
+/// back.
 #[derive(Clone, Copy)]
 pub(crate) enum Held<'a> {
     /// A per-page RAM object of exactly these bytes: equal bytes are the

@@ -158,10 +158,9 @@ struct ClassState {
     /// Empty zspages kept with their pages (still charged) for the next
     /// `new_zspage`, which then skips asking the OS for fresh pages: on a
     /// swap device objects die and are born all the time, and a fresh page
-    /// costs about 2 µs here (KVM guest), almost half of what compressing a
-    /// page with lz4 takes (4.8 µs):
-    /// without spares an overwrite pass of the corpus provisions 1,400-1,600
-    /// zspages, with up to 1/8 of the live ones spare 100-700.
+    /// (a page fault, zeroing, possibly reclaim) costs a sizeable part of
+    /// compressing a page, where a spare's pages are already in place
+    /// (BENCHMARKS.md has the figures).
     spare: Vec<u64>,
     /// Whether `new_zspage` took a spare since the last [`SlabAllocator::trim`].
     spare_used: bool,
@@ -449,10 +448,10 @@ impl SlabAllocator {
         let tight = self.reserve.as_ref().is_some_and(Reserve::tight);
         // Short of memory, an owner table comes only from those the
         // provisioner made: one from the heap would be a fresh page for
-        // this (queue) thread, faulted in under the class lock, in reclaim
-        // (seen on 6.12: a queue thread in `do_anonymous_page` reclaim, and
-        // every swap write stuck). Boxes made by queue threads while memory
-        // was plentiful outlive them in the thread's own malloc arena, so
+        // this (queue) thread, faulted in under the class lock, in reclaim,
+        // with every swap write behind that lock. Boxes made by queue
+        // threads while memory was plentiful outlive them in the thread's
+        // own malloc arena, so
         // its prefaulted room (`CtxState::prefault`) does not last.
         if state.boxes.is_empty() && tight {
             return Err(self.refuse(class));
@@ -461,8 +460,8 @@ impl SlabAllocator {
         // when it is short, and this thread faults in a fresh zspage
         // itself: taking a spare would make the provisioner fault one in
         // again at once, the same page fault plus a wake and a pass over
-        // the class locks (`native_zram --variants`: 3 µs of provisioner
-        // CPU a stored page). Spares beyond that share, zspages kept when
+        // the class locks, provisioner CPU spent on every stored page.
+        // Spares beyond that share, zspages kept when
         // they died, are reused first: memory already faulted in costs a
         // tenth of a fresh page. Likewise the owner tables the provisioner
         // made, one per spare and one more.
@@ -864,9 +863,7 @@ pub(super) enum FaultIn {
     /// (`mprotect` growing a malloc arena, `mmap`, `mlock`) does not wait
     /// for this one's reclaim. The provisioner's way: its faults wait in
     /// reclaim by design, and a queue thread stuck behind them on
-    /// `mmap_lock` completes no write, so reclaim never ends (seen on
-    /// 6.12: a queue thread in `mprotect` behind the provisioner's
-    /// `madvise`, every swap write held).
+    /// `mmap_lock` completes no write, so reclaim never ends.
     Touch,
 }
 

@@ -9,9 +9,8 @@
 //! zspage, or a heap block for its owner table) while the machine is out of
 //! memory enters direct reclaim itself, and reclaim waits on swap writes,
 //! the very writes that thread would complete: with every queue thread
-//! there, nothing completes and the machine wedges (seen in the
-//! `wholemachine` VM scenario: queue threads spinning in direct reclaim,
-//! kswapd waiting on their writes). Kernel zram does not meet this because
+//! there, nothing completes and the machine wedges. Kernel zram does not
+//! meet this because
 //! zsmalloc allocates in the reclaiming context, which may dip into the
 //! page allocator's reserves; a process cannot.
 //!

@@ -277,9 +277,10 @@ pub fn lock_range(addr: usize, len: usize) -> bool {
 
 /// Backs a new zspage with physical pages in one call, as zsmalloc
 /// allocates a zspage's pages when it creates it: one `madvise` instead of
-/// a page fault per page on the first copy into each page. Either way a
-/// fresh page costs about 2 µs on a KVM guest, almost half of compressing
-/// a page with lz4. Returns false if the OS refused the memory; a kernel
+/// a page fault per page on the first copy into each page: the pages are
+/// in place before any object is copied in, and the whole zspage is
+/// refused up front if the OS has no memory. Returns false if the OS
+/// refused the memory; a kernel
 /// older than 5.14 (no `MADV_POPULATE_WRITE`) counts as success, its pages
 /// fault in on first use as private pages that cannot be backed now do.
 pub fn populate_range(addr: usize, len: usize) -> bool {
