@@ -16,6 +16,9 @@
 
 #![warn(missing_docs)]
 
+// `accel`, `alloc`, `codec` and `slab` are public only for the tests,
+// benchmarks and fuzz targets (cargo feature `test-support`): the shipped
+// library's API is the re-exports below.
 #[cfg(feature = "test-support")]
 pub mod accel;
 #[cfg(not(feature = "test-support"))]
