@@ -51,7 +51,7 @@ fn rewrite_if_sparse(
     let held = Held::PackedId(e, id);
     st.with_plan(|st, plan| {
         plan_per_page(cfg, st, plan, alloc, page, buf)?;
-        crate::inject::point("rewrite:planned");
+        crate::crash_point::point("rewrite:planned");
         let points = MovePoints {
             locked: "rewrite:locked",
             released: Some("rewrite:released"),

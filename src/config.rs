@@ -9,6 +9,7 @@ use crate::error::{Error, Result};
 use crate::free::DEFAULT_MAX_PENDING_BATCHES;
 use crate::page::{MAX_PAGES, PAGE_SIZE, PAGE_SIZE_U64};
 use serde::Serialize;
+#[cfg(feature = "test-support")]
 use std::sync::Arc;
 
 /// Default compressed size at or above which a page is stored raw: 3/4 of a
@@ -35,17 +36,10 @@ pub enum Mode {
     Packed,
 }
 
-impl std::str::FromStr for Mode {
-    type Err = String;
-
-    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
-        match s {
-            "per-page" => Ok(Mode::PerPage),
-            "packed" => Ok(Mode::Packed),
-            _ => Err(format!("unknown mode '{s}': expected per-page or packed")),
-        }
-    }
-}
+crate::keyword::keywords!(Mode, "mode", {
+    "per-page" => Mode::PerPage,
+    "packed" => Mode::Packed,
+});
 
 impl std::fmt::Display for Mode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -100,7 +94,8 @@ pub struct StoreConfig {
     /// Makes each context's codec instead of `algo.new_codec()`: an
     /// accelerator codec on a chosen set of work queues (tests run
     /// `deflate-iaa` on the device model this way). Its codecs must
-    /// implement `algo`.
+    /// implement `algo`. Tests only (cargo feature `test-support`).
+    #[cfg(feature = "test-support")]
     pub codecs: Option<CodecFactory>,
     /// A block device or regular file that `Store::writeback` moves pages'
     /// compressed objects to (zram's `backing_dev`); none: no writeback.
@@ -118,9 +113,11 @@ pub struct StoreConfig {
 }
 
 /// Makes one codec per queue context (see [`StoreConfig::codecs`]).
+#[cfg(feature = "test-support")]
 #[derive(Clone)]
 pub struct CodecFactory(pub Arc<dyn Fn() -> Box<dyn Codec> + Send + Sync>);
 
+#[cfg(feature = "test-support")]
 impl std::fmt::Debug for CodecFactory {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("CodecFactory")
@@ -133,7 +130,9 @@ pub enum AllocatorKind {
     /// The size-class slab (`crate::slab`): zsmalloc's design, compaction.
     #[default]
     Slab,
-    /// One heap allocation per object: the simple reference.
+    /// One heap allocation per object: the simple reference tests check
+    /// the slab against (cargo feature `test-support`).
+    #[cfg(feature = "test-support")]
     Heap,
 }
 
@@ -160,6 +159,7 @@ impl StoreConfig {
             reserve: false,
             reserve_free_below: 0,
             shared: false,
+            #[cfg(feature = "test-support")]
             codecs: None,
             backing: None,
             dictionaries: Dictionaries::new(),
@@ -214,6 +214,7 @@ impl StoreConfig {
                 self.huge_threshold
             )));
         }
+        #[cfg(feature = "test-support")]
         if let Some(make) = &self.codecs {
             let made = (make.0)().algo();
             if made != self.algo {
@@ -231,10 +232,11 @@ impl StoreConfig {
     /// A codec for one queue context: the factory's if one is set, else
     /// the software codec of `algo`.
     pub(crate) fn new_codec(&self) -> Box<dyn Codec> {
-        match &self.codecs {
-            Some(make) => (make.0)(),
-            None => self.dictionaries.codec_for(self.algo, self.codec_pages()),
+        #[cfg(feature = "test-support")]
+        if let Some(make) = &self.codecs {
+            return (make.0)();
         }
+        self.dictionaries.codec_for(self.algo, self.codec_pages())
     }
 
     /// The largest input, in pages, this store gives a codec: a group when

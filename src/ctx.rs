@@ -123,9 +123,8 @@ impl CtxState {
     /// device the first request comes when memory has run out: a queue
     /// thread that takes a fresh page then, with `PR_SET_IO_FLUSHER` (no I/O
     /// from its reclaim) and nothing reclaimable without I/O, loops in
-    /// reclaim while the writes it should complete hold everyone else
-    /// (seen: a whole-machine run on 6.12 that stored 1 page in 7 minutes,
-    /// its queue thread in `do_anonymous_page` reclaim). The daemon's
+    /// reclaim while the writes it should complete hold everyone else.
+    /// Prefaulted, a request touches no fresh page; the daemon's
     /// `mlockall` then keeps these pages.
     pub(crate) fn prefault(&mut self) {
         for buf in [

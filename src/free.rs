@@ -144,7 +144,7 @@ pub type IdleHook = Box<dyn Fn() + Send>;
 
 impl Shared {
     fn free_now(&self, hs: &[Handle]) {
-        crate::inject::point("free:batch");
+        crate::crash_point::point("free:batch");
         self.alloc.free_bulk(hs);
         self.freed.fetch_add(hs.len() as u64, Ordering::Relaxed);
     }

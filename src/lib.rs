@@ -8,47 +8,40 @@
 //!
 //! # Layers
 //!
-//! The nine layers of `docs/architecture.md`, top first. A module imports
-//! only modules of its own layer or of the layers below it, never above
-//! (`tools/scripts/engine-dag.py` checks that the imports form no cycle):
-//!
-//! 1. `store`: [`Store`] and [`QueueCtx`], the four operations (write,
-//!    read, discard, write-zeroes) over byte ranges, compaction, stats;
-//! 2. `compact` (rewriting the pages of sparse packed groups),
-//!    `recompress` (idle marking and recompression with the secondary
-//!    algorithm), `writeback` (compressed objects out to the backing
-//!    store), `recover` (taking over a dead process's store);
-//! 3. `write` and `read`: the two paths;
-//! 4. `table`: the slot table and what entering or leaving a slot does;
-//! 5. `packed`: the packed object format, packing and unpacking a group;
-//! 6. `ctx`: one queue thread's state;
-//! 7. `config`: how a store is built;
-//! 8. `backing` (the backing store and its free map), `slot` (entry
-//!    encoding and lock), `free` (deferred free), `error`, `codec` (with
-//!    the IAA codec), `provision` (the memory reserve's provisioner);
-//! 9. `accel` (the IAA device interface), `alloc` and `slab` (the object
-//!    allocator), `stats`, `page`, `shm` (the memfd a recoverable store
-//!    lives in), `inject` and `fault` (crash and allocation-failure
-//!    points for tests), `clock` (the coarse clock of access times).
-//!
-//! `testing` (test doubles, with the `test-support` feature) sits beside
-//! them, used by tests only.
+//! The modules form layers, each importing only from its own layer or the
+//! layers below it. Their one description is the table "The engine's
+//! layers" in `docs/architecture.md` (in the source tree), which
+//! `tools/scripts/engine-dag.py` reads to check every import on every
+//! test run.
 
 #![warn(missing_docs)]
 
+// `accel`, `alloc`, `codec` and `slab` are public only for the tests,
+// benchmarks and fuzz targets (cargo feature `test-support`): the shipped
+// library's API is the re-exports below.
+#[cfg(feature = "test-support")]
 pub mod accel;
+#[cfg(not(feature = "test-support"))]
+mod accel;
+#[cfg(feature = "test-support")]
 pub mod alloc;
+#[cfg(not(feature = "test-support"))]
+mod alloc;
 mod backing;
 mod block_state;
 mod clock;
+#[cfg(feature = "test-support")]
 pub mod codec;
+#[cfg(not(feature = "test-support"))]
+mod codec;
 mod compact;
 mod config;
+mod crash_point;
 mod ctx;
 mod error;
-mod fault;
+mod fail_point;
 mod free;
-mod inject;
+mod keyword;
 mod packed;
 mod page;
 mod provision;
@@ -58,7 +51,10 @@ mod recover;
 mod sample;
 mod secondary;
 mod shm;
+#[cfg(feature = "test-support")]
 pub mod slab;
+#[cfg(not(feature = "test-support"))]
+mod slab;
 mod slot;
 mod stats;
 mod store;
@@ -70,8 +66,10 @@ mod writeback;
 
 pub use block_state::{SlotKind, SlotState};
 pub use codec::{Algo, Dictionaries, MAX_DICT_BYTES};
+#[cfg(feature = "test-support")]
+pub use config::CodecFactory;
 pub use config::{
-    AllocatorKind, CodecFactory, Mode, StoreConfig, AUTO_COMPACT_MIN_PAGES, AUTO_COMPACT_PERCENT,
+    AllocatorKind, Mode, StoreConfig, AUTO_COMPACT_MIN_PAGES, AUTO_COMPACT_PERCENT,
     DEFAULT_GROUP_PAGES, DEFAULT_HUGE_THRESHOLD, MAX_GROUP_PAGES,
 };
 pub use error::{Error, Result};
@@ -82,7 +80,7 @@ pub use stats::{Counters, Latencies, Latency, PhaseTimes};
 pub use store::{QueueCtx, Store, StoreStats};
 // Hooks for tests: corrupting objects, crashing, older layouts.
 #[cfg(feature = "test-support")]
-pub use store::{
+pub use testing::{
     debug_as_layout3, debug_as_layout4, debug_as_layout5, debug_corrupt_object, debug_crash,
     debug_flip_object_byte,
 };

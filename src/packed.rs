@@ -212,7 +212,7 @@ pub(crate) fn pack_group(
         return Ok(false);
     };
     let t = st.lap(Phase::Alloc, t);
-    crate::inject::point("pack:allocated");
+    crate::crash_point::point("pack:allocated");
     let id = st.take_pack_id();
     // SAFETY: the object is fresh, of PACK_HEADER + clen bytes, and its
     // handle is in no slot yet.
@@ -270,7 +270,7 @@ pub(crate) unsafe fn write_object(
     // SAFETY: the caller's contract.
     unsafe {
         alloc.write_fresh(h, 0, &hdr.to_bytes());
-        crate::inject::point("pack:header");
+        crate::crash_point::point("pack:header");
         alloc.write_fresh(h, PACK_HEADER, blob);
     }
 }

@@ -53,9 +53,8 @@ const STACK_ROOM: usize = 256 << 10;
 ///
 /// A swap device's threads run when memory has run out: a first touch of a
 /// heap or stack page then waits in reclaim, and one taken while holding a
-/// size class's lock stops every queue thread behind it (seen on 6.12: the
-/// provisioner in `do_anonymous_page` reclaim, both queue threads in futex
-/// waits, 256 swap writes held). Growing an arena later is also an
+/// size class's lock stops every queue thread behind it, and with them
+/// every swap write reclaim waits for. Growing an arena later is also an
 /// `mprotect`, which waits for `mmap_lock`. The daemon's `mlockall` keeps
 /// these pages once touched.
 pub(crate) fn prefault_thread(arena: usize) {

@@ -14,11 +14,11 @@ const ARENA_ROOM: usize = 1 << 20;
 /// The provisioner's scheduling: `SCHED_FIFO` 1 unless this variable is
 /// `normal`. The page allocator lets a real-time task's allocations dip
 /// halfway into the min watermark's reserve (`ALLOC_MIN_RESERVE`), the
-/// reserve kernel reclaimers get: without it, on 6.12, the whole-machine
-/// workload at 1.5x RAM ran the spares dry under the min watermark and
-/// ended in a flood of refused writes in every one of 12 runs; with it,
-/// every zblk configuration finished (BENCHMARKS.md, "The whole machine at
-/// 1.5x RAM"). It is one thread that sleeps between passes
+/// reserve kernel reclaimers get, so the provisioner can still refill the
+/// spares when free memory is below the min watermark, where a task at
+/// normal priority would wait in reclaim and the queue threads, finding
+/// no spare, would refuse writes (BENCHMARKS.md, "The whole machine at
+/// 1.5x RAM", has the figures). It is one thread that sleeps between passes
 /// and faults pages in; the kernel's real-time throttling
 /// (`sched_rt_runtime_us`) bounds it if it ever spun, and without that
 /// throttling it stays at normal priority.

@@ -65,21 +65,12 @@ pub enum RecompressType {
     HugeIdle,
 }
 
-impl std::str::FromStr for RecompressType {
-    type Err = String;
-
-    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
-        match s {
-            "all" => Ok(RecompressType::All),
-            "idle" => Ok(RecompressType::Idle),
-            "huge" => Ok(RecompressType::Huge),
-            "huge_idle" => Ok(RecompressType::HugeIdle),
-            _ => Err(format!(
-                "unknown recompress type '{s}': expected all, idle, huge or huge_idle"
-            )),
-        }
-    }
-}
+crate::keyword::keywords!(RecompressType, "recompress type", {
+    "all" => RecompressType::All,
+    "idle" => RecompressType::Idle,
+    "huge" => RecompressType::Huge,
+    "huge_idle" => RecompressType::HugeIdle,
+});
 
 /// What to recompress, and with what.
 #[derive(Debug, Clone)]
@@ -266,7 +257,7 @@ fn install_compressed(
         plan.owners.push(page);
         allocate_group(plan, alloc)?;
         copy_objects(plan, alloc, compressed, data);
-        crate::inject::point("recompress:planned");
+        crate::crash_point::point("recompress:planned");
         let new = Entry {
             algo,
             ..plan.entries[0]
@@ -489,7 +480,7 @@ fn pack_and_install(
     // SAFETY: `h` is fresh from `allocate`, PACK_HEADER + clen bytes, and
     // in no slot yet.
     unsafe { packed::write_object(alloc, h, orig, base, id, &dst[..clen]) };
-    crate::inject::point("recompress:group-written");
+    crate::crash_point::point("recompress:group-written");
     let (mut kept, mut saved) = (0u64, 0i64);
     for (pos, m) in group.iter().enumerate() {
         let new = Entry {

@@ -76,7 +76,7 @@ fn header_for(cfg: &StoreConfig) -> Header {
         recovered_at: 0,
         clock_base: crate::clock::boot_seconds(),
         secondaries: Vec::new(),
-        live: None,
+        runtime: None,
     }
 }
 

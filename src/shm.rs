@@ -13,7 +13,7 @@
 //!
 //! | offset | what |
 //! | --- | --- |
-//! | 0 | the header (4 KB): magic, layout, the store's shape, recoveries; then the settings changed at run time ([`Live`]) |
+//! | 0 | the header (4 KB): magic, layout, the store's shape, recoveries; then the settings changed at run time ([`RuntimeSettings`]) |
 //! | [`SLOTS_AT`] | the slot table, 16 bytes per page |
 //! | [`class_region`]`(k)` | size class `k`'s zspages, zspage `id` at `id * zspage_bytes` |
 //! | `DICTS_AT` | the algorithms' dictionaries, one entry of `DICT_SPAN` each (layout 6) |
@@ -120,7 +120,7 @@ pub(crate) struct Header {
     pub(crate) secondaries: Vec<String>,
     /// The settings changed at run time, once one was (`None` in a
     /// header written before this field existed: all zeros there).
-    pub(crate) live: Option<Live>,
+    pub(crate) runtime: Option<RuntimeSettings>,
 }
 
 /// The settings a store was changed to while it ran, kept so that the
@@ -128,7 +128,7 @@ pub(crate) struct Header {
 /// was created with: a device's limits outlive its daemon, as zram's
 /// sysfs settings outlive nothing because zram has no daemon to lose.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub(crate) struct Live {
+pub(crate) struct RuntimeSettings {
     /// The memory limit in bytes (0: none).
     pub(crate) mem_limit: u64,
     /// Pages writeback may still write (`u64::MAX`: no limit).
@@ -139,16 +139,16 @@ pub(crate) struct Live {
 }
 
 const FIELDS: usize = 10;
-/// Marks the [`Live`] settings after the names; zeros: none recorded.
-const LIVE_MAGIC: [u8; 8] = *b"ZBLKLIVE";
-/// Most bytes of [`Live::note`].
+/// Marks the [`RuntimeSettings`] settings after the names; zeros: none recorded.
+const RUNTIME_MAGIC: [u8; 8] = *b"ZBLKLIVE";
+/// Most bytes of [`RuntimeSettings::note`].
 pub(crate) const NOTE_BYTES: usize = 2048;
-/// Where the live settings start.
-const LIVE_AT: usize = 8 + 8 * FIELDS + 2 * ALGO_BYTES;
+/// Where the run-time settings start.
+const RUNTIME_AT: usize = 8 + 8 * FIELDS + 2 * ALGO_BYTES;
 /// Where the names of the second and third secondary algorithms start,
-/// after the live settings (the first sits where layouts up to 4 keep
+/// after the run-time settings (the first sits where layouts up to 4 keep
 /// their one).
-const MORE_SECONDARIES_AT: usize = LIVE_AT + 28 + NOTE_BYTES;
+const MORE_SECONDARIES_AT: usize = RUNTIME_AT + 28 + NOTE_BYTES;
 /// Secondary algorithms the header has room for (`secondary::MAX_SECONDARIES`).
 const SECONDARY_NAMES: usize = 3;
 /// Bytes of the header that hold anything.
@@ -177,8 +177,8 @@ impl Header {
         for name in [self.algo.as_str(), secondary(0)] {
             put_name(&mut b, name);
         }
-        if let Some(l) = &self.live {
-            b.extend_from_slice(&LIVE_MAGIC);
+        if let Some(l) = &self.runtime {
+            b.extend_from_slice(&RUNTIME_MAGIC);
             b.extend_from_slice(&l.mem_limit.to_le_bytes());
             b.extend_from_slice(&l.writeback_limit.to_le_bytes());
             // `Store::set_owner_note` refuses longer notes; cut at a
@@ -191,7 +191,7 @@ impl Header {
             b.extend_from_slice(&(note.len() as u32).to_le_bytes());
             b.extend_from_slice(note);
         }
-        // Always the same length: a header without live settings clears
+        // Always the same length: a header without run-time settings clears
         // whatever an earlier write left there.
         b.resize(MORE_SECONDARIES_AT, 0);
         for i in 1..SECONDARY_NAMES {
@@ -201,10 +201,10 @@ impl Header {
         b
     }
 
-    /// The live settings at [`LIVE_AT`] of header page `b`, if recorded.
-    fn parse_live(b: &[u8]) -> Result<Option<Live>> {
+    /// The run-time settings at [`RUNTIME_AT`] of header page `b`, if recorded.
+    fn parse_runtime(b: &[u8]) -> Result<Option<RuntimeSettings>> {
         let bad = |why: &str| Error::InvalidConfig(format!("shared memory: {why}"));
-        if b.len() < LIVE_AT + 28 || b[LIVE_AT..LIVE_AT + 8] != LIVE_MAGIC {
+        if b.len() < RUNTIME_AT + 28 || b[RUNTIME_AT..RUNTIME_AT + 8] != RUNTIME_MAGIC {
             return Ok(None);
         }
         let word = |at: usize| {
@@ -213,17 +213,17 @@ impl Header {
             u64::from_le_bytes(x)
         };
         let mut n = [0u8; 4];
-        n.copy_from_slice(&b[LIVE_AT + 24..LIVE_AT + 28]);
+        n.copy_from_slice(&b[RUNTIME_AT + 24..RUNTIME_AT + 28]);
         let n = u32::from_le_bytes(n) as usize;
-        let start = LIVE_AT + 28;
+        let start = RUNTIME_AT + 28;
         if n > NOTE_BYTES || start + n > b.len() {
             return Err(bad("the live settings' note overruns the header"));
         }
         let note = std::str::from_utf8(&b[start..start + n])
             .map_err(|_| bad("the live settings' note is not UTF-8"))?;
-        Ok(Some(Live {
-            mem_limit: word(LIVE_AT + 8),
-            writeback_limit: word(LIVE_AT + 16),
+        Ok(Some(RuntimeSettings {
+            mem_limit: word(RUNTIME_AT + 8),
+            writeback_limit: word(RUNTIME_AT + 16),
             note: note.to_string(),
         }))
     }
@@ -280,9 +280,9 @@ impl Header {
             clock_base: w(9),
             algo,
             secondaries,
-            // The live settings are advice: unreadable ones must not keep
+            // The run-time settings are advice: unreadable ones must not keep
             // a store's pages from being recovered.
-            live: Self::parse_live(b).unwrap_or_else(|e| {
+            runtime: Self::parse_runtime(b).unwrap_or_else(|e| {
                 log::warn!("{e}: going on with the settings the store was made with");
                 None
             }),
@@ -486,7 +486,7 @@ impl SharedMem {
     /// Returns the address, or `None` (logged) if the OS refused.
     pub(crate) fn map(&self, offset: u64, len: usize) -> Option<usize> {
         let off = libc::off_t::try_from(offset).ok()?;
-        if crate::fault::fail("shm:map") {
+        if crate::fail_point::fail("shm:map") {
             return None;
         }
         // SAFETY: a fresh shared mapping of our own file; the result is
@@ -555,27 +555,29 @@ mod tests {
             recovered_at: 1_700_000_100,
             clock_base: 12_345,
             secondaries: vec!["deflate:9".into(), "lz4hc".into(), "zstd:19".into()],
-            live: None,
+            runtime: None,
         };
         let shm = SharedMem::create().unwrap();
         shm.write_header(&h).unwrap();
         assert_eq!(shm.read_header().unwrap(), h);
-        let live = Live {
+        let live = RuntimeSettings {
             mem_limit: 64 << 20,
             writeback_limit: 1000,
             note: "{\"policy\":1}".into(),
         };
-        let got = shm.update_header(|h| h.live = Some(live.clone())).unwrap();
-        assert_eq!(got.live.as_ref(), Some(&live));
-        assert_eq!(shm.read_header().unwrap().live, Some(live));
-        let cleared = shm.update_header(|h| h.live = None).unwrap();
+        let got = shm
+            .update_header(|h| h.runtime = Some(live.clone()))
+            .unwrap();
+        assert_eq!(got.runtime.as_ref(), Some(&live));
+        assert_eq!(shm.read_header().unwrap().runtime, Some(live));
+        let cleared = shm.update_header(|h| h.runtime = None).unwrap();
         assert_eq!(shm.read_header().unwrap(), cleared);
-        assert_eq!(cleared.live, None, "nothing left behind");
+        assert_eq!(cleared.runtime, None, "nothing left behind");
         let mut b = h.to_bytes();
-        b[LIVE_AT..LIVE_AT + 8].copy_from_slice(&LIVE_MAGIC);
-        b[LIVE_AT + 24..LIVE_AT + 28].copy_from_slice(&(NOTE_BYTES as u32 + 1).to_le_bytes());
+        b[RUNTIME_AT..RUNTIME_AT + 8].copy_from_slice(&RUNTIME_MAGIC);
+        b[RUNTIME_AT + 24..RUNTIME_AT + 28].copy_from_slice(&(NOTE_BYTES as u32 + 1).to_le_bytes());
         assert_eq!(
-            Header::parse(&b).unwrap().live,
+            Header::parse(&b).unwrap().runtime,
             None,
             "a note past its room is ignored, the store still opens"
         );

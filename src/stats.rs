@@ -233,7 +233,7 @@ impl StatsShard {
 }
 
 /// The phase timers of a set of shards, summed: nanoseconds spent in each
-/// [`Phase`] by requests since this process made or recovered the store
+/// `Phase` by requests since this process made or recovered the store
 /// (like the event counters, they restart at a recovery). Divided by
 /// `pages_written` / `pages_read`, each is a per-page time.
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]

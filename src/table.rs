@@ -18,10 +18,10 @@
 
 use crate::alloc::{Handle, ObjAllocator, Relocate};
 use crate::backing::Backing;
+use crate::crash_point;
 use crate::ctx::CtxState;
 use crate::error::{Error, Result};
 use crate::free::{FreeConfig, Freer};
-use crate::inject;
 use crate::packed;
 use crate::page::PAGE_SIZE;
 use crate::shm::{SharedMem, SLOTS_AT};
@@ -33,7 +33,8 @@ use std::sync::Arc;
 /// page: the entry that was read, and the very object behind it. An
 /// unchanged entry is not enough, since the page may have been overwritten
 /// meanwhile and its new object, of the same size, given the old object's
-/// freed handle (seen: a page read back one version old).
+/// freed handle: moving it then would bring the page's older version
+/// back.
 #[derive(Clone, Copy)]
 pub(crate) enum Held<'a> {
     /// A per-page RAM object of exactly these bytes: equal bytes are the
@@ -225,16 +226,16 @@ impl SlotTable {
         let released = {
             let mut guard = self.lock(page);
             let released = self.take_locked(&mut guard, new);
-            inject::point("install:locked");
+            crash_point::point("install:locked");
             released
         };
-        inject::point("install:swapped");
+        crash_point::point("install:swapped");
         self.entered(st, &new, pos);
         if new.kind == Kind::Huge {
             st.shard.add(Counter::HugePagesSince, 1);
         }
         self.release(st, released);
-        inject::point("install:released");
+        crash_point::point("install:released");
     }
 
     /// Moves the page of `page` to `new` (at position `pos` of its packed
@@ -266,13 +267,13 @@ impl SlotTable {
                 ..new
             };
             let released = self.take_locked(&mut guard, new);
-            inject::point(points.locked);
+            crash_point::point(points.locked);
             (new, released)
         };
         self.entered(st, &new, pos);
         self.release(st, released);
         if let Some(point) = points.released {
-            inject::point(point);
+            crash_point::point(point);
         }
         true
     }
@@ -360,11 +361,11 @@ impl Relocate for SlotTable {
         let Some(new) = mv() else {
             return false;
         };
-        inject::point("relocate:copied");
+        crash_point::point("relocate:copied");
         for i in holders {
             let e = guards[i].entry();
             guards[i].replace(Entry { val: new, ..e });
-            inject::point("relocate:holder");
+            crash_point::point("relocate:holder");
         }
         true
     }

@@ -1,7 +1,7 @@
 //! The write path: one compression group of up to G pages into its slots.
 //!
 //! As in zswap's batched store, a multi-page write is cut into groups
-//! (`Store::write`). For each group ([`write_group`]): in packed mode, try
+//! (`QueueCtx::write`). For each group ([`write_group`]): in packed mode, try
 //! to pack it into one object (`crate::packed`); otherwise scan every page
 //! for a same-filled word, compress the rest with the queue's own codec in
 //! one batch call ([`compress_group`]), make one bulk allocation for all
@@ -37,7 +37,7 @@ pub(crate) fn write_group(
             plan.clear();
             plan_per_page(cfg, st, plan, alloc, first, data)?;
         }
-        crate::inject::point("write:planned");
+        crate::crash_point::point("write:planned");
         let t = st.clock();
         table.install_group(st, &plan.entries, first);
         st.lap(Phase::Install, t);

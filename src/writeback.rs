@@ -66,21 +66,12 @@ pub enum WritebackType {
     HugeIdle,
 }
 
-impl std::str::FromStr for WritebackType {
-    type Err = String;
-
-    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
-        match s {
-            "idle" => Ok(WritebackType::Idle),
-            "huge" => Ok(WritebackType::Huge),
-            "incompressible" => Ok(WritebackType::Incompressible),
-            "huge_idle" => Ok(WritebackType::HugeIdle),
-            _ => Err(format!(
-                "unknown writeback type '{s}': expected idle, huge, incompressible or huge_idle"
-            )),
-        }
-    }
-}
+crate::keyword::keywords!(WritebackType, "writeback type", {
+    "idle" => WritebackType::Idle,
+    "huge" => WritebackType::Huge,
+    "incompressible" => WritebackType::Incompressible,
+    "huge_idle" => WritebackType::HugeIdle,
+});
 
 /// Pages `first` to `last` (inclusive) of a device, by index (zram's
 /// `page_index=N` and `page_indexes=LOW-HIGH`).
@@ -353,7 +344,7 @@ fn flush(
             backing.path().display()
         )));
     }
-    crate::inject::point("writeback:written");
+    crate::crash_point::point("writeback:written");
     r.blocks += batch.blocks.len() as u64;
     let before = r.written;
     for i in 0..batch.items.len() {

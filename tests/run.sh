@@ -22,7 +22,8 @@ bash tools/scripts/deps.sh build
 
 stage "cargo fmt --check"
 cargo fmt --all -- --check
-stage "engine imports form a DAG"
+stage "imports go downward (engine-dag.py and its own tests)"
+python3 tools/scripts/test_engine_dag.py
 python3 tools/scripts/engine-dag.py
 stage "cargo clippy -D warnings (workspace lints: every unsafe documented)"
 cargo clippy --workspace --all-targets -- -D warnings

@@ -6,7 +6,7 @@
 # kernel zram in the same boot): tools/scripts/bench-device.sh, then the plot
 # tools/scripts/plot.py. The engine tables in BENCHMARKS.md are written by
 # hand from these outputs, the device tables are bench-out/device/tables.md;
-# copy bench-out/device/results.json and the SVG to benches/results/ when
+# copy bench-out/device/results.json and the SVG to bench/results/ when
 # they are quoted.
 #
 # Usage: tools/bench-all.sh [--engine-only | --device-only] [bench-device.sh options]

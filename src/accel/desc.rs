@@ -64,14 +64,19 @@ pub const IAX_COMP_PAGE_FAULT_IR: u8 = 0x04;
 /// `IAX_COMP_ANALYTICS_ERROR` (`IAA_ANALYTICS_ERROR`): see `error_code`.
 pub const IAX_COMP_ANALYTICS_ERROR: u8 = 0x0a;
 /// `IAX_COMP_OUTBUF_OVERFLOW` (`IAA_ERROR_DECOMP_BUF_OVERFLOW`).
+#[cfg(any(test, feature = "test-support"))]
 pub const IAX_COMP_OUTBUF_OVERFLOW: u8 = 0x0b;
 /// `IAX_COMP_BAD_OPCODE`.
+#[cfg(any(test, feature = "test-support"))]
 pub const IAX_COMP_BAD_OPCODE: u8 = 0x10;
 /// `IAX_COMP_INVALID_FLAGS`.
+#[cfg(any(test, feature = "test-support"))]
 pub const IAX_COMP_INVALID_FLAGS: u8 = 0x11;
 /// `IAX_COMP_INVALID_SIZE`.
+#[cfg(any(test, feature = "test-support"))]
 pub const IAX_COMP_INVALID_SIZE: u8 = 0x13;
 /// `IAA_ERROR_WATCHDOG_EXPIRED`.
+#[cfg(any(test, feature = "test-support"))]
 pub const IAA_ERROR_WATCHDOG_EXPIRED: u8 = 0x24;
 /// `IAA_ERROR_COMP_BUF_OVERFLOW`: `error_code` of an analytics error when a
 /// compression does not fit in `max_dst_size`.
@@ -131,6 +136,7 @@ const _: () = {
 
 /// Reads a little-endian integer of `N` bytes at `at` (the caller's
 /// offsets are constants inside a 64-byte array, so the slice always fits).
+#[cfg(any(test, feature = "test-support"))]
 fn le<const N: usize>(b: &[u8; DESC_SIZE], at: usize) -> [u8; N] {
     let mut out = [0u8; N];
     out.copy_from_slice(&b[at..at + N]);
@@ -148,11 +154,13 @@ impl IaxHwDesc {
     }
 
     /// The opcode (bits 24-31 of the second dword).
+    #[cfg(any(test, feature = "test-support"))]
     pub fn opcode(&self) -> u8 {
         (self.flags_opcode >> 24) as u8
     }
 
     /// The 24 descriptor flag bits.
+    #[cfg(any(test, feature = "test-support"))]
     pub fn flags(&self) -> u32 {
         self.flags_opcode & 0x00ff_ffff
     }
@@ -177,6 +185,7 @@ impl IaxHwDesc {
     }
 
     /// Parses 64 descriptor bytes (what a device does with a submission).
+    #[cfg(any(test, feature = "test-support"))]
     pub fn from_bytes(b: &[u8; DESC_SIZE]) -> Self {
         IaxHwDesc {
             pasid_priv: u32::from_le_bytes(le(b, 0)),

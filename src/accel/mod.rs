@@ -21,4 +21,5 @@ pub mod portal;
 pub mod router;
 pub mod sysfs;
 
+#[cfg(any(test, feature = "test-support"))]
 pub use router::{Router, WorkQueue};

@@ -113,6 +113,7 @@ impl Router {
     }
 
     /// A router over already-open queues (tests, embedding).
+    #[cfg(any(test, feature = "test-support"))]
     pub fn from_queues(queues: Vec<Arc<WorkQueue>>) -> Router {
         let why_none = queues.is_empty().then(|| "no work queue given".to_string());
         Router { queues, why_none }
@@ -156,6 +157,7 @@ impl Router {
     }
 
     /// Why no queue is usable, when none is.
+    #[cfg(any(test, feature = "test-support"))]
     pub fn why_none(&self) -> Option<&str> {
         self.why_none.as_deref()
     }

@@ -298,16 +298,19 @@ impl IaaCodec {
     }
 
     /// Whether this codec submits to hardware (else: software only).
+    #[cfg(any(test, feature = "test-support"))]
     pub fn uses_hardware(&self) -> bool {
         !self.queues.is_empty()
     }
 
     /// Changes how long a descriptor may take from now on.
+    #[cfg(any(test, feature = "test-support"))]
     pub fn set_timeout(&mut self, timeout: Duration) {
         self.opts.timeout = timeout;
     }
 
     /// This instance's counters.
+    #[cfg(any(test, feature = "test-support"))]
     pub fn stats(&self) -> IaaStats {
         self.stats
     }

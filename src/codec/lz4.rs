@@ -1,11 +1,11 @@
 //! LZ4's block format (no frame: the slot knows the sizes), compressed and
-//! decoded by liblz4 (`lz4-sys`'s bundled C sources): natively, on
-//! real-memory pages, its compressor is 7 % faster than lz4_flex's and its
-//! decoder (`LZ4_decompress_safe`, bounds-checked on both buffers) 1.3x,
-//! with the same ratio (BENCHMARKS.md, section 2 "The compressor" and
-//! section 1). Under qemu's
-//! TCG emulation, where the swap figures are taken, the order reverses
-//! (section 3): real processors are what the choice is for.
+//! decoded by liblz4 (`lz4-sys`'s bundled C sources). The decoder,
+//! `LZ4_decompress_safe`, checks bounds on both buffers, so a corrupt
+//! object fails its read and never writes outside the page. liblz4 is the
+//! faster of the two lz4 implementations natively, with the same ratio
+//! (BENCHMARKS.md, section 2 "The compressor" and section 1, has the
+//! figures, and section 3 why emulation orders them the other way): real
+//! processors are what the choice is for.
 //!
 //! The compression state (`LZ4_stream_t`, 16 KB of hash table) lives in a
 //! buffer the codec allocates once ([`ExtState`], which lz4hc's codec

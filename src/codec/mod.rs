@@ -17,7 +17,9 @@ mod zstd;
 
 pub use self::deflate::DeflateCodec;
 pub use self::dict::{Dictionaries, MAX_DICT_BYTES};
-pub use self::iaa::{IaaCodec, IaaOptions, IaaStats, IAA_MAX_BATCH};
+pub use self::iaa::IaaCodec;
+#[cfg(any(test, feature = "test-support"))]
+pub use self::iaa::{IaaOptions, IaaStats, IAA_MAX_BATCH};
 pub use self::lz4::Lz4Codec;
 pub use self::lz4dict::Lz4DictCodec;
 pub use self::lz4hc::{Lz4HcCodec, LZ4HC_DEFAULT_LEVEL, LZ4HC_MAX_LEVEL};
@@ -156,7 +158,7 @@ pub const DEFAULT_CODEC_PAGES: usize = 8;
 
 impl Algo {
     /// Creates a fresh codec instance (own context and scratch) for `self`,
-    /// sized for inputs of up to [`DEFAULT_CODEC_PAGES`] pages (see
+    /// sized for inputs of up to `DEFAULT_CODEC_PAGES` pages (see
     /// [`Algo::new_codec_for`]).
     pub fn new_codec(&self) -> Box<dyn Codec> {
         self.new_codec_for(DEFAULT_CODEC_PAGES)

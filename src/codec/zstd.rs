@@ -11,12 +11,12 @@
 //! a packed store's mix of group sizes kept reallocating it, on a queue
 //! thread, into heap memory never touched before: under memory pressure,
 //! a page fault into direct reclaim that waits on the very swap writes the
-//! thread is there to complete (seen on 6.12, the whole-machine workload:
-//! both queue threads in reclaim from a write into a new page of the
-//! workspace, 17 MB into their malloc arena). An input larger than the
-//! workspace was sized for goes to an ordinary context, made on first use.
+//! thread is there to complete. A fixed workspace, faulted in before the
+//! thread serves, guarantees that compressing never touches a fresh page.
+//! An input larger than the workspace was sized for goes to an ordinary
+//! context, made on first use.
 
-use super::{Algo, Codec, CodecError, DEFAULT_CODEC_PAGES};
+use super::{Algo, Codec, CodecError};
 use crate::page::PAGE_SIZE;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -241,9 +241,9 @@ impl Drop for Workspace {
 /// A decompression context in a workspace this codec owns. zstd's own
 /// decompression context is one heap block of about 94 KB that is touched
 /// only as it is used: a group whose literals went to its 64 KB literal
-/// buffer wrote into pages no earlier call had touched (seen on 7.3, the
-/// whole-machine workload: a queue thread in reclaim from that write,
-/// after the compression context had been fixed).
+/// buffer would write into pages no earlier call had touched, a page
+/// fault into reclaim on a queue thread. In a workspace of its own,
+/// faulted in by the prefault, no decompression touches a fresh page.
 struct FixedDCtx {
     ctx: NonNull<zstd_sys::ZSTD_DCtx>,
     workspace: Workspace,
@@ -329,10 +329,11 @@ fn dynamic_cctx(level: i32, dict: Option<&Dict>) -> zstd_safe::CCtx<'static> {
 
 impl ZstdCodec {
     /// Creates a zstd codec at `level` for inputs of up to
-    /// [`DEFAULT_CODEC_PAGES`] pages (larger ones are compressed too, by a
+    /// `DEFAULT_CODEC_PAGES` pages (larger ones are compressed too, by a
     /// context made on first use).
+    #[cfg(any(test, feature = "test-support"))]
     pub fn new(level: i32) -> Self {
-        Self::for_pages(level, DEFAULT_CODEC_PAGES)
+        Self::for_pages(level, super::DEFAULT_CODEC_PAGES)
     }
 
     /// Creates a zstd codec at `level` whose compression context is sized,

@@ -26,19 +26,19 @@ impl SlabAllocator {
         // cannot be emptied now, so later steps look past them.
         let mut pinned: Vec<u64> = Vec::new();
         for _ in 0..max_steps {
-            let mut st = lock(class);
-            if !st.can_compact(&class.spec) {
+            let mut state = lock(class);
+            if !state.can_compact(&class.spec) {
                 break;
             }
-            let Some(src) = st.emptiest_partial_except(&pinned) else {
+            let Some(src) = state.emptiest_partial_except(&pinned) else {
                 break;
             };
-            let (pages, _moved) = self.empty_zspage(class, &mut st, src, relocate);
+            let (pages, _moved) = self.empty_zspage(class, &mut state, src, relocate);
             // Compaction is there to give memory back: keep no spares
             // beyond the reserve's.
-            let keep = self.reserve_want(class, &st);
-            self.release_dead_keeping(class, &mut st, keep);
-            drop(st);
+            let keep = self.reserve_want(class, &state);
+            self.release_dead_keeping(class, &mut state, keep);
+            drop(state);
             freed += pages;
             if pages == 0 {
                 pinned.push(src);
@@ -52,7 +52,7 @@ impl SlabAllocator {
     fn empty_zspage(
         &self,
         class: &SizeClass,
-        st: &mut ClassState,
+        state: &mut ClassState,
         src: u64,
         relocate: &dyn Relocate,
     ) -> (u64, u64) {
@@ -60,7 +60,7 @@ impl SlabAllocator {
         let src_addr = class.dir.zspage_addr(src);
         let (mut freed, mut moved) = (0, 0);
         for idx in 0..class.spec.objs {
-            let owner = match st.zs.get(src as usize) {
+            let owner = match state.zs.get(src as usize) {
                 Some(z) if z.is_live() => z.owners[idx as usize],
                 // The zspage emptied (its last object moved) and is gone.
                 _ => break,
@@ -68,17 +68,17 @@ impl SlabAllocator {
             if owner & FREE != 0 {
                 continue;
             }
-            let Some(dst) = st.fullest_partial(Some(src)) else {
+            let Some(dst) = state.fullest_partial(Some(src)) else {
                 break;
             };
-            if st.zs[dst as usize].inuse < st.zs[src as usize].inuse {
+            if state.zs[dst as usize].inuse < state.zs[src as usize].inuse {
                 // Moving into an emptier zspage frees nothing.
                 break;
             }
             let old = super::handle(class.index, src, idx);
             let mut new: Handle = 0;
             let ok = relocate.relocate(owner, old, &mut || {
-                let h = Self::take_obj(class, st, dst, owner);
+                let h = Self::take_obj(class, state, dst, owner);
                 let (_, id, to) = unpack(h);
                 let dst_addr = class.dir.zspage_addr(id) + to as usize * size;
                 // SAFETY: both objects are live in mapped zspages of this
@@ -95,13 +95,13 @@ impl SlabAllocator {
                 Some(h)
             });
             if ok {
-                crate::inject::point("compact:moved");
+                crate::crash_point::point("compact:moved");
                 moved += 1;
-                freed += self.free_obj(class, st, src, idx);
+                freed += self.free_obj(class, state, src, idx);
             } else if new != 0 {
                 // The relocator copied but did not install: undo the copy.
                 let (_, id, to) = unpack(new);
-                self.free_obj(class, st, id, to);
+                self.free_obj(class, state, id, to);
             }
         }
         (freed, moved)

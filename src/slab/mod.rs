@@ -158,10 +158,9 @@ struct ClassState {
     /// Empty zspages kept with their pages (still charged) for the next
     /// `new_zspage`, which then skips asking the OS for fresh pages: on a
     /// swap device objects die and are born all the time, and a fresh page
-    /// costs about 2 µs here (KVM guest), almost half of what compressing a
-    /// page with lz4 takes (4.8 µs):
-    /// without spares an overwrite pass of the corpus provisions 1,400-1,600
-    /// zspages, with up to 1/8 of the live ones spare 100-700.
+    /// (a page fault, zeroing, possibly reclaim) costs a sizeable part of
+    /// compressing a page, where a spare's pages are already in place
+    /// (BENCHMARKS.md has the figures).
     spare: Vec<u64>,
     /// Whether `new_zspage` took a spare since the last [`SlabAllocator::trim`].
     spare_used: bool,
@@ -414,11 +413,13 @@ impl SlabAllocator {
     }
 
     /// Live zspages over all classes.
+    #[cfg(any(test, feature = "test-support"))]
     pub fn zspages(&self) -> u64 {
         self.classes.iter().map(|c| lock(c).live_zspages).sum()
     }
 
     /// Objects allocated and not freed, over all classes.
+    #[cfg(any(test, feature = "test-support"))]
     pub fn objects(&self) -> u64 {
         self.classes.iter().map(|c| lock(c).objs_used).sum()
     }
@@ -443,24 +444,24 @@ impl SlabAllocator {
     /// Creates an empty zspage in `class` and links it into group 0. With a
     /// reserve and memory short, only from a spare: fresh pages are then
     /// the provisioner's job.
-    fn new_zspage(&self, class: &SizeClass, st: &mut ClassState) -> Result<u64, Refused> {
+    fn new_zspage(&self, class: &SizeClass, state: &mut ClassState) -> Result<u64, Refused> {
         let tight = self.reserve.as_ref().is_some_and(Reserve::tight);
         // Short of memory, an owner table comes only from those the
         // provisioner made: one from the heap would be a fresh page for
-        // this (queue) thread, faulted in under the class lock, in reclaim
-        // (seen on 6.12: a queue thread in `do_anonymous_page` reclaim, and
-        // every swap write stuck). Boxes made by queue threads while memory
-        // was plentiful outlive them in the thread's own malloc arena, so
+        // this (queue) thread, faulted in under the class lock, in reclaim,
+        // with every swap write behind that lock. Boxes made by queue
+        // threads while memory was plentiful outlive them in the thread's
+        // own malloc arena, so
         // its prefaulted room (`CtxState::prefault`) does not last.
-        if st.boxes.is_empty() && tight {
+        if state.boxes.is_empty() && tight {
             return Err(self.refuse(class));
         }
         // With memory to spare, the reserve's share of the spares stays for
         // when it is short, and this thread faults in a fresh zspage
         // itself: taking a spare would make the provisioner fault one in
         // again at once, the same page fault plus a wake and a pass over
-        // the class locks (`native_zram --variants`: 3 µs of provisioner
-        // CPU a stored page). Spares beyond that share, zspages kept when
+        // the class locks, provisioner CPU spent on every stored page.
+        // Spares beyond that share, zspages kept when
         // they died, are reused first: memory already faulted in costs a
         // tenth of a fresh page. Likewise the owner tables the provisioner
         // made, one per spare and one more.
@@ -468,11 +469,11 @@ impl SlabAllocator {
         let (keep, keep_boxes) = if tight || eager {
             (0, 0)
         } else {
-            let want = self.reserve_want(class, st);
+            let want = self.reserve_want(class, state);
             (want, want + 1)
         };
-        if st.spare.len() > keep {
-            if let Some(id) = self.take_spare(class, st, keep_boxes) {
+        if state.spare.len() > keep {
+            if let Some(id) = self.take_spare(class, state, keep_boxes) {
                 return Ok(id);
             }
         }
@@ -482,18 +483,18 @@ impl SlabAllocator {
         if let Err(e) = self.charge(class.cost) {
             // At the memory limit the reserve's spares, charged already, are
             // what is left.
-            return self.take_spare(class, st, keep_boxes).ok_or(e.into());
+            return self.take_spare(class, state, keep_boxes).ok_or(e.into());
         }
-        if crate::fault::fail("slab:zspage") {
+        if crate::fail_point::fail("slab:zspage") {
             self.uncharge(class.cost);
             return Err(AllocError { limit: 0 }.into());
         }
-        let Some(id) = Self::take_id(class, st) else {
+        let Some(id) = Self::take_id(class, state) else {
             self.uncharge(class.cost);
             return Err(AllocError { limit: 0 }.into());
         };
-        st.fresh.push(id);
-        self.init_zspage(class, st, id, keep_boxes);
+        state.fresh.push(id);
+        self.init_zspage(class, state, id, keep_boxes);
         Ok(id)
     }
 
@@ -509,12 +510,17 @@ impl SlabAllocator {
 
     /// Makes the class's last spare, if it has one, a live empty zspage
     /// (its owner table one of the class's boxes beyond `keep_boxes`).
-    fn take_spare(&self, class: &SizeClass, st: &mut ClassState, keep_boxes: usize) -> Option<u64> {
-        let id = st.spare.pop()?;
+    fn take_spare(
+        &self,
+        class: &SizeClass,
+        state: &mut ClassState,
+        keep_boxes: usize,
+    ) -> Option<u64> {
+        let id = state.spare.pop()?;
         // Still charged, backed and (if configured) locked.
-        st.spare_used = true;
-        self.init_zspage(class, st, id, keep_boxes);
-        self.wake_if_short(class, st);
+        state.spare_used = true;
+        self.init_zspage(class, state, id, keep_boxes);
+        self.wake_if_short(class, state);
         Some(id)
     }
 
@@ -522,9 +528,9 @@ impl SlabAllocator {
     /// what the reserve wants there ([`Reserve::wake_for`]: the wakes after
     /// the first and before its pass cost one atomic operation, not a
     /// system call and a switch to a real-time thread each).
-    fn wake_if_short(&self, class: &SizeClass, st: &ClassState) {
+    fn wake_if_short(&self, class: &SizeClass, state: &ClassState) {
         if let Some(r) = &self.reserve {
-            if st.spare.len() < self.reserve_want(class, st) {
+            if state.spare.len() < self.reserve_want(class, state) {
                 r.wake_for(class.index);
             }
         }
@@ -532,20 +538,20 @@ impl SlabAllocator {
 
     /// An unused zspage id of `class` whose chunk is mapped: a free one, or
     /// the next new one; `None` when the class's address space is full.
-    fn take_id(class: &SizeClass, st: &mut ClassState) -> Option<u64> {
-        match st.free_ids.pop() {
+    fn take_id(class: &SizeClass, state: &mut ClassState) -> Option<u64> {
+        match state.free_ids.pop() {
             // A recovered slab's free ids may lie in chunks nobody mapped.
             Some(id) if class.dir.ensure(id) => Some(id),
             Some(id) => {
-                st.free_ids.push(id);
+                state.free_ids.push(id);
                 None
             }
             None => {
-                let id = st.zs.len() as u64;
+                let id = state.zs.len() as u64;
                 if id >= class.id_limit() || !class.dir.ensure(id) {
                     return None;
                 }
-                st.zs.push(ZsMeta::dead());
+                state.zs.push(ZsMeta::dead());
                 Some(id)
             }
         }
@@ -567,11 +573,11 @@ impl SlabAllocator {
     /// chunk), in one call: under emulation a system call costs more than
     /// faulting in a page.
     fn back_run(&self, class: &SizeClass, first: u64, n: usize) -> bool {
-        self.back_run_by(class, first, n, Backing::Populate)
+        self.back_run_by(class, first, n, FaultIn::Populate)
     }
 
     /// [`Self::back_run`], backing the pages as `how` says.
-    fn back_run_by(&self, class: &SizeClass, first: u64, n: usize, how: Backing) -> bool {
+    fn back_run_by(&self, class: &SizeClass, first: u64, n: usize, how: FaultIn) -> bool {
         let addr = class.dir.zspage_addr(first);
         let len = class.spec.zspage_bytes() * n;
         // A chunk locked on fault is locked by populating it.
@@ -590,17 +596,17 @@ impl SlabAllocator {
             }
         }
         let backed = match how {
-            Backing::Populate => vm::populate_range(addr, len),
-            Backing::Touch => vm::touch_range(addr, len),
+            FaultIn::Populate => vm::populate_range(addr, len),
+            FaultIn::Touch => vm::touch_range(addr, len),
         };
-        !self.shared || (backed && !crate::fault::fail("shm:grow"))
+        !self.shared || (backed && !crate::fail_point::fail("shm:grow"))
     }
 
-    /// Backs every zspage made fresh during the lock hold `st`, after
+    /// Backs every zspage made fresh during the lock hold `state`, after
     /// letting go of the lock ([`Self::back`]); returns whether all were.
-    fn back_fresh(&self, class: &SizeClass, mut st: MutexGuard<'_, ClassState>) -> bool {
-        let mut fresh = std::mem::take(&mut st.fresh);
-        drop(st);
+    fn back_fresh(&self, class: &SizeClass, mut state: MutexGuard<'_, ClassState>) -> bool {
+        let mut fresh = std::mem::take(&mut state.fresh);
+        drop(state);
         fresh.sort_unstable();
         // Every one is backed, even after a failure, as alloc_bulk always
         // did.
@@ -612,10 +618,10 @@ impl SlabAllocator {
     /// Makes zspage `id` an empty live zspage in fullness group 0; its
     /// owner table is one of the class's boxes if it has more than
     /// `keep_boxes`, else a new one.
-    fn init_zspage(&self, class: &SizeClass, st: &mut ClassState, id: u64, keep_boxes: usize) {
+    fn init_zspage(&self, class: &SizeClass, state: &mut ClassState, id: u64, keep_boxes: usize) {
         let objs = class.spec.objs;
-        let kept = (st.boxes.len() > keep_boxes)
-            .then(|| st.boxes.pop())
+        let kept = (state.boxes.len() > keep_boxes)
+            .then(|| state.boxes.pop())
             .flatten();
         let mut owners = match kept {
             Some(b) if b.len() == objs as usize => b,
@@ -629,26 +635,26 @@ impl SlabAllocator {
                     NIL as u64
                 };
         }
-        st.zs[id as usize] = ZsMeta {
+        state.zs[id as usize] = ZsMeta {
             owners,
             free_head: 0,
             inuse: 0,
             group: 0,
             pos: 0,
         };
-        st.link(id, 0);
-        st.live_zspages += 1;
+        state.link(id, 0);
+        state.live_zspages += 1;
     }
 
     /// Takes a free object of zspage `id` (which must have one) for `owner`.
-    fn take_obj(class: &SizeClass, st: &mut ClassState, id: u64, owner: u64) -> Handle {
-        let z = &mut st.zs[id as usize];
+    fn take_obj(class: &SizeClass, state: &mut ClassState, id: u64, owner: u64) -> Handle {
+        let z = &mut state.zs[id as usize];
         let idx = z.free_head;
         z.free_head = (z.owners[idx as usize] & !FREE) as u32;
         z.owners[idx as usize] = owner & !FREE;
         z.inuse += 1;
-        st.objs_used += 1;
-        st.regroup(id, class.spec.objs);
+        state.objs_used += 1;
+        state.regroup(id, class.spec.objs);
         handle(class.index, id, idx)
     }
 
@@ -658,24 +664,24 @@ impl SlabAllocator {
     fn alloc_obj(
         &self,
         class: &SizeClass,
-        st: &mut ClassState,
+        state: &mut ClassState,
         owner: u64,
     ) -> Result<Handle, Refused> {
-        if crate::fault::fail("slab:obj") {
+        if crate::fail_point::fail("slab:obj") {
             return Err(AllocError { limit: 0 }.into());
         }
-        let id = match st.fullest_partial(None) {
+        let id = match state.fullest_partial(None) {
             Some(id) => id,
-            None => self.new_zspage(class, st)?,
+            None => self.new_zspage(class, state)?,
         };
-        Ok(Self::take_obj(class, st, id, owner))
+        Ok(Self::take_obj(class, state, id, owner))
     }
 
     /// Frees object `idx` of zspage `id`; destroys the zspage if that
     /// empties it. Returns the pages given back. A handle that does not name
     /// a used object (a double free) is logged and ignored.
-    fn free_obj(&self, class: &SizeClass, st: &mut ClassState, id: u64, idx: u32) -> u64 {
-        let Some(z) = st.zs.get_mut(id as usize) else {
+    fn free_obj(&self, class: &SizeClass, state: &mut ClassState, id: u64, idx: u32) -> u64 {
+        let Some(z) = state.zs.get_mut(id as usize) else {
             log::error!("slab: free of unknown zspage {id} in class {}", class.index);
             return 0;
         };
@@ -692,27 +698,29 @@ impl SlabAllocator {
         z.owners[idx as usize] = FREE | z.free_head as u64;
         z.free_head = idx;
         z.inuse -= 1;
-        st.objs_used -= 1;
+        state.objs_used -= 1;
         if z.inuse == 0 {
-            self.destroy_zspage(st, id);
+            self.destroy_zspage(state, id);
             class.spec.pages as u64
         } else {
-            st.regroup(id, class.spec.objs);
+            state.regroup(id, class.spec.objs);
             0
         }
     }
 
     /// Retires an empty zspage; its pages go back to the OS at the end of
     /// the lock hold ([`Self::release_dead`]).
-    fn destroy_zspage(&self, st: &mut ClassState, id: u64) {
-        st.unlink(id);
-        let owners = std::mem::replace(&mut st.zs[id as usize], ZsMeta::dead()).owners;
+    fn destroy_zspage(&self, state: &mut ClassState, id: u64) {
+        state.unlink(id);
+        let owners = std::mem::replace(&mut state.zs[id as usize], ZsMeta::dead()).owners;
         // Kept within the capacity the provisioner gave (no allocation).
-        if self.reserve.is_some() && st.boxes.len() < reserve::BOXES_KEPT.min(st.boxes.capacity()) {
-            st.boxes.push(owners);
+        if self.reserve.is_some()
+            && state.boxes.len() < reserve::BOXES_KEPT.min(state.boxes.capacity())
+        {
+            state.boxes.push(owners);
         }
-        st.live_zspages -= 1;
-        st.dead.push(id);
+        state.live_zspages -= 1;
+        state.dead.push(id);
     }
 
     /// Gives the pages of the zspages retired in this lock hold back to the
@@ -720,47 +728,47 @@ impl SlabAllocator {
     /// TLB flush, so a drained batch that empties many neighbours pays
     /// once), and makes their ids reusable. Called before the class lock is
     /// released, so no id is reused before its pages are gone.
-    fn release_dead(&self, class: &SizeClass, st: &mut ClassState) {
-        let keep = self.spares_kept(class, st);
-        self.release_dead_keeping(class, st, keep);
+    fn release_dead(&self, class: &SizeClass, state: &mut ClassState) {
+        let keep = self.spares_kept(class, state);
+        self.release_dead_keeping(class, state, keep);
     }
 
     /// Spares a class keeps when zspages die: what reuse calls for, and at
     /// least the reserve's share.
-    fn spares_kept(&self, class: &SizeClass, st: &ClassState) -> usize {
-        st.spare_cap().max(self.reserve_want(class, st))
+    fn spares_kept(&self, class: &SizeClass, state: &ClassState) -> usize {
+        state.spare_cap().max(self.reserve_want(class, state))
     }
 
     /// Gives the spares of the class the reserve does not need back to the
     /// OS; returns the 4 KB pages given back.
-    fn trim_spares(&self, class: &SizeClass, st: &mut ClassState) -> u64 {
-        let before = spare_pages(class, st);
-        let keep = self.reserve_want(class, st);
-        self.release_dead_keeping(class, st, keep);
-        before - spare_pages(class, st)
+    fn trim_spares(&self, class: &SizeClass, state: &mut ClassState) -> u64 {
+        let before = spare_pages(class, state);
+        let keep = self.reserve_want(class, state);
+        self.release_dead_keeping(class, state, keep);
+        before - spare_pages(class, state)
     }
 
     /// [`Self::release_dead`], keeping up to `cap` empty zspages as spares
     /// (and giving back spares beyond `cap`).
-    fn release_dead_keeping(&self, class: &SizeClass, st: &mut ClassState, cap: usize) {
-        while st.spare.len() > cap {
-            if let Some(id) = st.spare.pop() {
-                st.dead.push(id);
+    fn release_dead_keeping(&self, class: &SizeClass, state: &mut ClassState, cap: usize) {
+        while state.spare.len() > cap {
+            if let Some(id) = state.spare.pop() {
+                state.dead.push(id);
             }
         }
-        while st.spare.len() < cap {
-            match st.dead.pop() {
-                Some(id) => st.spare.push(id),
+        while state.spare.len() < cap {
+            match state.dead.pop() {
+                Some(id) => state.spare.push(id),
                 None => break,
             }
         }
-        if st.dead.is_empty() {
+        if state.dead.is_empty() {
             return;
         }
-        st.dead.sort_unstable();
-        self.release_runs(class, &st.dead);
-        self.uncharge(class.cost * st.dead.len() as u64);
-        let ClassState { dead, free_ids, .. } = st;
+        state.dead.sort_unstable();
+        self.release_runs(class, &state.dead);
+        self.uncharge(class.cost * state.dead.len() as u64);
+        let ClassState { dead, free_ids, .. } = state;
         free_ids.append(dead);
     }
 
@@ -796,8 +804,8 @@ impl From<AllocError> for Refused {
 }
 
 /// 4 KB pages held by the class's spare zspages.
-fn spare_pages(class: &SizeClass, st: &ClassState) -> u64 {
-    (st.spare.len() * class.spec.pages as usize) as u64
+fn spare_pages(class: &SizeClass, state: &ClassState) -> u64 {
+    (state.spare.len() * class.spec.pages as usize) as u64
 }
 
 fn lock(class: &SizeClass) -> MutexGuard<'_, ClassState> {
@@ -843,9 +851,9 @@ fn for_runs<T, K: PartialEq>(items: &[T], key: impl Fn(&T) -> K, mut f: impl FnM
     }
 }
 
-/// How new zspages get their pages.
+/// How new zspages get their pages: how their memory is faulted in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Backing {
+pub(super) enum FaultIn {
     /// One `MADV_POPULATE_WRITE` per run of zspages: one system call, but
     /// it holds the process's `mmap_lock` (for reading) for as long as its
     /// page allocations wait in reclaim.
@@ -855,9 +863,7 @@ pub(super) enum Backing {
     /// (`mprotect` growing a malloc arena, `mmap`, `mlock`) does not wait
     /// for this one's reclaim. The provisioner's way: its faults wait in
     /// reclaim by design, and a queue thread stuck behind them on
-    /// `mmap_lock` completes no write, so reclaim never ends (seen on
-    /// 6.12: a queue thread in `mprotect` behind the provisioner's
-    /// `madvise`, every swap write held).
+    /// `mmap_lock` completes no write, so reclaim never ends.
     Touch,
 }
 
@@ -905,12 +911,12 @@ impl ObjAllocator for SlabAllocator {
                     return;
                 }
                 let class = &self.classes[run[0].0 as usize];
-                let mut st = lock(class);
+                let mut state = lock(class);
                 for &(_, i) in run {
-                    match self.alloc_obj(class, &mut st, owners[i as usize]) {
+                    match self.alloc_obj(class, &mut state, owners[i as usize]) {
                         Ok(h) => dst[i as usize] = h,
                         Err(Refused::ReserveEmpty) => {
-                            st.missed = (st.missed + 1).min(reserve::MISSED_MAX);
+                            state.missed = (state.missed + 1).min(reserve::MISSED_MAX);
                             missed.push(i);
                         }
                         Err(Refused::Failed(e)) => {
@@ -919,7 +925,7 @@ impl ObjAllocator for SlabAllocator {
                         }
                     }
                 }
-                if !self.back_fresh(class, st) && failed.is_none() {
+                if !self.back_fresh(class, state) && failed.is_none() {
                     // The objects of this run of one class are in `dst`: rolled back below.
                     failed = Some(AllocError { limit: 0 });
                 }
@@ -962,12 +968,12 @@ impl ObjAllocator for SlabAllocator {
                     log::error!("slab: free of bad handle {:#x}", run[0]);
                     return;
                 };
-                let mut st = lock(class);
+                let mut state = lock(class);
                 for &h in run {
                     let (_, id, idx) = unpack(h);
-                    self.free_obj(class, &mut st, id, idx);
+                    self.free_obj(class, &mut state, id, idx);
                 }
-                self.release_dead(class, &mut st);
+                self.release_dead(class, &mut state);
             },
         );
     }
@@ -1005,9 +1011,9 @@ impl ObjAllocator for SlabAllocator {
     fn trim(&self) -> u64 {
         let mut pages = 0;
         for class in self.classes.iter() {
-            let mut st = lock(class);
-            if !std::mem::take(&mut st.spare_used) {
-                pages += self.trim_spares(class, &mut st);
+            let mut state = lock(class);
+            if !std::mem::take(&mut state.spare_used) {
+                pages += self.trim_spares(class, &mut state);
             }
         }
         pages

@@ -42,14 +42,14 @@ impl SlabAllocator {
         if !fits || id >= class.id_limit() {
             return Claim::Invalid;
         }
-        let mut st = lock(class);
+        let mut state = lock(class);
         if !class.dir.ensure(id) {
             return Claim::Invalid;
         }
-        if st.zs.len() <= id as usize {
-            st.zs.resize_with(id as usize + 1, ZsMeta::dead);
+        if state.zs.len() <= id as usize {
+            state.zs.resize_with(id as usize + 1, ZsMeta::dead);
         }
-        let z = &mut st.zs[id as usize];
+        let z = &mut state.zs[id as usize];
         if !z.is_live() {
             // Every object free until claimed; free lists come at the end.
             z.owners = vec![FREE | NIL as u64; class.spec.objs as usize].into_boxed_slice();
@@ -60,7 +60,7 @@ impl SlabAllocator {
         }
         z.owners[idx as usize] = owner & !FREE;
         z.inuse += 1;
-        st.objs_used += 1;
+        state.objs_used += 1;
         Claim::First
     }
 
@@ -70,15 +70,15 @@ impl SlabAllocator {
     /// every zspage of the class's region that holds no claimed object.
     pub(crate) fn finish_recovery(&self) {
         for class in self.classes.iter() {
-            let mut st = lock(class);
+            let mut state = lock(class);
             let objs = class.spec.objs;
             let mut live = 0;
-            for id in 0..st.zs.len() as u64 {
-                if !st.zs[id as usize].is_live() {
-                    st.free_ids.push(id);
+            for id in 0..state.zs.len() as u64 {
+                if !state.zs[id as usize].is_live() {
+                    state.free_ids.push(id);
                     continue;
                 }
-                let z = &mut st.zs[id as usize];
+                let z = &mut state.zs[id as usize];
                 let mut head = NIL;
                 for idx in (0..objs).rev() {
                     if z.owners[idx as usize] & FREE != 0 {
@@ -88,8 +88,8 @@ impl SlabAllocator {
                 }
                 z.free_head = head;
                 let g = group_of(z.inuse, objs);
-                st.link(id, g);
-                st.live_zspages += 1;
+                state.link(id, g);
+                state.live_zspages += 1;
                 live += 1;
                 if self.mlock {
                     // Locks it (its pages are in the file already, so
@@ -102,8 +102,8 @@ impl SlabAllocator {
             // The unclaimed zspages among the claimed ones (free ids, in
             // ascending order), and all beyond the last: pending frees,
             // spares, emptied zspages.
-            self.release_runs(class, &st.free_ids);
-            class.dir.release_from(st.zs.len() as u64);
+            self.release_runs(class, &state.free_ids);
+            class.dir.release_from(state.zs.len() as u64);
             // Recovery runs before any limit is set: this cannot be refused.
             let _ = self.mem.try_charge(class.cost * live);
         }

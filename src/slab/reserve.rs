@@ -9,9 +9,8 @@
 //! zspage, or a heap block for its owner table) while the machine is out of
 //! memory enters direct reclaim itself, and reclaim waits on swap writes,
 //! the very writes that thread would complete: with every queue thread
-//! there, nothing completes and the machine wedges (seen in the
-//! `wholemachine` VM scenario: queue threads spinning in direct reclaim,
-//! kswapd waiting on their writes). Kernel zram does not meet this because
+//! there, nothing completes and the machine wedges. Kernel zram does not
+//! meet this because
 //! zsmalloc allocates in the reclaiming context, which may dip into the
 //! page allocator's reserves; a process cannot.
 //!
@@ -36,7 +35,7 @@
 //!   room in the class's bookkeeping vectors, faulting all of it in itself:
 //!   it may block in reclaim, the queue threads meanwhile run on the
 //!   reserve, and their completed writes are what lets reclaim free memory.
-//!   It faults its spares in page by page (`Backing::Touch`), not with one
+//!   It faults its spares in page by page (`FaultIn::Touch`), not with one
 //!   `MADV_POPULATE_WRITE`: that call holds `mmap_lock` through its
 //!   reclaim, and a queue thread growing its malloc arena (`mprotect`)
 //!   waited behind it with every swap write held (6.12, whole machine).
@@ -50,7 +49,7 @@
 //! The reserve is charged like any zspage (`mem_used_total`, `mem_spare`),
 //! so a `mem_limit` counts it.
 
-use super::{lock, Backing, ClassState, SizeClass, SlabAllocator, STACK_ENTRIES};
+use super::{lock, ClassState, FaultIn, SizeClass, SlabAllocator, STACK_ENTRIES};
 use crate::alloc::{AllocError, Handle, ObjAllocator, ReserveStats};
 use std::sync::atomic::{
     AtomicBool, AtomicU64,
@@ -364,18 +363,18 @@ impl SlabAllocator {
     /// objects (1 to [`RESERVE_OBJECTS`] of them), or for the objects asked
     /// for and not served since the last fill if more, plus one zspage per
     /// 64 live ones, up to three (each times [`SCALE_ENV`]'s factor).
-    pub(super) fn reserve_want(&self, class: &SizeClass, st: &ClassState) -> usize {
+    pub(super) fn reserve_want(&self, class: &SizeClass, state: &ClassState) -> usize {
         let Some(r) = &self.reserve else {
             return 0;
         };
-        if st.live_zspages == 0 && st.missed == 0 {
+        if state.live_zspages == 0 && state.missed == 0 {
             return 0;
         }
         let per = class.spec.objs.max(1);
         let objs =
             (r.scale * RESERVE_BYTES / class.spec.size.max(1)).clamp(1, r.scale * RESERVE_OBJECTS);
-        let base = objs.max(st.missed).div_ceil(per) as usize;
-        base + (st.live_zspages / 64).min(3 * u64::from(r.scale)) as usize
+        let base = objs.max(state.missed).div_ceil(per) as usize;
+        base + (state.live_zspages / 64).min(3 * u64::from(r.scale)) as usize
     }
 
     /// Places the objects `missed` of a bulk allocation whose classes had
@@ -430,14 +429,14 @@ impl SlabAllocator {
             if !fallback_fits(class.spec.size, size) {
                 break;
             }
-            let mut st = lock(class);
-            let Ok(h) = self.alloc_obj(class, &mut st, owner) else {
+            let mut state = lock(class);
+            let Ok(h) = self.alloc_obj(class, &mut state, owner) else {
                 continue;
             };
             // Free memory may have come back meanwhile, and with it a zspage
             // made here rather than taken from spares: backed as alloc_bulk
             // backs its own.
-            if !self.back_fresh(class, st) {
+            if !self.back_fresh(class, state) {
                 self.free_bulk(&[h]);
                 return None;
             }
@@ -491,44 +490,44 @@ impl SlabAllocator {
         // a class whose spares are taken as fast as they are made does not
         // keep the others waiting.
         let (needs_room, mut budget) = {
-            let mut st = lock(class);
-            if !self.lacks_anything(class, &st) {
+            let mut state = lock(class);
+            if !self.lacks_anything(class, &state) {
                 // Served, as below: what was asked for is in spares.
-                st.missed = 0;
+                state.missed = 0;
                 return false;
             }
-            let want = self.reserve_want(class, &st);
-            (lacks_room(&st), want.saturating_sub(st.spare.len()))
+            let want = self.reserve_want(class, &state);
+            (lacks_room(&state), want.saturating_sub(state.spare.len()))
         };
         let mut did = needs_room && self.make_room(class);
         // Allocated here, off the class lock.
         let mut ids: Vec<u64> = Vec::with_capacity(SPARES_AT_ONCE);
         loop {
-            let mut st = lock(class);
-            let want = self.reserve_want(class, &st);
-            if st.boxes.len() < want + 1 && st.boxes.len() < st.boxes.capacity() {
-                drop(st);
+            let mut state = lock(class);
+            let want = self.reserve_want(class, &state);
+            if state.boxes.len() < want + 1 && state.boxes.len() < state.boxes.capacity() {
+                drop(state);
                 let b = vec![0u64; class.spec.objs as usize].into_boxed_slice();
-                let st = &mut lock(class);
-                if st.boxes.len() >= st.boxes.capacity() {
+                let state = &mut lock(class);
+                if state.boxes.len() >= state.boxes.capacity() {
                     return true;
                 }
-                st.boxes.push(b);
+                state.boxes.push(b);
                 did = true;
                 continue;
             }
-            if st.spare.len() >= want {
+            if state.spare.len() >= want {
                 // Served: what was asked for is in spares now.
-                st.missed = 0;
+                state.missed = 0;
                 return did;
             }
             // At most SPARES_AT_ONCE: the pushes under the lock stay within
             // the room make_room keeps (HEADROOM).
-            let n = budget.min(want - st.spare.len()).min(SPARES_AT_ONCE);
+            let n = budget.min(want - state.spare.len()).min(SPARES_AT_ONCE);
             if n == 0 {
                 return did;
             }
-            let added = self.add_spares(class, st, n, &mut ids);
+            let added = self.add_spares(class, state, n, &mut ids);
             if added == 0 {
                 return did;
             }
@@ -537,18 +536,18 @@ impl SlabAllocator {
         }
     }
 
-    /// Whether `class` (its state `st`) lacks spares, owner-table boxes or
+    /// Whether `class` (its locked `state`) lacks spares, owner-table boxes or
     /// room in a bookkeeping vector ([`lacks_room`]): what
     /// [`Self::provision`] would add.
-    fn lacks_anything(&self, class: &SizeClass, st: &ClassState) -> bool {
-        let want = self.reserve_want(class, st);
-        st.spare.len() < want
-            || (st.boxes.len() < want + 1 && st.boxes.len() < st.boxes.capacity())
-            || lacks_room(st)
+    fn lacks_anything(&self, class: &SizeClass, state: &ClassState) -> bool {
+        let want = self.reserve_want(class, state);
+        state.spare.len() < want
+            || (state.boxes.len() < want + 1 && state.boxes.len() < state.boxes.capacity())
+            || lacks_room(state)
     }
 
     /// Makes up to `n` spare zspages in `class`: ids and charges under the
-    /// lock `st`, their pages backed after letting go of it, neighbours in
+    /// lock `state`, their pages backed after letting go of it, neighbours in
     /// one call. Returns how many it made: fewer when it could not (limit,
     /// address space, memory).
     /// `ids` is scratch room for `n` ids, allocated by the caller before it
@@ -556,7 +555,7 @@ impl SlabAllocator {
     fn add_spares(
         &self,
         class: &SizeClass,
-        mut st: std::sync::MutexGuard<'_, ClassState>,
+        mut state: std::sync::MutexGuard<'_, ClassState>,
         n: usize,
         ids: &mut Vec<u64>,
     ) -> usize {
@@ -565,32 +564,32 @@ impl SlabAllocator {
             if !self.charge_spare(class) {
                 break;
             }
-            let Some(id) = Self::take_id(class, &mut st) else {
+            let Some(id) = Self::take_id(class, &mut state) else {
                 self.uncharge(class.cost);
                 break;
             };
             ids.push(id);
         }
-        drop(st);
-        crate::fault::provisioner_stall_point();
+        drop(state);
+        crate::fail_point::provisioner_stall_point();
         ids.sort_unstable();
         // Nobody else knows these ids meanwhile: they are in no list.
         let mut failed = Vec::new();
         super::for_id_runs(ids, |first, k| {
-            if !self.back_run_by(class, first, k, Backing::Touch) {
+            if !self.back_run_by(class, first, k, FaultIn::Touch) {
                 failed.extend(first..first + k as u64);
             }
         });
-        let mut st = lock(class);
+        let mut state = lock(class);
         for &id in ids.iter() {
             if failed.binary_search(&id).is_err() {
-                st.spare.push(id);
+                state.spare.push(id);
             }
         }
         if !failed.is_empty() {
             self.release_runs(class, &failed);
             self.uncharge(class.cost * failed.len() as u64);
-            st.free_ids.extend_from_slice(&failed);
+            state.free_ids.extend_from_slice(&failed);
         }
         ids.len() - failed.len()
     }
@@ -609,13 +608,13 @@ impl SlabAllocator {
     /// keeps, allocated and faulted in off the lock. Returns whether any
     /// grew.
     fn make_room(&self, class: &SizeClass) -> bool {
-        let mut grew = grow(class, |st| &mut st.zs);
-        grew |= grow(class, |st| &mut st.free_ids);
-        grew |= grow(class, |st| &mut st.dead);
-        grew |= grow(class, |st| &mut st.spare);
-        grew |= grow(class, |st| &mut st.boxes);
+        let mut grew = grow(class, |state| &mut state.zs);
+        grew |= grow(class, |state| &mut state.free_ids);
+        grew |= grow(class, |state| &mut state.dead);
+        grew |= grow(class, |state| &mut state.spare);
+        grew |= grow(class, |state| &mut state.boxes);
         for g in 0..super::NGROUPS {
-            grew |= grow(class, |st| &mut st.groups[g]);
+            grew |= grow(class, |state| &mut state.groups[g]);
         }
         grew
     }
@@ -650,16 +649,16 @@ impl ClassSet {
     }
 }
 
-/// Whether a bookkeeping vector of the class (state `st`) lacks the room
+/// Whether a bookkeeping vector of the class (its `state`) lacks the room
 /// the provisioner keeps ([`SlabAllocator::make_room`] grows them: a vector
 /// added there must be added here).
-fn lacks_room(st: &ClassState) -> bool {
-    short(&st.zs).is_some()
-        || short(&st.free_ids).is_some()
-        || short(&st.dead).is_some()
-        || short(&st.spare).is_some()
-        || short(&st.boxes).is_some()
-        || st.groups.iter().any(|g| short(g).is_some())
+fn lacks_room(state: &ClassState) -> bool {
+    short(&state.zs).is_some()
+        || short(&state.free_ids).is_some()
+        || short(&state.dead).is_some()
+        || short(&state.spare).is_some()
+        || short(&state.boxes).is_some()
+        || state.groups.iter().any(|g| short(g).is_some())
 }
 
 /// Gives the vector `pick` chooses in `class`'s state room to grow without
@@ -670,14 +669,14 @@ fn grow<T>(class: &SizeClass, pick: impl Fn(&mut ClassState) -> &mut Vec<T>) -> 
         return false;
     };
     let mut bigger = prefaulted::<T>(cap);
-    let mut st = lock(class);
-    let v = pick(&mut st);
+    let mut state = lock(class);
+    let v = pick(&mut state);
     if short(v).is_none() || bigger.capacity() < v.len() + HEADROOM {
         return false;
     }
     bigger.append(v);
     std::mem::swap(v, &mut bigger);
-    drop(st);
+    drop(state);
     // `bigger` now holds the old, empty buffer: freed off the lock.
     true
 }

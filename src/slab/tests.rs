@@ -529,11 +529,15 @@ fn provisioned_class_has_room_and_boxes() {
     a.alloc_bulk(&[500], &[1], &mut hs).unwrap();
     provision_all(&a);
     let c = a.class_of(500).unwrap();
-    let st = lock(&a.classes[c]);
-    assert!(!st.spare.is_empty());
-    assert!(st.boxes.len() >= 2, "owner tables kept: {}", st.boxes.len());
-    assert!(st.zs.capacity() - st.zs.len() >= 32);
-    assert!(st.groups.iter().all(|g| g.capacity() - g.len() >= 32));
-    drop(st);
+    let state = lock(&a.classes[c]);
+    assert!(!state.spare.is_empty());
+    assert!(
+        state.boxes.len() >= 2,
+        "owner tables kept: {}",
+        state.boxes.len()
+    );
+    assert!(state.zs.capacity() - state.zs.len() >= 32);
+    assert!(state.groups.iter().all(|g| g.capacity() - g.len() >= 32));
+    drop(state);
     a.free_bulk(&hs);
 }

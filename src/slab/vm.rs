@@ -168,7 +168,7 @@ impl ChunkDir {
         let Some(len) = (chunk_len(c) as usize).checked_mul(self.zspage_bytes) else {
             return false;
         };
-        if crate::fault::fail("slab:chunk") {
+        if crate::fail_point::fail("slab:chunk") {
             return false;
         }
         match self.map_chunk(c, len) {
@@ -259,8 +259,8 @@ pub(super) fn may_lock_unbounded() -> bool {
     const CAP_IPC_LOCK: u32 = 14;
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|st| {
-            let hex = st.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+        .and_then(|state| {
+            let hex = state.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
             u64::from_str_radix(hex.trim(), 16).ok()
         })
         .is_some_and(|caps| caps & (1 << CAP_IPC_LOCK) != 0)
@@ -277,9 +277,10 @@ pub fn lock_range(addr: usize, len: usize) -> bool {
 
 /// Backs a new zspage with physical pages in one call, as zsmalloc
 /// allocates a zspage's pages when it creates it: one `madvise` instead of
-/// a page fault per page on the first copy into each page. Either way a
-/// fresh page costs about 2 µs on a KVM guest, almost half of compressing
-/// a page with lz4. Returns false if the OS refused the memory; a kernel
+/// a page fault per page on the first copy into each page: the pages are
+/// in place before any object is copied in, and the whole zspage is
+/// refused up front if the OS has no memory. Returns false if the OS
+/// refused the memory; a kernel
 /// older than 5.14 (no `MADV_POPULATE_WRITE`) counts as success, its pages
 /// fault in on first use as private pages that cannot be backed now do.
 pub fn populate_range(addr: usize, len: usize) -> bool {
@@ -292,7 +293,7 @@ pub fn populate_range(addr: usize, len: usize) -> bool {
 
 /// Backs a range by writing to each of its pages: one write fault per page,
 /// taken under the VMA's lock rather than the process's `mmap_lock` (see
-/// `Backing::Touch`). Each page's first byte is written back as it was
+/// `FaultIn::Touch`). Each page's first byte is written back as it was
 /// read. The caller owns the range: no other thread reads or writes it
 /// meanwhile (the provisioner's new spares are in no list yet). Returns
 /// true: a page the OS cannot give waits in the fault (or the OOM killer

@@ -4,10 +4,9 @@
 //! Tmpfs pages are swappable, and swap may be the very device the daemon
 //! serves: a queue thread that logs a failed request can find the log
 //! file's page swapped out, wait for it to be read back, and that read (or
-//! the write still in flight for it) waits on the queue thread. Seen in the
-//! `wholemachine` VM scenario: a queue thread in `write(2)` to its log,
-//! under `shmem_swapin_folio`, every swap write stuck behind it. A journal
-//! that stops reading under memory pressure blocks a pipe the same way.
+//! the write still in flight for it) waits on the queue thread, and every
+//! swap write behind it. A journal that stops reading under memory
+//! pressure blocks a pipe the same way.
 //!
 //! So the daemon's log records go to a bounded in-memory queue and one
 //! thread of its own (`zblk-log`) writes them out; when the queue is full

@@ -38,12 +38,10 @@ pub fn lock_memory() -> Result<()> {
 /// program lives in shared memory (an initramfs or a tmpfs root, as in the
 /// VM suite's guest) evicting it means swapping it out, possibly onto the
 /// device this daemon serves: the queue thread that first runs that code
-/// then waits for a swap-in only it could serve (seen on 7.3, the whole
-/// machine workload with zstd packed: a queue thread in D state in
-/// `shmem_swapin_folio`, its instruction pointer at the end of a page of
-/// code, the first group whose literals took zstd's 4-stream Huffman
-/// decoder). On a disk it would mean a read from the disk in the middle of
-/// a swap write. About the program's size (6 MB) stays locked. Returns the
+/// then waits for a swap-in only it could serve. Locked, every page of
+/// code a queue thread may run is resident before the first request. On
+/// a disk it would mean a read from the disk in the middle of a swap
+/// write. About the program's size (6 MB) stays locked. Returns the
 /// bytes locked; a mapping that cannot be locked is logged and skipped.
 pub fn lock_program() -> u64 {
     let maps = match std::fs::read_to_string("/proc/self/maps") {

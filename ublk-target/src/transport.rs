@@ -7,13 +7,11 @@
 //!   command completes a whole group of requests, so a storm of 4 KB swap
 //!   writes costs a few commands per wake-up instead of one per page.
 //!
-//! The default is classic: measured A/B in one 7.3 boot (BENCHMARKS.md,
-//! `tests/vm/run.sh --kernel 7.3 --scenario transport-ab`), batch costs
-//! 21-32 % of the random 4 KB reads at queue depth 1 (a fetch completion
-//! and a separate commit per request where classic has one
-//! COMMIT_AND_FETCH) and 7-43 % of the writes at depth 8, while the swap
-//! workload's figures scatter either way. `auto` takes batch where the
-//! driver offers it.
+//! The default is classic: a request at low queue depth costs batch a
+//! fetch completion and a separate commit where classic has one
+//! COMMIT_AND_FETCH, so classic is the faster at the depths swap-ins run
+//! at (BENCHMARKS.md has the A/B, `tests/vm/run.sh --kernel 7.3 --scenario
+//! transport-ab`). `auto` takes batch where the driver offers it.
 //! The choice is the device's, made once at creation (`UBLK_F_BATCH_IO` in
 //! its flags); a recovering daemon reads it back from the driver.
 //!

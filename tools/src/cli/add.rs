@@ -5,7 +5,10 @@
 
 use super::args::{AddArgs, DaemonArgs, KeeperArgs, RecoverArgs};
 use super::fs::{self, FsType};
-use super::{show, sys, CliError, CliResult};
+use super::{
+    base::{CliError, CliResult},
+    show, sys,
+};
 use std::fmt::Display;
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
@@ -156,9 +159,10 @@ fn make_swap(bdev: &Path, priority: i32, discard: Discard) -> CliResult {
 const PAGE_CLUSTER: &str = "/proc/sys/vm/page-cluster";
 
 /// Below this `vm.page-cluster` a swap-in request carries at most 4 pages,
-/// each a round trip to the daemon: at 0 (one page a request) a usemem run
-/// took 3.4-3.6x zram's time in the qemu guest, at 3 1.29x (BENCHMARKS.md,
-/// "Readahead"). zram guides (and some distributions, for zram) set 0.
+/// and every request is a round trip to the daemon, which a zram swap-in
+/// does not pay: the fewer pages a request, the more round trips a
+/// swap-in workload waits for (BENCHMARKS.md, "Readahead", has the
+/// figures). zram guides (and some distributions, for zram) set 0.
 const MIN_PAGE_CLUSTER: u32 = 3;
 
 /// Warns, in one line, when `vm.page-cluster` (its text) is below

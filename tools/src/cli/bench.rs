@@ -1,7 +1,7 @@
 //! `zblk bench`: the engine over a file of pages, no device needed.
 
 use super::args::BenchArgs;
-use super::{CliError, CliResult};
+use super::base::{CliError, CliResult};
 use zblk_bench::discard::{discard_bench, DiscardOptions};
 use zblk_bench::engine::{self as bench, BenchOptions};
 

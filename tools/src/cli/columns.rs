@@ -101,7 +101,7 @@ fn find(name: &str) -> Result<Column, String> {
         .collect();
     Err(format!(
         "unknown column '{}' (valid: {})",
-        super::escape_controls(name.trim()),
+        super::base::escape_controls(name.trim()),
         valid.join(", ")
     ))
 }

@@ -286,8 +286,8 @@ fn one_device_per_mount_point(parts: &BTreeMap<String, Part>) -> Result<(), Stri
             return Err(format!(
                 "{}: [{}]: mount-point = \"{}\" is [{first}]'s already",
                 part.at,
-                super::escape_controls(name),
-                super::escape_controls(&point.to_string_lossy())
+                super::base::escape_controls(name),
+                super::base::escape_controls(&point.to_string_lossy())
             ));
         }
     }
@@ -306,15 +306,15 @@ fn eval_bytes(expr: &str, ram_mb: f64) -> Result<f64, String> {
     let mb = evalexpr::eval_number_with_context(expr, &ctx).map_err(|e| {
         format!(
             "bad size expression '{}': {}",
-            super::escape_controls(expr),
-            super::escape_controls(&e.to_string())
+            super::base::escape_controls(expr),
+            super::base::escape_controls(&e.to_string())
         )
     })?;
     let bytes = mb * 1024.0 * 1024.0;
     if !bytes.is_finite() || bytes < 0.0 || bytes >= u64::MAX as f64 {
         return Err(format!(
             "size '{}' is {mb} MB: not a size (ram = {ram_mb} MB)",
-            super::escape_controls(expr)
+            super::base::escape_controls(expr)
         ));
     }
     Ok(bytes)
@@ -364,7 +364,10 @@ impl Doc<'_> {
     fn error_at(&self, span: Range<usize>, key: &str, msg: &str) -> String {
         let line = self.line_of(span.start);
         // A section name is a TOML key: quoted, it can hold any character.
-        let (key, msg) = (super::escape_controls(key), super::escape_controls(msg));
+        let (key, msg) = (
+            super::base::escape_controls(key),
+            super::base::escape_controls(msg),
+        );
         format!("{}:{line}: {key}: {msg}", self.file.display())
     }
 
@@ -381,7 +384,7 @@ impl Doc<'_> {
     /// A TOML or serde error, with the key read back from its line (the
     /// `toml` crate's error carries the span but not the key path).
     fn toml_error(&self, e: &toml::de::Error) -> String {
-        let text = super::escape_controls(e.message().trim());
+        let text = super::base::escape_controls(e.message().trim());
         let mut msg = text.as_str();
         if msg.ends_with("expected struct Section") {
             // A key = value before the first section header.
@@ -598,9 +601,13 @@ impl Part {
         }
         let words: Vec<&str> = words.iter().map(String::as_str).collect();
         let mut add = add_args(&words)
-            .map_err(|e| format!("{at}: {sect}: {}", super::escape_controls(&e)))?;
-        let options_error =
-            |line: &str, e: &str| format!("{line}: {sect}.options: {}", super::escape_controls(e));
+            .map_err(|e| format!("{at}: {sect}: {}", super::base::escape_controls(&e)))?;
+        let options_error = |line: &str, e: &str| {
+            format!(
+                "{line}: {sect}.options: {}",
+                super::base::escape_controls(e)
+            )
+        };
         let (mut discard, mut mount) = (Discard::Both, None);
         match (point, fs_type) {
             (Some(point), fs_type) => {
@@ -768,7 +775,7 @@ fn reason(e: &clap::Error) -> String {
         (Some(ContextValue::String(v)), Some(ContextValue::Strings(ok))) => {
             format!("invalid value '{v}' (one of: {})", ok.join(", "))
         }
-        _ => super::one_line(&e.to_string()),
+        _ => super::base::one_line(&e.to_string()),
     }
 }
 

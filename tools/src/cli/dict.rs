@@ -3,7 +3,7 @@
 //! --algo-params dict=FILE`.
 
 use super::args::DictTrainArgs;
-use super::{CliError, CliResult};
+use super::base::{CliError, CliResult};
 use std::io::{IsTerminal, Write};
 use std::time::Duration;
 use zblk_ublk::control::{self, Request};

@@ -6,7 +6,7 @@
 //! binary that is shipped.
 
 use super::args::Cli;
-use super::{CliError, CliResult};
+use super::base::{CliError, CliResult};
 use clap::CommandFactory;
 use clap_complete::Shell;
 use std::path::Path;

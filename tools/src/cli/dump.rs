@@ -3,7 +3,7 @@
 //! each chunk arrives, so neither side ever holds the whole device.
 
 use super::args::DumpArgs;
-use super::{CliError, CliResult};
+use super::base::{CliError, CliResult};
 use std::io::{BufWriter, ErrorKind, Write};
 use std::time::Duration;
 use zblk::{SlotKind, SlotState};

@@ -4,7 +4,10 @@
 
 use super::args::ExporterArgs;
 use super::scrape::scrape;
-use super::{metrics, CliError, CliResult};
+use super::{
+    base::{CliError, CliResult},
+    metrics,
+};
 use std::path::Path;
 use std::time::Duration;
 use tiny_http::{Header, Method, Request, Response, Server};

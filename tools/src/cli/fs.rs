@@ -2,7 +2,10 @@
 //! zram-generator's): its type and `mkfs` command line, mounting it, and
 //! finding and undoing its mounts before the device goes.
 
-use super::{sys, CliError, CliResult};
+use super::{
+    base::{CliError, CliResult},
+    sys,
+};
 use std::path::{Path, PathBuf};
 
 /// The filesystems `fs-type` takes.
@@ -40,7 +43,7 @@ impl FsType {
                 let names: Vec<&str> = Self::ALL.iter().map(|t| t.name()).collect();
                 format!(
                     "unknown fs-type '{}': one of {}",
-                    super::escape_controls(name),
+                    super::base::escape_controls(name),
                     names.join(", ")
                 )
             })
@@ -160,7 +163,7 @@ pub fn mount_point(text: &str) -> Result<PathBuf, String> {
     if text.chars().any(char::is_control) || !p.is_absolute() || !plain {
         return Err(format!(
             "'{}' is not a plain absolute path (such as /var/tmp/zblk)",
-            super::escape_controls(text)
+            super::base::escape_controls(text)
         ));
     }
     let clean: PathBuf = p.components().collect();
@@ -178,7 +181,7 @@ pub fn mount_options(text: &str) -> Result<String, String> {
         return Err(format!(
             "mount options '{}' hold a blank or control character: write them as in fstab, \
              comma-separated (\"discard,noatime\")",
-            super::escape_controls(text)
+            super::base::escape_controls(text)
         ));
     }
     Ok(text.to_string())

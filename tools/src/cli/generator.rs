@@ -39,7 +39,10 @@
 
 use super::conf::{self, Entry};
 use super::fs::Mount;
-use super::{setup, CliError, CliResult};
+use super::{
+    base::{CliError, CliResult},
+    setup,
+};
 use std::path::{Path, PathBuf};
 
 /// What the generator writes: a path under its directory and either a

@@ -2,7 +2,10 @@
 //! `zblk recover`, `zblk restart`.
 
 use super::args::{DelArgs, IdArgs, IdleArgs, RecompressArgs, RecoverArgs, SetArgs, WritebackArgs};
-use super::{sys, CliError, CliResult};
+use super::{
+    base::{CliError, CliResult},
+    sys,
+};
 use std::time::Duration;
 use zblk_ublk::control::{self, ClientError, Request};
 use zblk_ublk::keeper::{self, KeeperRequest};
@@ -21,7 +24,7 @@ const KEEPER_WAIT: Duration = Duration::from_secs(5);
 pub fn del(a: DelArgs) -> CliResult {
     let ids = match a.id {
         Some(id) => vec![id],
-        None => super::device_ids()?,
+        None => super::base::device_ids()?,
     };
     let mut first_err = None;
     for id in ids {

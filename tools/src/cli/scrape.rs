@@ -2,8 +2,8 @@
 //! all daemons at once, within one deadline, so that a stuck daemon costs
 //! a scrape at most its timeout and never hangs it.
 
+use super::base::CliError;
 use super::metrics::Scrape;
-use super::CliError;
 use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};

@@ -7,7 +7,11 @@
 
 use super::args::SetupArgs;
 use super::conf::{self, Entry};
-use super::{add, fs, sys, unit, CliError, CliResult};
+use super::{
+    add,
+    base::{CliError, CliResult},
+    fs, sys, unit,
+};
 use std::path::{Path, PathBuf};
 
 /// Where the kernel command line is read from.
@@ -148,7 +152,7 @@ fn cmdline_disables(cmdline: &str) -> Result<bool, String> {
                 _ => {
                     return Err(format!(
                         "{DISABLE}: '{}' is not 1 or 0: write zblk.disable or zblk.disable=0",
-                        super::escape_controls(v)
+                        super::base::escape_controls(v)
                     ))
                 }
             };

@@ -3,7 +3,10 @@
 use super::args::{ListArgs, StatArgs, StatFormat};
 use super::metrics::{self, Scrape};
 use super::size::format_size;
-use super::{fs, CliError, CliResult};
+use super::{
+    base::{CliError, CliResult},
+    fs,
+};
 use serde_json::{json, Value};
 use std::path::Path;
 use std::time::Duration;
@@ -152,7 +155,7 @@ fn mountpoint(swap: bool, mounts: &[String]) -> Option<String> {
 /// `zblk list`.
 pub fn list(a: ListArgs) -> CliResult {
     let mut entries = Vec::new();
-    for id in super::device_ids()? {
+    for id in super::base::device_ids()? {
         match control::request(id, &Request::Stats, STATS_TIMEOUT) {
             Ok(reply) => entries.push(list_entry(&reply)),
             // A socket with no daemon behind it: a keeper may be bringing
@@ -352,7 +355,7 @@ pub fn stat(a: StatArgs) -> CliResult {
 fn fetch_all(id: Option<u32>) -> Result<Vec<Value>, CliError> {
     let ids = match id {
         Some(id) => vec![id],
-        None => super::device_ids()?,
+        None => super::base::device_ids()?,
     };
     ids.into_iter().map(fetch).collect()
 }

@@ -1,6 +1,6 @@
 //! The system around the CLI: the driver, privileges, swap tools, waiting.
 
-use super::CliError;
+use super::base::CliError;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};

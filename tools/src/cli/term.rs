@@ -6,7 +6,7 @@
 //! SIGTERM are blocked and read from a signalfd, so no handler runs and the
 //! loop ends normally, running [`Drop`]; a panic unwinds through it too.
 
-use super::CliError;
+use super::base::CliError;
 use std::io::IsTerminal;
 use std::time::Duration;
 use zblk_ublk::signals::StopSignals;

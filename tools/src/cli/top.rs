@@ -7,12 +7,12 @@
 //! deadline and shows as `no-answer`; the screen never freezes on it.
 
 use super::args::TopArgs;
+use super::base::CliResult;
 use super::metrics::Scrape;
 use super::scrape::{scrape, DEFAULT_TIMEOUT_SECS};
 use super::show::table;
 use super::size::format_size;
 use super::term::{Term, Wake};
-use super::CliResult;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
@@ -202,7 +202,7 @@ fn show(frame: &str, on_terminal: bool, round: u64) -> CliResult {
     let mut out = std::io::stdout().lock();
     out.write_all(text.as_bytes())
         .and_then(|()| out.flush())
-        .map_err(|e| super::CliError(format!("cannot write to stdout: {e}")))
+        .map_err(|e| super::base::CliError(format!("cannot write to stdout: {e}")))
 }
 
 #[cfg(test)]

@@ -22,7 +22,11 @@
 use super::add::Format;
 use super::args::AddArgs;
 use super::conf::Entry;
-use super::{add, fs, CliError, CliResult};
+use super::{
+    add,
+    base::{CliError, CliResult},
+    fs,
+};
 use std::os::fd::OwnedFd;
 use std::time::Duration;
 use zblk_ublk::{device, notify, Holder, Start};

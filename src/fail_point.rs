@@ -2,7 +2,7 @@
 //! can make that allocation fail, to prove that every failure a write can
 //! meet becomes an errno for that request and loses or leaks nothing.
 //!
-//! The sibling of the crash points (`crate::inject`): a crash point kills
+//! The sibling of the crash points (`crate::crash_point`): a crash point kills
 //! the process, a failure point makes one allocation return its error and
 //! lets the caller's error handling run. docs/fault-injection.md lists each
 //! point, what it simulates and what `tests/store_faults.rs` checks.
@@ -65,7 +65,7 @@ mod imp {
     /// to fail now (the armed point's chosen pass, once).
     pub(crate) fn fail(name: &'static str) -> bool {
         let Some(i) = index(name) else {
-            debug_assert!(false, "failure point {name} is not in fault::POINTS");
+            debug_assert!(false, "failure point {name} is not in fail_point::POINTS");
             return false;
         };
         STATE.with(|s| {

@@ -3,23 +3,31 @@
 
 use crate::alloc::{Handle, Relocate};
 
+#[cfg(feature = "test-support")]
+mod store;
+#[cfg(feature = "test-support")]
+pub use store::{
+    debug_as_layout3, debug_as_layout4, debug_as_layout5, debug_corrupt_object, debug_crash,
+    debug_flip_object_byte,
+};
+
 /// Passes through crash points so far in this process (see
-/// `ZBLK_CRASH_AT` in the engine's `inject` module).
-pub use crate::inject::passed as crash_points_passed;
+/// `ZBLK_CRASH_AT` in the engine's `crash_point` module).
+pub use crate::crash_point::passed as crash_points_passed;
 
 /// Runs a hook of the test's at every crash point this thread passes
-/// (see the engine's `inject` module): a race made to happen where it can.
-pub use crate::inject::on_point as on_crash_point;
+/// (see the engine's `crash_point` module): a race made to happen where it can.
+pub use crate::crash_point::on_point as on_crash_point;
 
 /// Bytes of header in front of a packed group's blob (`crate::packed`):
 /// where a harness that decodes objects itself finds the blob.
 pub const PACK_HEADER: usize = crate::packed::PACK_HEADER;
 
-/// Failure points (see the engine's `fault` module and
+/// Failure points (see the engine's `fail_point` module and
 /// docs/fault-injection.md): arm one by name for its Nth pass on this
 /// thread, count passes, see whether it fired.
 pub mod faults {
-    pub use crate::fault::{arm, disarm, passes, stall_provisioner, take_fired, POINTS};
+    pub use crate::fail_point::{arm, disarm, passes, stall_provisioner, take_fired, POINTS};
 }
 use std::sync::Mutex;
 

@@ -1,0 +1,227 @@
+//! The request path: [`QueueCtx`], one per queue thread, and the four
+//! operations it runs over page-aligned byte ranges, each going down one
+//! layer at a time, never back up:
+//!
+//! - write: [`QueueCtx::write`] -> `write::write_group` (per compression
+//!   group) -> `packed::pack_group` or `write::plan_per_page` ->
+//!   `alloc_bulk` -> `SlotTable::install_group`;
+//! - read: [`QueueCtx::read`] -> `read::read_page` (per page, under its
+//!   lock) -> the codec;
+//! - discard and write-zeroes: [`QueueCtx::discard`] ->
+//!   `SlotTable::install` of an empty entry -> `SlotTable::release` -> the
+//!   queue's free batch.
+//!
+//! Each request is timed and counted here, once, in its queue's
+//! statistics shard.
+
+use super::Store;
+use crate::codec::AccelEvents;
+use crate::ctx::CtxState;
+use crate::error::{Error, Result};
+use crate::page::{PAGE_SIZE, PAGE_SIZE_U64};
+use crate::slot::Entry;
+use crate::stats::{Counter, Op, Phase};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The per-thread context every store operation runs with: one per queue
+/// thread, holding its codec, scratch, statistics shard and free batch.
+pub struct QueueCtx {
+    store: Arc<Store>,
+    st: CtxState,
+    id: usize,
+}
+
+impl Store {
+    /// Creates a per-thread context (one per queue).
+    pub fn new_ctx(self: &Arc<Self>) -> QueueCtx {
+        let (id, st) = self.new_state();
+        QueueCtx {
+            store: self.clone(),
+            st,
+            id,
+        }
+    }
+}
+
+impl QueueCtx {
+    /// This context's index (its queue number).
+    pub fn id(&self) -> usize {
+        self.id
+    }
+
+    /// The store this context serves.
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    /// Writes `data` (a multiple of 4 KB) at byte `offset`, one
+    /// compression group at a time.
+    pub fn write(&mut self, offset: u64, data: &[u8]) -> Result<()> {
+        let (store, st) = (&*self.store, &mut self.st);
+        let t0 = Instant::now();
+        let r = 'request: {
+            let (first, pages) = match check_range(store, st, offset, data.len() as u64) {
+                Ok(range) => range,
+                Err(e) => break 'request Err(e),
+            };
+            st.now = store.now();
+            let g = store.cfg.group_pages;
+            for (i, chunk) in data.chunks(g * PAGE_SIZE).enumerate() {
+                let at = first + (i * g) as u64;
+                if let Err(e) = crate::write::write_group(&store.table, &store.cfg, st, at, chunk) {
+                    st.shard.add(Counter::FailedWrites, 1);
+                    charge_total(st, Phase::Write, t0.elapsed());
+                    break 'request Err(e);
+                }
+            }
+            st.free.end_request(store.table.frees());
+            st.shard.add(Counter::NumWrites, 1);
+            st.shard.add(Counter::PagesWritten, pages as i64);
+            record_latency(st, Op::Write, t0, pages);
+            Ok(())
+        };
+        count_accel_events(st);
+        r
+    }
+
+    /// Reads `buf.len()` bytes (a multiple of 4 KB) at byte `offset`.
+    pub fn read(&mut self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let (store, st) = (&*self.store, &mut self.st);
+        let t0 = Instant::now();
+        let r = 'request: {
+            let (first, pages) = match check_range(store, st, offset, buf.len() as u64) {
+                Ok(range) => range,
+                Err(e) => break 'request Err(e),
+            };
+            st.now = store.now();
+            for (i, out) in buf.chunks_exact_mut(PAGE_SIZE).enumerate() {
+                if let Err(e) = crate::read::read_page(&store.table, st, first + i as u64, out) {
+                    // Reported by the caller (the daemon logs it
+                    // rate-limited): a corrupt page read over and over must
+                    // not flood the log.
+                    st.shard.add(Counter::FailedReads, 1);
+                    charge_total(st, Phase::Read, t0.elapsed());
+                    break 'request Err(e);
+                }
+            }
+            st.shard.add(Counter::NumReads, 1);
+            st.shard.add(Counter::PagesRead, pages as i64);
+            record_latency(st, Op::Read, t0, pages);
+            Ok(())
+        };
+        count_accel_events(st);
+        r
+    }
+
+    /// Discards `len` bytes at `offset`: the pages read as zeros afterwards
+    /// and their memory is freed.
+    pub fn discard(&mut self, offset: u64, len: u64) -> Result<()> {
+        let (store, st) = (&*self.store, &mut self.st);
+        let t0 = Instant::now();
+        let (first, pages) = check_range(store, st, offset, len)?;
+        for page in first..first + pages as u64 {
+            store.table.install(st, page, Entry::EMPTY, 0);
+        }
+        st.free.end_request(store.table.frees());
+        st.shard.add(Counter::NotifyFree, pages as i64);
+        st.shard.add(Counter::NumDiscards, 1);
+        record_latency(st, Op::Discard, t0, pages);
+        Ok(())
+    }
+
+    /// Zeroes `len` bytes at `offset`. An empty slot reads as zeros and
+    /// costs nothing, so this is a discard, as in zram.
+    pub fn write_zeroes(&mut self, offset: u64, len: u64) -> Result<()> {
+        self.discard(offset, len)
+    }
+
+    /// Faults in, on the calling thread, the memory this context's requests
+    /// use (its buffers and its codec's workspace), so that the first
+    /// request, which a swap device gets when memory has run out, takes no
+    /// fresh page. A queue thread calls it before serving.
+    pub fn prefault(&mut self) {
+        self.st.prefault();
+    }
+
+    /// Frees the handles this context has batched (idle timer, stat, exit).
+    pub fn flush_frees(&mut self) {
+        self.st.free.flush(self.store.table.frees());
+    }
+
+    /// Handles batched in this context and not yet freed.
+    pub fn pending_frees(&self) -> usize {
+        self.st.free.pending()
+    }
+}
+
+impl Drop for QueueCtx {
+    fn drop(&mut self) {
+        self.flush_frees();
+    }
+}
+
+/// Checks a byte range against `store`'s size and returns its first page
+/// and page count; a range that fails counts as an invalid request.
+fn check_range(store: &Store, st: &CtxState, offset: u64, len: u64) -> Result<(u64, usize)> {
+    let r = if offset % PAGE_SIZE_U64 != 0 || len % PAGE_SIZE_U64 != 0 {
+        Err(Error::Misaligned { offset, len })
+    } else {
+        match offset.checked_add(len) {
+            Some(end) if end <= store.cfg.size => {
+                Ok((offset / PAGE_SIZE_U64, (len / PAGE_SIZE_U64) as usize))
+            }
+            _ => Err(Error::OutOfRange {
+                offset,
+                len,
+                size: store.cfg.size,
+            }),
+        }
+    };
+    if r.is_err() {
+        st.shard.add(Counter::InvalidIo, 1);
+    }
+    r
+}
+
+/// Adds what the codec's accelerator went through to the queue's
+/// statistics (software codecs report nothing).
+fn count_accel_events(st: &mut CtxState) {
+    let ev = st.codec.take_accel_events();
+    if ev == AccelEvents::default() {
+        return;
+    }
+    let sh = &st.shard;
+    sh.add(Counter::AccelPageFaults, ev.page_faults as i64);
+    sh.add(Counter::AccelTimeouts, ev.timeouts as i64);
+    sh.add(Counter::AccelVerifyFailures, ev.verify_failures as i64);
+    sh.add(Counter::AccelDeviceErrors, ev.device_errors as i64);
+    sh.add(Counter::AccelSubmitFailures, ev.submit_failures as i64);
+    sh.add(Counter::AccelDecompressed, ev.decompressed as i64);
+}
+
+/// With phase timers, charges a request's whole time (`took`) to its
+/// operation's phase; a failed request too, whose parts were charged as
+/// they ran.
+fn charge_total(st: &CtxState, phase: Phase, took: Duration) {
+    if st.timing() {
+        st.shard.charge(phase, took.as_nanos() as u64);
+    }
+}
+
+/// Records a request's per-page latency, and with phase timers its whole
+/// time in the phase of its operation.
+fn record_latency(st: &CtxState, op: Op, t0: Instant, pages: usize) {
+    if pages > 0 {
+        let took = t0.elapsed();
+        st.shard
+            .record(op, took.as_nanos() as u64 / pages as u64, pages as u64);
+        let phase = match op {
+            Op::Write => Phase::Write,
+            Op::Read => Phase::Read,
+            Op::Discard => Phase::Discard,
+            Op::Writeback => return,
+        };
+        charge_total(st, phase, took);
+    }
+}
