@@ -83,9 +83,10 @@ pub struct StoreConfig {
     pub reserve: bool,
     /// With a reserve: free memory (bytes) below which writing threads stop
     /// backing zspages themselves and take them only from the reserve; 0
-    /// picks 1/16 of RAM, at least 64 MB. Above it a fault is served from
-    /// free pages, without reclaim, and costs less than waiting for the
-    /// provisioner. `u64::MAX`: always from the reserve.
+    /// picks 1/16 of RAM, at least 64 MB and at least twice the zones'
+    /// high watermarks. Above it a fault is served from free pages, without
+    /// reclaim, and costs less than waiting for the provisioner.
+    /// `u64::MAX`: always from the reserve.
     pub reserve_free_below: u64,
     /// Keep the slot table and the slab in one memfd that outlives the
     /// process (`Store::memory_fd`), so that a new process can take the

@@ -77,7 +77,8 @@ pub struct SlabConfig {
     /// turns the kernel's dirty pages into free memory.
     pub reserve: bool,
     /// Free memory below which the reserve applies (0: 1/16 of RAM, at
-    /// least 64 MB; `u64::MAX`: always); above it an allocating thread
+    /// least 64 MB and twice the zones' high watermarks; `u64::MAX`:
+    /// always); above it an allocating thread
     /// backs new zspages itself, as without a reserve.
     pub reserve_free_below: u64,
 }

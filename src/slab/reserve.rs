@@ -95,6 +95,8 @@ const SCALE_ENV: &str = "ZBLK_RESERVE_SCALE";
 /// (`native_zram`, the VM's `breakdown` scenario with
 /// `zblk:lz4@ZBLK_RESERVE_EAGER=1`).
 const EAGER_ENV: &str = "ZBLK_RESERVE_EAGER";
+/// An experiment's switch: see [`default_free_below`].
+const FREE_BELOW_ENV: &str = "ZBLK_RESERVE_FREE_BELOW_MB";
 
 /// The reserve's signals and counters.
 #[derive(Debug)]
@@ -137,10 +139,10 @@ pub(super) struct Reserve {
 
 impl Reserve {
     /// A reserve that applies below `free_below` bytes of free memory (0:
-    /// 1/16 of RAM, at least 64 MB).
+    /// [`default_free_below`]).
     pub(super) fn new(free_below: u64) -> Reserve {
         let low = match free_below {
-            0 => (ram().0 / 16).max(64 << 20),
+            0 => default_free_below(),
             b => b,
         };
         Reserve {
@@ -325,6 +327,56 @@ pub(super) fn fallback_fits(class_size: u32, size: u32) -> bool {
 /// Total RAM in bytes (0 if `sysinfo` fails).
 pub(crate) fn total_ram() -> u64 {
     ram().0
+}
+
+/// The free memory below which writing threads take zspages only from the
+/// reserve, when the store's configuration leaves it to the reserve: 1/16
+/// of RAM, at least 64 MB, and at least twice the zones' high watermarks.
+///
+/// Above it a writing thread backs a new zspage itself, and that fault
+/// must be served from free pages: a queue thread is an I/O flusher, so a
+/// fault of its that enters direct reclaim can swap nothing out and is
+/// never answered by the OOM killer; it loops in reclaim while kswapd
+/// waits on the writes that thread holds, and the machine stops. Free
+/// memory as `sysinfo` counts it includes what the kernel keeps for
+/// itself: the min watermark and the low zones' protection (the DMA
+/// zone's pages are not given to a movable allocation). Where
+/// `min_free_kbytes` is large for the machine (transparent huge pages
+/// raise it: 45 MB in a 1 GB guest, whose high watermarks then sum to
+/// 66 MB), 64 MB of free memory is already below the high watermark, and
+/// a fault there may reclaim. Twice the high watermarks keeps the
+/// writing threads on the reserve whenever kswapd is awake, and leaves
+/// them a margin of the high watermark itself above the min one for the
+/// faults of the at most [`FREE_CHECK`] between two looks at free memory.
+/// The watermarks are read once, when the reserve is made.
+/// `ZBLK_RESERVE_FREE_BELOW_MB=N`, an experiment's switch, sets it to N MB
+/// instead (the VM `stall` scenario's A/B of the watermarks' part).
+fn default_free_below() -> u64 {
+    if let Some(mb) = std::env::var(FREE_BELOW_ENV)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        return mb << 20;
+    }
+    let zoneinfo = std::fs::read_to_string("/proc/zoneinfo").unwrap_or_default();
+    let high = high_watermarks(&zoneinfo) * crate::page::PAGE_SIZE_U64;
+    (ram().0 / 16).max(64 << 20).max(2 * high)
+}
+
+/// The sum of every zone's high watermark, in pages, in the text of
+/// /proc/zoneinfo (a zone's `high` line; the per-CPU lists' `high:`
+/// lines are something else).
+fn high_watermarks(zoneinfo: &str) -> u64 {
+    zoneinfo
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            match (w.next(), w.next(), w.next()) {
+                (Some("high"), Some(n), None) => n.parse::<u64>().ok(),
+                _ => None,
+            }
+        })
+        .sum()
 }
 
 /// Total and free RAM in bytes (`sysinfo`); (0, 0) if it fails, which
@@ -679,4 +731,37 @@ fn grow<T>(class: &SizeClass, pick: impl Fn(&mut ClassState) -> &mut Vec<T>) -> 
     drop(state);
     // `bigger` now holds the old, empty buffer: freed off the lock.
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::high_watermarks;
+
+    #[test]
+    fn high_watermarks_sum_the_zones_lines_not_the_per_cpu_ones() {
+        let zoneinfo = "Node 0, zone      DMA
+  per-node stats
+pages free     3840
+        boost    0
+        min      22
+        low      27
+        high     32
+        spanned  4095
+  pagesets
+    cpu: 0
+              count: 0
+              high:  0
+              batch: 1
+Node 0, zone    DMA32
+pages free     13000
+        boost    0
+        min      11241
+        low      14051
+        high     16861
+    cpu: 1
+              high:  378
+";
+        assert_eq!(high_watermarks(zoneinfo), 32 + 16861);
+        assert_eq!(high_watermarks(""), 0);
+    }
 }
