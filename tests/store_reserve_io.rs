@@ -13,18 +13,21 @@ const PR_SET_IO_FLUSHER: libc::c_int = 57;
 /// include/linux/sched.h: allocations of this task are `GFP_NOIO`.
 const PF_MEMALLOC_NOIO: u64 = 0x0008_0000;
 
-/// The flags (field 9 of /proc/self/task/TID/stat) of the thread named
-/// `name` in this process; `None` when there is none.
+/// The flags (field 9) in the text of a thread's /proc stat file.
+fn stat_flags(stat: &str) -> Option<u64> {
+    let (_, rest) = stat.rsplit_once(") ")?;
+    // After ") ": state(3) ppid pgrp session tty_nr tpgid flags(9).
+    rest.split_whitespace().nth(6)?.parse().ok()
+}
+
+/// The flags of the thread named `name` in this process; `None` when
+/// there is none.
 fn thread_flags(name: &str) -> Option<u64> {
     for t in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
         let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
-        if comm.trim_end() != name {
-            continue;
+        if comm.trim_end() == name {
+            return stat_flags(&std::fs::read_to_string(t.path().join("stat")).ok()?);
         }
-        let stat = std::fs::read_to_string(t.path().join("stat")).ok()?;
-        let (_, rest) = stat.rsplit_once(") ")?;
-        // After ") ": state(3) ppid pgrp session tty_nr tpgid flags(9).
-        return rest.split_whitespace().nth(6)?.parse().ok();
     }
     None
 }
@@ -45,10 +48,7 @@ fn the_provisioner_of_an_io_flusher_reclaims_with_io() {
     cfg.reserve = true;
     let store = Store::new(cfg).expect("a store with a reserve");
     let own = std::fs::read_to_string("/proc/thread-self/stat").expect("own stat");
-    let own_flags: u64 = own
-        .rsplit_once(") ")
-        .and_then(|(_, r)| r.split_whitespace().nth(6)?.parse().ok())
-        .expect("own flags");
+    let own_flags = stat_flags(&own).expect("own flags");
     assert_ne!(
         own_flags & PF_MEMALLOC_NOIO,
         0,
