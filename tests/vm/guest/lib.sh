@@ -176,34 +176,34 @@ cfg_parse() {
     if [ "$cfg_rest" != "$CFG_ALGO" ]; then CFG_MODE=${cfg_rest#*:}; fi
 }
 
-# The PF_MEMALLOC_NOIO bit (0x80000: the thread's allocations are
-# GFP_NOIO, as an I/O flusher's) of each thread of process $1 named $2, as
-# the distinct values found ("0", "1", "0 1"), or "none".
-thread_noio() {
-    tn=$(for t in /proc/"$1"/task/*; do
-        [ "$(cat "$t/comm" 2>/dev/null)" = "$2" ] || continue
-        st=$(cat "$t/stat" 2>/dev/null) || continue
-        # comm has no spaces here, so fields split plainly.
-        # shellcheck disable=SC2086
-        set -- $st
-        echo $(( ($9 >> 19) & 1 ))
-    done | sort -u)
-    echo ${tn:-none}
-}
-
-# The scheduling policy of the zblk-reserve threads (field 41 of their
-# stat: 0 normal, 1 FIFO), or "none".
-reserve_policy() {
-    found=""
-    for c in /proc/[0-9]*/task/[0-9]*/comm; do
-        [ "$(cat "$c" 2>/dev/null)" = zblk-reserve ] || continue
+# Field $3 of the stat of each thread named $2 of process $1 (a pid, or
+# '[0-9]*' for every process), one a line.
+thread_field() {
+    tf_n=$3
+    for c in /proc/$1/task/[0-9]*/comm; do
+        [ "$(cat "$c" 2>/dev/null)" = "$2" ] || continue
         st=$(cat "${c%/comm}/stat" 2>/dev/null) || continue
         # comm has no spaces here, so fields split plainly.
         # shellcheck disable=SC2086
         set -- $st
-        shift 40
-        found="$found${found:+,}$1"
+        shift $((tf_n - 1))
+        echo "$1"
     done
+}
+
+# The PF_MEMALLOC_NOIO bit (0x80000: the thread's allocations are
+# GFP_NOIO, as an I/O flusher's) of each thread of process $1 named $2, as
+# the distinct values found ("0", "1", "0 1"), or "none".
+thread_noio() {
+    tn=$(thread_field "$1" "$2" 9 | while read -r f; do echo $(( (f >> 19) & 1 )); done | sort -u)
+    echo ${tn:-none}
+}
+
+# The scheduling policy of the zblk-reserve threads (field 41 of their
+# stat: 0 normal, 1 FIFO), comma-separated, or "none".
+reserve_policy() {
+    found=$(thread_field '[0-9]*' zblk-reserve 41 | tr '\n' ',')
+    found=${found%,}
     echo "${found:-none}"
 }
 
