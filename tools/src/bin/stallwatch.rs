@@ -53,10 +53,20 @@ struct Args {
     /// The zblk device whose `zblk stat` a capture shows.
     #[arg(long)]
     zblk_id: Option<u32>,
+    /// A file whose last lines a capture shows (the kernel's trace
+    /// buffer: the daemon's page faults); repeatable. Read into memory
+    /// reserved at start ([`TAIL_ROOM`]), so a capture allocates nothing.
+    #[arg(long)]
+    tail: Vec<String>,
     /// Also write every line to /dev/console.
     #[arg(long)]
     console: bool,
 }
+
+/// Bytes reserved at start for reading a `--tail` file.
+const TAIL_ROOM: usize = 4 << 20;
+/// Lines of a `--tail` file a capture shows.
+const TAIL_LINES: usize = 300;
 
 /// Where the machine and the workload stand: what progress is made of.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -265,8 +275,33 @@ fn zblk_stat(id: u32) -> String {
     }
 }
 
+/// The last `n` lines of `path`, read into `room` (its capacity reserved
+/// before memory ran short).
+fn tail_of<'a>(path: &str, room: &'a mut String, n: usize) -> &'a str {
+    use std::io::Read;
+    room.clear();
+    if let Err(e) = File::open(path).and_then(|mut f| f.read_to_string(room)) {
+        *room = format!("{path}: {e}");
+        return room;
+    }
+    last_lines(room, n)
+}
+
+/// The last `n` lines of `text` (a final newline ends the last line).
+fn last_lines(text: &str, n: usize) -> &str {
+    let body = text.strip_suffix('\n').unwrap_or(text);
+    let start = body
+        .rmatch_indices('\n')
+        .nth(n.saturating_sub(1))
+        .map_or(0, |(i, _)| i + 1);
+    if n == 0 {
+        return "";
+    }
+    &body[start..]
+}
+
 /// Everything a stall report needs, in the order the most telling first.
-fn capture(out: &mut Out, args: &Args) {
+fn capture(out: &mut Out, args: &Args, room: &mut String) {
     sysrq(out, "twml");
     for f in ["meminfo", "vmstat", "pressure/memory"] {
         let text = fs::read_to_string(format!("/proc/{f}")).unwrap_or_else(|e| e.to_string());
@@ -277,6 +312,10 @@ fn capture(out: &mut Out, args: &Args) {
     pids.extend(pids_named(&args.comm));
     for pid in pids {
         out.block(&format!("stacks of {pid}"), &thread_stacks(pid));
+    }
+    for path in &args.tail {
+        let text = tail_of(path, room, TAIL_LINES);
+        out.block(&format!("last {TAIL_LINES} lines of {path}"), text);
     }
     if let Some(id) = args.zblk_id {
         out.block(&format!("zblk stat -n {id}"), &zblk_stat(id));
@@ -299,6 +338,8 @@ fn run(args: &Args) -> ExitCode {
     };
     let mut out = Out { console };
     harden(&mut out);
+    // Reserved now, locked and backed by `harden`'s mlockall.
+    let mut room = String::with_capacity(if args.tail.is_empty() { 0 } else { TAIL_ROOM });
     let t0 = Instant::now();
     let mut clock = QuietClock::new(read_progress(&args.comm), t0);
     let mut tick = 0u64;
@@ -323,7 +364,7 @@ fn run(args: &Args) -> ExitCode {
                 args.comm,
                 quiet.as_secs()
             ));
-            capture(&mut out, args);
+            capture(&mut out, args, &mut room);
             for pid in pids_named(&args.comm) {
                 // SAFETY: kill takes a pid and a signal and touches no memory.
                 unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
@@ -347,6 +388,15 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn last_lines_are_cut_at_newlines() {
+        assert_eq!(last_lines("a\nb\nc\n", 2), "b\nc");
+        assert_eq!(last_lines("a\nb\nc", 2), "b\nc");
+        assert_eq!(last_lines("a\nb\n", 5), "a\nb");
+        assert_eq!(last_lines("a\nb\n", 0), "");
+        assert_eq!(last_lines("", 3), "");
+    }
 
     #[test]
     fn vmstat_fields_are_found_by_whole_name() {

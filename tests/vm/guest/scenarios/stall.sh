@@ -45,6 +45,45 @@ dev_mb=$((mem_kb * 2 / 1024))
 log "RAM $((mem_kb / 1024)) MB; one process of $work_mb MB ($pattern pages); devices $dev_mb MB; $ZBLK_STALL_RUNS zblk runs, zram before each: $ZBLK_STALL_ZRAM"
 log "min_free_kbytes=$(cat /proc/sys/vm/min_free_kbytes) watermark_scale_factor=$(cat /proc/sys/vm/watermark_scale_factor) page-cluster=$(cat /proc/sys/vm/page-cluster) watermarks(all zones): $(awk '/^ +(min|low|high) / { w[$1] += $2 } END { printf "min=%d low=%d high=%d MB", w["min"] * 4 / 1024, w["low"] * 4 / 1024, w["high"] * 4 / 1024 }' /proc/zoneinfo)"
 
+# The daemon's page faults (tracepoints exceptions:page_fault_user and
+# page_fault_kernel, every daemon thread but the provisioner, whose job is
+# faulting): a queue thread that faults in a fresh page when memory is
+# short enters reclaim it cannot finish, so each zblk run reports how many
+# faults each thread took and at which instructions (symbolize on the
+# host: addr2line -f -C -e target/x86_64-unknown-linux-gnu/release/zblk
+# IP-TEXT_BASE), and a stall's capture ends with the last of them.
+TRACE=/sys/kernel/tracing
+fault_trace_start() { # $1: the daemon's pid
+    [ -d $TRACE/events ] || mount -t tracefs nodev $TRACE 2>/dev/null
+    if [ ! -d $TRACE/events/exceptions/page_fault_user ]; then
+        log "no exceptions:page_fault_user tracepoint: faults not traced"
+        return
+    fi
+    echo 0 >$TRACE/tracing_on
+    echo 256 >$TRACE/buffer_size_kb
+    : >$TRACE/trace
+    f=""
+    for t in /proc/"$1"/task/*; do
+        [ "$(cat "$t/comm")" = zblk-reserve ] && continue
+        f="${f:+$f || }common_pid == ${t##*/}"
+    done
+    for e in page_fault_user page_fault_kernel; do
+        echo "$f" >$TRACE/events/exceptions/$e/filter
+        echo 1 >$TRACE/events/exceptions/$e/enable
+    done
+    log "fault trace on; daemon text at 0x$(awk '$3 == "00000000" && $6 ~ /zblk/ { sub(/-.*/, "", $1); print $1; exit }' /proc/"$1"/maps)"
+    echo 1 >$TRACE/tracing_on
+    FAULT_TRACE="--tail $TRACE/trace"
+}
+fault_trace_report() {
+    [ -n "${FAULT_TRACE:-}" ] || return 0
+    echo 0 >$TRACE/tracing_on
+    for e in page_fault_user page_fault_kernel; do echo 0 >$TRACE/events/exceptions/$e/enable; done
+    log "daemon faults (count thread event ip): $(grep -o '^ *[^ ]*-[0-9]* .*page_fault_[a-z]*: address=0x[0-9a-f]* ip=0x[0-9a-f]*' $TRACE/trace |
+        awk '{ sub(/:$/, "", $5); split($0, a, "ip="); print $1, $5, a[2] }' | sort | uniq -c | sort -rn | head -12 | tr '\n' ';')"
+    FAULT_TRACE=""
+}
+
 # Runs the workload on the swap device just set up ($1: zram or zblk,
 # for the log). Sets RUN_LINE (its figures) and RUN_STALL (1 when the
 # watchdog found a stall).
@@ -62,6 +101,8 @@ stall_workload() {
     if [ "$1" = zblk ]; then
         for p in $(zdaemon_pid "$ZID") $(zkeeper_pid "$ZID"); do watch_args="$watch_args --stack-pid $p"; done
         watch_args="$watch_args --zblk-id $ZID"
+        fault_trace_start "$(zdaemon_pid "$ZID")"
+        watch_args="$watch_args ${FAULT_TRACE:-}"
     fi
     # What memory and the device look like meanwhile, every 15 s.
     (while sleep 15; do log "$1 at $(elapsed "$t0") s: $(swap_sample "$1")"; done) &
@@ -71,6 +112,7 @@ stall_workload() {
     stallwatch $watch_args >/tmp/zblk-vm.stallwatch 2>&1
     wrc=$?
     kill $sampler 2>/dev/null
+    [ "$1" = zblk ] && fault_trace_report
     wait $upid
     urc=$?
     wall=$(elapsed "$t0")
