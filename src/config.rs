@@ -92,6 +92,11 @@ pub struct StoreConfig {
     /// process (`Store::memory_fd`), so that a new process can take the
     /// store over with every page (`Store::recover`). Needs the slab.
     pub shared: bool,
+    /// With `shared`: put the store's file on a tmpfs of its own that
+    /// gives the slab's larger chunks 2 MB pages (one fault backs 512
+    /// pages), where the system allows it (`crate::tmpfs`); false: a memfd,
+    /// 4 KB pages.
+    pub huge_pages: bool,
     /// Makes each context's codec instead of `algo.new_codec()`: an
     /// accelerator codec on a chosen set of work queues (tests run
     /// `deflate-iaa` on the device model this way). Its codecs must
@@ -160,6 +165,7 @@ impl StoreConfig {
             reserve: false,
             reserve_free_below: 0,
             shared: false,
+            huge_pages: false,
             #[cfg(feature = "test-support")]
             codecs: None,
             backing: None,

@@ -61,6 +61,7 @@ mod store;
 mod table;
 #[cfg(any(test, feature = "test-support"))]
 pub mod testing;
+mod tmpfs;
 mod write;
 mod writeback;
 
@@ -78,6 +79,7 @@ pub use recompress::{Recompress, RecompressReport, RecompressType, MIN_SAVING_PE
 pub use secondary::{AlgoList, MAX_SECONDARIES};
 pub use stats::{Counters, Latencies, Latency, PhaseTimes};
 pub use store::{QueueCtx, Store, StoreStats};
+pub use tmpfs::huge_mapped_bytes;
 // Hooks for tests: corrupting objects, crashing, older layouts.
 #[cfg(feature = "test-support")]
 pub use testing::{

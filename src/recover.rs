@@ -82,7 +82,7 @@ fn header_for(cfg: &StoreConfig) -> Header {
 
 /// A new store's shared memory, its dictionaries and header written.
 pub(crate) fn create(cfg: &StoreConfig) -> Result<(SharedMem, Header)> {
-    let shm = SharedMem::create()?;
+    let shm = SharedMem::create(cfg.huge_pages)?;
     let dicts: Vec<(String, &[u8])> = cfg
         .dictionaries
         .iter()

@@ -1,7 +1,9 @@
-//! Memory that outlives the process: one memfd per store.
+//! Memory that outlives the process: one file per store.
 //!
 //! A store built with shared memory keeps everything a page needs in one
-//! memfd (`memfd_create`), mapped `MAP_SHARED`, so that the file, held by
+//! file with no name, mapped `MAP_SHARED`: a file on a tmpfs of the store's
+//! own that gives the slab's larger chunks 2 MB pages (`crate::tmpfs`), or
+//! a memfd (`memfd_create`) where that cannot be had. The file, held by
 //! whoever keeps the descriptor (a keeper process, systemd's fd store),
 //! still holds every stored page after the daemon died, and a new daemon
 //! maps it again and recovers the store (`crate::recover`). The file is
@@ -305,7 +307,19 @@ fn dict_crc(bytes: &[u8]) -> u32 {
     c.sum()
 }
 
-/// One store's memfd.
+/// A new, empty memfd.
+fn memfd() -> Result<std::fs::File> {
+    // SAFETY: a NUL-terminated name and valid flags; the result is
+    // checked before use.
+    let fd = unsafe { libc::memfd_create(c"zblk".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(os_error("memfd_create", io::Error::last_os_error()));
+    }
+    // SAFETY: a fresh descriptor that nothing else owns.
+    Ok(std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
+}
+
+/// One store's file: a memfd, or a nameless file on a tmpfs of its own.
 #[derive(Debug)]
 pub(crate) struct SharedMem {
     file: std::fs::File,
@@ -319,19 +333,33 @@ fn os_error(what: &str, e: io::Error) -> Error {
     Error::InvalidConfig(format!("shared memory: {what}: {e}"))
 }
 
+/// The pages a mapping of the store's file is given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pages {
+    /// 2 MB pages where the file allows them (a file made by
+    /// [`crate::tmpfs::huge_file`]) and the kernel has one to give; 4 KB
+    /// pages otherwise.
+    Huge,
+    /// 4 KB pages only (`MADV_NOHUGEPAGE`): a mapping whose memory grows
+    /// a page at a time, where a 2 MB page would hold mostly zeros.
+    Small,
+}
+
 impl SharedMem {
-    /// Creates an empty memfd of the layout's size (nothing backed yet).
-    pub(crate) fn create() -> Result<SharedMem> {
-        // SAFETY: a NUL-terminated name and valid flags; the result is
-        // checked before use.
-        let fd = unsafe { libc::memfd_create(c"zblk".as_ptr(), libc::MFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(os_error("memfd_create", io::Error::last_os_error()));
-        }
-        // SAFETY: a fresh descriptor that nothing else owns.
-        let file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    /// Creates an empty file of the layout's size (nothing backed yet): on
+    /// a tmpfs of its own that gives 2 MB pages when `huge` asks and the
+    /// system allows it ([`crate::tmpfs`]), else a memfd.
+    pub(crate) fn create(huge: bool) -> Result<SharedMem> {
+        let file = match huge.then(crate::tmpfs::huge_file) {
+            Some(Ok(file)) => file,
+            Some(Err(why)) => {
+                log::info!("shared memory: 4 KB pages only ({why})");
+                memfd()?
+            }
+            None => memfd()?,
+        };
         file.set_len(FILE_SIZE)
-            .map_err(|e| os_error("sizing the memfd", e))?;
+            .map_err(|e| os_error("sizing the store's file", e))?;
         Ok(SharedMem {
             file,
             header_lock: std::sync::Mutex::new(()),
@@ -482,9 +510,10 @@ impl SharedMem {
         Ok(found)
     }
 
-    /// Maps `len` bytes at `offset` shared, read-write, lazily backed.
-    /// Returns the address, or `None` (logged) if the OS refused.
-    pub(crate) fn map(&self, offset: u64, len: usize) -> Option<usize> {
+    /// Maps `len` bytes at `offset` shared, read-write, lazily backed, with
+    /// `pages` of that size. Returns the address, or `None` (logged) if the
+    /// OS refused.
+    pub(crate) fn map(&self, offset: u64, len: usize, pages: Pages) -> Option<usize> {
         let off = libc::off_t::try_from(offset).ok()?;
         if crate::fail_point::fail("shm:map") {
             return None;
@@ -507,6 +536,12 @@ impl SharedMem {
                 io::Error::last_os_error()
             );
             return None;
+        }
+        if pages == Pages::Small {
+            // SAFETY: the mapping just made; the advice changes no
+            // contents. It fails only on a kernel without transparent huge
+            // pages, whose pages are all small anyway.
+            unsafe { libc::madvise(p, len, libc::MADV_NOHUGEPAGE) };
         }
         Some(p as usize)
     }
@@ -557,7 +592,7 @@ mod tests {
             secondaries: vec!["deflate:9".into(), "lz4hc".into(), "zstd:19".into()],
             runtime: None,
         };
-        let shm = SharedMem::create().unwrap();
+        let shm = SharedMem::create(false).unwrap();
         shm.write_header(&h).unwrap();
         assert_eq!(shm.read_header().unwrap(), h);
         let live = RuntimeSettings {
@@ -581,7 +616,7 @@ mod tests {
             None,
             "a note past its room is ignored, the store still opens"
         );
-        let empty = SharedMem::create().unwrap();
+        let empty = SharedMem::create(false).unwrap();
         assert!(empty.read_header().is_err(), "no magic, no store");
         let mut b = h.to_bytes();
         b[8] = 99;
@@ -600,9 +635,9 @@ mod tests {
 
     #[test]
     fn punched_pages_read_as_zeros_and_are_not_resident() {
-        let shm = SharedMem::create().unwrap();
+        let shm = SharedMem::create(false).unwrap();
         let (off, _) = class_region(3);
-        let a = shm.map(off, 8192).unwrap();
+        let a = shm.map(off, 8192, Pages::Small).unwrap();
         // SAFETY: a fresh 8 KB mapping only this test uses.
         let s = unsafe { std::slice::from_raw_parts_mut(a as *mut u8, 8192) };
         s.fill(7);
@@ -610,7 +645,7 @@ mod tests {
         shm.punch(off, 4096);
         assert!(s[..4096].iter().all(|&b| b == 0));
         assert!(s[4096..].iter().all(|&b| b == 7));
-        let b = shm.map(off, 8192).unwrap();
+        let b = shm.map(off, 8192, Pages::Small).unwrap();
         // SAFETY: a second mapping of the same bytes, read only.
         let t = unsafe { std::slice::from_raw_parts(b as *const u8, 8192) };
         assert_eq!(t[5000], 7, "a second mapping sees the same memory");

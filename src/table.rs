@@ -448,7 +448,11 @@ impl SlotMem {
             .checked_add(bytes)
             .ok_or_else(too_big)?
             .next_multiple_of(PAGE_SIZE);
-        let base = shm.map(0, map_len).ok_or(Error::NoSpace { limit: 0 })?;
+        // 4 KB pages: the table grows as pages are written anywhere on the
+        // device, and a 2 MB page would back 512 MB of device at once.
+        let base = shm
+            .map(0, map_len, crate::shm::Pages::Small)
+            .ok_or(Error::NoSpace { limit: 0 })?;
         Ok(SlotMem::Shared {
             base,
             map_len,

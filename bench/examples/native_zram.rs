@@ -41,6 +41,8 @@ struct Sample {
     cpu_free: f64,
     /// orig / memory used.
     ratio_mem: f64,
+    /// Share of the store's memory mapped as 2 MB pages once written.
+    huge_share: f64,
 }
 
 impl Sample {
@@ -267,6 +269,7 @@ fn sample(pages: usize, write_s: f64, read_s: f64, cpu: [u64; 3], ratio_mem: f64
         cpu_reserve: per(cpu[1]),
         cpu_free: per(cpu[2]),
         ratio_mem,
+        huge_share: 0.0,
     }
 }
 
@@ -308,11 +311,16 @@ fn run_engine(
         ctx.write(off, r).map_err(|e| format!("engine write: {e}"))
     })?;
     let used = store.stats().mem_used_total as f64;
+    // The store is the only shared memory this process maps.
+    let huge = zblk::huge_mapped_bytes() as f64;
     let read_s = timed_reads(data.bytes(), buf.bytes_mut(), |off, out| {
         ctx.read(off, out).map_err(|e| format!("engine read: {e}"))
     })?;
     let pages = bytes / PAGE_SIZE;
-    Ok(sample(pages, write_s, read_s, cpu, bytes as f64 / used))
+    Ok(Sample {
+        huge_share: huge / used,
+        ..sample(pages, write_s, read_s, cpu, bytes as f64 / used)
+    })
 }
 
 /// A sample as its median and range.
@@ -321,12 +329,12 @@ fn spread(v: &[f64]) -> String {
 }
 
 fn print_sides(sides: &[Side], s: &[Vec<Sample>]) {
-    println!("| side | write µs/page | read µs/page | CPU µs/page: writer | reserve | free | all | ratio_mem |");
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!("| side | write µs/page | read µs/page | CPU µs/page: writer | reserve | free | all | ratio_mem | in 2 MB pages |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for (side, v) in sides.iter().zip(s) {
         let col = |f: fn(&Sample) -> f64| spread(&v.iter().map(f).collect::<Vec<_>>());
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             side.name(),
             col(|x| x.write_us),
             col(|x| x.read_us),
@@ -335,6 +343,7 @@ fn print_sides(sides: &[Side], s: &[Vec<Sample>]) {
             col(|x| x.cpu_free),
             col(Sample::cpu_all),
             col(|x| x.ratio_mem),
+            col(|x| x.huge_share),
         );
     }
 }
@@ -413,6 +422,13 @@ fn run() -> Result<(), String> {
         },
     };
     sides.push(engine("daemon's store", BenchOptions::daemon()));
+    sides.push(engine(
+        "daemon's store, 2 MB pages",
+        BenchOptions {
+            huge_pages: true,
+            ..BenchOptions::daemon()
+        },
+    ));
     sides.push(engine("private store", BenchOptions::default()));
     if a.variants {
         let private = BenchOptions::default();

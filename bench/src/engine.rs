@@ -33,6 +33,9 @@ pub struct BenchOptions {
     pub reserve_free_below: u64,
     /// Lock the store in RAM, as a swap device's daemon does.
     pub mlock: bool,
+    /// With `shared`: 2 MB pages for the slab's larger chunks where the
+    /// system gives them (`StoreConfig::huge_pages`).
+    pub huge_pages: bool,
 }
 
 /// What `zblk bench --json` prints: exactly these keys.
@@ -83,6 +86,7 @@ impl Default for BenchOptions {
             reserve: false,
             reserve_free_below: 0,
             mlock: false,
+            huge_pages: false,
         }
     }
 }
@@ -103,7 +107,7 @@ impl BenchOptions {
     /// What [`BenchReport::store`] calls this store.
     pub fn store_name(&self) -> &'static str {
         match (self.shared, self.reserve, self.mlock) {
-            (true, true, true) => "daemon",
+            (true, true, true) if !self.huge_pages => "daemon",
             (false, false, false) => "private",
             _ => "custom",
         }
@@ -119,6 +123,7 @@ impl BenchOptions {
         cfg.reserve = self.reserve;
         cfg.reserve_free_below = self.reserve_free_below;
         cfg.mlock = self.mlock;
+        cfg.huge_pages = self.huge_pages;
         cfg
     }
 }

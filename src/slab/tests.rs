@@ -316,7 +316,7 @@ fn mlocked_zspages_are_locked_while_live() {
         mlock: true,
         ..SlabConfig::default()
     };
-    let shm = Arc::new(crate::shm::SharedMem::create().unwrap());
+    let shm = Arc::new(crate::shm::SharedMem::create(false).unwrap());
     for a in [SlabAllocator::new(cfg), SlabAllocator::shared(cfg, shm)] {
         let mut hs = Vec::new();
         // 40 objects of 3000 bytes: several zspages, backed in one run.

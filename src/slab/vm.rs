@@ -20,10 +20,17 @@
 //! where its handle says.
 
 use crate::page::PAGE_SIZE;
-use crate::shm::{SharedMem, CLASS_SPAN};
+use crate::shm::{Pages, SharedMem, CLASS_SPAN};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+/// The smallest chunk of a shared store mapped for 2 MB pages (where the
+/// store's file gives them, `crate::tmpfs`): by then its class already
+/// holds as many bytes of zspages, so the 2 MB page its newest zspage
+/// brings, mostly empty at first, is at most half the class's memory more.
+/// Smaller chunks, and so the first megabytes of every class, get 4 KB
+/// pages: a class with a few zspages must not hold 2 MB.
+pub const HUGE_CHUNK_BYTES: usize = 4 << 20;
 /// Zspages in chunk 0; chunk `c` holds `CHUNK0 << c`.
 pub const CHUNK0: u64 = 16;
 /// Chunks per class: room for `CHUNK0 * (2^MAX_CHUNKS - 1)` zspages (and
@@ -114,7 +121,12 @@ impl ChunkDir {
         if at.checked_add(len as u64)? > CLASS_SPAN {
             return None;
         }
-        shm.map(region + at, len)
+        let pages = if len >= HUGE_CHUNK_BYTES {
+            Pages::Huge
+        } else {
+            Pages::Small
+        };
+        shm.map(region + at, len, pages)
     }
 
     /// Gives the pages of `n` dead zspages from `first` back to the OS;

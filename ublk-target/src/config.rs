@@ -103,6 +103,12 @@ pub struct DeviceConfig {
     #[arg(long)]
     #[serde(default)]
     pub no_recovery: bool,
+    /// Give the store's larger size classes 2 MB pages: its file on a
+    /// tmpfs of its own mounted huge=always (4 KB pages where the kernel
+    /// has no 2 MB page, or no transparent huge pages).
+    #[arg(long)]
+    #[serde(default)]
+    pub huge_pages: bool,
     /// How requests reach the queues: classic (one command per request),
     /// batch (UBLK_F_BATCH_IO, Linux 7.x), or auto (batch where the
     /// driver has it).
@@ -220,6 +226,7 @@ impl DeviceConfig {
             // In one memfd that outlives the daemon, so that the next one
             // takes the store over (see `crate::keeper`).
             shared: !self.no_recovery,
+            huge_pages: self.huge_pages,
             backing: self.backing_dev.clone(),
             phase_timers: self.phase_timers,
             ..StoreConfig::new(self.size)

@@ -73,6 +73,12 @@ const FIELDS: &[Field] = &[
         G,
         "1 if recovery was turned off at creation.",
     ),
+    f(
+        D,
+        "huge_pages",
+        G,
+        "1 if the store was asked for 2 MB pages at creation.",
+    ),
     f(S, "disksize", G, "Device size in bytes."),
     f(S, "group_pages", G, "Pages per compression group."),
     f(
@@ -182,6 +188,7 @@ const FIELDS: &[Field] = &[
         G,
         "Bytes of mem_used_total held as empty zspages kept for reuse.",
     ),
+    f(S, "mem_huge", G, "Bytes of the store mapped as 2 MB pages."),
     f(
         S,
         "reserve_misses",

@@ -186,7 +186,7 @@ pub fn list(a: ListArgs) -> CliResult {
 }
 
 /// Fields shown with a human size next to the byte count.
-const BYTE_FIELDS: [&str; 11] = [
+const BYTE_FIELDS: [&str; 12] = [
     "disksize",
     "orig_data_size",
     "compr_data_size",
@@ -194,6 +194,7 @@ const BYTE_FIELDS: [&str; 11] = [
     "mem_used_max",
     "mem_limit",
     "mem_spare",
+    "mem_huge",
     "slot_table_bytes",
     "bd_bytes",
     "bd_size",

@@ -428,12 +428,14 @@ fn stats(queues: &Queues, policy: &Policy, info: &DeviceInfo) -> Response {
     let mut stats = queues.store().stats();
     stats.deferred_free_pending += pending;
     let report = policy.report(queues.store());
-    json_reply(serde_json::to_value(&stats).and_then(|s| {
+    json_reply(serde_json::to_value(&stats).and_then(|mut s| {
         let p = serde_json::to_value(report)?;
         let mut device = serde_json::to_value(info)?;
         // The limit in force: `set --mem-limit` (or a recovered store's
         // last one) changes it after the device was made.
         device["mem_limit"] = stats.mem_limit.into();
+        // The store is this process's only shared memory.
+        s["mem_huge"] = zblk::huge_mapped_bytes().into();
         Ok(serde_json::json!({"device": device, "stats": s, "policy": p}))
     }))
 }
