@@ -173,6 +173,18 @@ pub trait ObjAllocator: Send + Sync {
     fn reserve_stats(&self) -> ReserveStats {
         ReserveStats::default()
     }
+
+    /// Whether free memory is below the reserve's threshold, where a
+    /// writing thread must fault in no fresh page (always false without a
+    /// reserve).
+    fn memory_short(&self) -> bool {
+        false
+    }
+
+    /// Tests: moves the memory reserve's free-memory threshold (nothing
+    /// without a reserve).
+    #[cfg(feature = "test-support")]
+    fn debug_set_free_below(&self, _bytes: u64) {}
 }
 
 /// What an allocator's memory reserve did (all zero without one).

@@ -22,6 +22,9 @@ use std::time::Instant;
 /// Bytes a queue thread's malloc arena is grown by before it serves
 /// (`CtxState::prefault`).
 const ARENA_ROOM: usize = 2 << 20;
+/// Bytes of heap a thread keeps while memory is plentiful, for its
+/// allocations once memory runs short ([`CtxState::keep_heap_room`]).
+const HEAP_ROOM: usize = 1 << 20;
 
 /// The mutable state of one queue thread, passed to the store's operations.
 pub(crate) struct CtxState {
@@ -56,6 +59,9 @@ pub(crate) struct CtxState {
     pub(crate) bd_buf: Option<AlignedBuf>,
     /// Whether phases are timed (`StoreConfig::phase_timers`).
     timers: bool,
+    /// Heap held while memory is plentiful and freed when it runs short
+    /// ([`CtxState::keep_heap_room`]); `None` before `prefault`.
+    heap_room: Option<Box<[u8]>>,
 }
 
 impl CtxState {
@@ -81,6 +87,7 @@ impl CtxState {
             pack_cache: PackCache::with_capacity(if packed { g } else { 0 }),
             next_pack_id: first_pack_id(id, epoch),
             timers: cfg.phase_timers,
+            heap_room: None,
             now: 0,
             secondary_algos: secondaries,
             dictionaries: cfg.dictionaries.clone(),
@@ -111,6 +118,35 @@ impl CtxState {
         let r = f(self, &mut plan);
         self.plan = plan;
         r
+    }
+
+    /// Keeps room in this thread's malloc arena for when memory runs
+    /// short (`short`: the allocator's reserve says so).
+    ///
+    /// While memory is plentiful a queue thread allocates for itself (a new
+    /// zspage's owner table, room in a class's vectors), and those blocks
+    /// live as long as their zspages, in this thread's arena: the room
+    /// `prefault` made there is used up after a few thousand zspages and
+    /// the arena then grows a page at a time, each a first touch. Any
+    /// allocation of this thread once memory is short (an error's message,
+    /// a vector grown by a free) would then fault a fresh page and, as an
+    /// I/O flusher, loop in direct reclaim with every swap write behind it:
+    /// the machine stalls (seen in the guest as a queue thread in
+    /// `do_anonymous_page` -> `try_to_free_pages`, from malloc's
+    /// `sysmalloc`). So the thread holds [`HEAP_ROOM`] bytes, touched,
+    /// while memory is plentiful, and frees them when it runs short: the
+    /// allocations made then reuse those pages. Back above the threshold,
+    /// the room is taken again (a fault then is served from free memory).
+    pub(crate) fn keep_heap_room(&mut self, short: bool) {
+        match (&self.heap_room, short) {
+            (Some(_), true) => self.heap_room = None,
+            (None, false) => {
+                let mut room = vec![0u8; HEAP_ROOM].into_boxed_slice();
+                crate::page::touch_pages(&mut room, 1);
+                self.heap_room = Some(room);
+            }
+            _ => {}
+        }
     }
 
     /// Faults in the memory this state's requests use, on the thread that
@@ -148,6 +184,7 @@ impl CtxState {
         if !self.gather.is_empty() {
             self.prefault_group();
         }
+        self.keep_heap_room(false);
     }
 
     /// Packed mode: one group's compression and decompression through the

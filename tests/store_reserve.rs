@@ -167,3 +167,49 @@ fn reserve_refuses_at_the_limit_and_keeps_old_pages() {
         st.mem_spare
     );
 }
+
+/// A writer that grew its heap while memory was plentiful (the owner
+/// tables of the zspages it made, which outlive its prefaulted room) still
+/// has heap room once memory runs short: its first request then frees
+/// the room it held, and what it allocates next faults nothing. Without
+/// that room such an allocation is the first touch that, in a daemon,
+/// leaves a queue thread in direct reclaim with every swap write behind
+/// it.
+#[test]
+fn a_writer_keeps_heap_room_for_when_memory_runs_short() {
+    keep_heap();
+    let real = real_pages();
+    let mut cfg = config(true, Mode::PerPage);
+    cfg.reserve_free_below = 1;
+    let store = Store::new(cfg).unwrap();
+    let mut ctx = store.new_ctx();
+    ctx.prefault();
+    // Memory plentiful: the writer makes zspages and their owner tables.
+    let mut batch = Vec::with_capacity(8 * PAGE_SIZE);
+    for i in 0..PAGES as usize / 8 {
+        batch.clear();
+        for p in 0..8 {
+            batch.extend_from_slice(&page(Content::Real(i * 8 + p), &real));
+        }
+        ctx.write((i * 8 * PAGE_SIZE) as u64, &batch).unwrap();
+    }
+    // Whatever room the prefault left is used up, as by many more zspages.
+    let eaten: Vec<Box<[u8; 256]>> = (0..16 << 10).map(|_| Box::new([7u8; 256])).collect();
+    store.debug_set_reserve_free_below(u64::MAX);
+    let mut back = vec![0u8; PAGE_SIZE];
+    ctx.read(0, &mut back).unwrap();
+    let before = thread_faults();
+    let v = vec![1u8; 768 << 10];
+    let faults = thread_faults() - before;
+    assert!(
+        faults < 8,
+        "{faults} faults for 768 KB allocated once memory ran short"
+    );
+    // Plentiful again: the room is taken back (its faults are served from
+    // free memory), and the store still serves.
+    store.debug_set_reserve_free_below(1);
+    drop(v);
+    ctx.read(0, &mut back).unwrap();
+    assert!(back == page(Content::Real(0), &real));
+    drop(eaten);
+}

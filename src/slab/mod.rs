@@ -1036,6 +1036,17 @@ impl ObjAllocator for SlabAllocator {
             .map(Reserve::stats)
             .unwrap_or_default()
     }
+
+    fn memory_short(&self) -> bool {
+        self.reserve.as_ref().is_some_and(Reserve::tight)
+    }
+
+    #[cfg(feature = "test-support")]
+    fn debug_set_free_below(&self, bytes: u64) {
+        if let Some(r) = &self.reserve {
+            r.set_low(bytes);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -102,8 +102,8 @@ const FREE_BELOW_ENV: &str = "ZBLK_RESERVE_FREE_BELOW_MB";
 #[derive(Debug)]
 pub(super) struct Reserve {
     /// Free memory (bytes) below which allocations take zspages only from
-    /// the reserve.
-    low: u64,
+    /// the reserve (set once, but for tests' `debug_set_free_below`).
+    low: AtomicU64,
     /// When free memory was last looked at (ns since `epoch`), and whether
     /// it was below `low` then.
     checked_ns: AtomicU64,
@@ -146,7 +146,7 @@ impl Reserve {
             b => b,
         };
         Reserve {
-            low,
+            low: AtomicU64::new(low),
             checked_ns: AtomicU64::new(u64::MAX),
             tight: AtomicBool::new(true),
             epoch: Instant::now(),
@@ -167,12 +167,21 @@ impl Reserve {
         }
     }
 
+    /// Tests: moves the threshold to `bytes` from the next look at free
+    /// memory on.
+    #[cfg(feature = "test-support")]
+    pub(super) fn set_low(&self, bytes: u64) {
+        self.low.store(bytes, Relaxed);
+        self.checked_ns.store(u64::MAX, Relaxed);
+    }
+
     /// Whether free memory is below the reserve's threshold, so that an
     /// allocating thread must not fault in a new zspage: looked up at most
     /// every [`FREE_CHECK`] (one `sysinfo` call), and always true at
     /// `u64::MAX`.
     pub(super) fn tight(&self) -> bool {
-        if self.low == u64::MAX {
+        let low = self.low.load(Relaxed);
+        if low == u64::MAX {
             return true;
         }
         let now = self.epoch.elapsed().as_nanos() as u64;
@@ -180,7 +189,7 @@ impl Reserve {
         if last != u64::MAX && now.saturating_sub(last) < FREE_CHECK.as_nanos() as u64 {
             return self.tight.load(Relaxed);
         }
-        let tight = ram().1 < self.low;
+        let tight = ram().1 < low;
         self.tight.store(tight, Relaxed);
         self.checked_ns.store(now, Relaxed);
         tight

@@ -66,6 +66,7 @@ impl QueueCtx {
                 Err(e) => break 'request Err(e),
             };
             st.now = store.now();
+            keep_heap_room(store, st);
             let g = store.cfg.group_pages;
             for (i, chunk) in data.chunks(g * PAGE_SIZE).enumerate() {
                 let at = first + (i * g) as u64;
@@ -95,6 +96,7 @@ impl QueueCtx {
                 Err(e) => break 'request Err(e),
             };
             st.now = store.now();
+            keep_heap_room(store, st);
             for (i, out) in buf.chunks_exact_mut(PAGE_SIZE).enumerate() {
                 if let Err(e) = crate::read::read_page(&store.table, st, first + i as u64, out) {
                     // Reported by the caller (the daemon logs it
@@ -120,6 +122,7 @@ impl QueueCtx {
         let (store, st) = (&*self.store, &mut self.st);
         let t0 = Instant::now();
         let (first, pages) = check_range(store, st, offset, len)?;
+        keep_heap_room(store, st);
         for page in first..first + pages as u64 {
             store.table.install(st, page, Entry::EMPTY, 0);
         }
@@ -163,6 +166,15 @@ impl Drop for QueueCtx {
 
 /// Checks a byte range against `store`'s size and returns its first page
 /// and page count; a range that fails counts as an invalid request.
+/// With a memory reserve, keeps heap room for this thread's allocations
+/// while memory is short (`CtxState::keep_heap_room`); a store without one
+/// never runs short by its own measure.
+fn keep_heap_room(store: &Store, st: &mut CtxState) {
+    if store.cfg.reserve {
+        st.keep_heap_room(store.table.allocator().memory_short());
+    }
+}
+
 fn check_range(store: &Store, st: &CtxState, offset: u64, len: u64) -> Result<(u64, usize)> {
     let r = if offset % PAGE_SIZE_U64 != 0 || len % PAGE_SIZE_U64 != 0 {
         Err(Error::Misaligned { offset, len })

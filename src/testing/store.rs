@@ -16,6 +16,14 @@ impl Store {
         self.clock.advance(secs);
     }
 
+    /// Tests: moves the memory reserve's free-memory threshold to `bytes`
+    /// (`StoreConfig::reserve_free_below`; `u64::MAX`: memory is short
+    /// whatever is free), as free memory falling or rising would.
+    #[doc(hidden)]
+    pub fn debug_set_reserve_free_below(&self, bytes: u64) {
+        self.table.allocator().debug_set_free_below(bytes);
+    }
+
     /// Tests: stalls the free drain (`on`) or lets it go; see
     /// `tests/store_drain_stall.rs`.
     #[doc(hidden)]
