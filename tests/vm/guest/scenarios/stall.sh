@@ -71,16 +71,40 @@ fault_trace_start() { # $1: the daemon's pid
         echo "$f" >$TRACE/events/exceptions/$e/filter
         echo 1 >$TRACE/events/exceptions/$e/enable
     done
-    log "fault trace on; daemon text at 0x$(awk '$3 == "00000000" && $6 ~ /zblk/ { sub(/-.*/, "", $1); print $1; exit }' /proc/"$1"/maps)"
     echo 1 >$TRACE/tracing_on
     FAULT_TRACE="--tail $TRACE/trace"
+    FAULT_PID=$1
+    log "fault trace on"
+}
+
+# Where instruction `ip` (hex) is in process $2's mappings: FILE+OFFSET (the
+# offset into the file: a vaddr for addr2line once the ELF's segment shift
+# is added, e.g. +0x1000 for text in zblk's static-pie build).
+where_ip() {
+    local ip=$(($1)) lo hi range off path
+    while read -r range _ off _ _ path; do
+        lo=$((0x${range%-*})) hi=$((0x${range#*-}))
+        if [ "$ip" -ge "$lo" ] && [ "$ip" -lt "$hi" ]; then
+            printf '%s+0x%x' "${path:-anon}" $((ip - lo + 0x$off))
+            return
+        fi
+    done <"/proc/$2/maps"
+    printf 'unmapped'
 }
 fault_trace_report() {
     [ -n "${FAULT_TRACE:-}" ] || return 0
     echo 0 >$TRACE/tracing_on
     for e in page_fault_user page_fault_kernel; do echo 0 >$TRACE/events/exceptions/$e/enable; done
-    log "daemon faults (count thread event ip): $(grep -o '^ *[^ ]*-[0-9]* .*page_fault_[a-z]*: address=0x[0-9a-f]* ip=0x[0-9a-f]*' $TRACE/trace |
-        awk '{ sub(/:$/, "", $5); split($0, a, "ip="); print $1, $5, a[2] }' | sort | uniq -c | sort -rn | head -12 | tr '\n' ';')"
+    summary=""
+    while read -r n who event ip addr; do
+        summary="$summary $n $who $event ip=$(where_ip "$ip" "$FAULT_PID") address=$(where_ip "$addr" "$FAULT_PID");"
+    done <<TOP
+$(grep -o '^ *[^ ]*-[0-9]* .*page_fault_[a-z]*: address=0x[0-9a-f]* ip=0x[0-9a-f]*' $TRACE/trace |
+        awk '{ sub(/:$/, "", $5); split($0, a, "ip="); split(a[1], b, "address=")
+               k = $1 " " $5 " " a[2]; n[k]++; at[k] = b[2] }
+             END { for (k in n) print n[k], k, at[k] }' | sort -rn | head -12)
+TOP
+    log "daemon faults (count thread event ip=where address=where, one of them):$summary"
     FAULT_TRACE=""
 }
 
