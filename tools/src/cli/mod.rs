@@ -14,6 +14,7 @@ mod fs;
 mod generator;
 mod manage;
 mod metrics;
+mod pagemap;
 mod scrape;
 mod setup;
 mod show;
