@@ -214,6 +214,19 @@ pub struct StatArgs {
     /// Print again every SECS seconds, until interrupted.
     #[arg(short, long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
     pub watch: Option<u64>,
+    /// Who holds the swapped pages: a row per cgroup (v2) or process and
+    /// swap area, from every process's page tables (root; text or JSON).
+    #[arg(long, value_enum, value_name = "WHO")]
+    pub by: Option<By>,
+}
+
+/// Whose pages `zblk stat --by` counts in a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum By {
+    /// A row per cgroup (v2) and swap area.
+    Cgroup,
+    /// A row per process and swap area.
+    Process,
 }
 
 impl StatArgs {
@@ -897,6 +910,27 @@ mod tests {
         assert!(e.to_string().contains("prometheus"), "{e}");
         let e = parse(&["stat", "--json", "--format", "text"]).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::ArgumentConflict);
+    }
+
+    #[test]
+    fn stat_by_cgroup_or_process() {
+        let by = |args: &[&str]| {
+            let Cmd::Stat(s) = parse(args).unwrap().cmd else {
+                panic!()
+            };
+            (s.by, s.format())
+        };
+        assert_eq!(by(&["stat"]), (None, StatFormat::Text));
+        assert_eq!(
+            by(&["stat", "--by", "cgroup", "--json"]),
+            (Some(By::Cgroup), StatFormat::Json)
+        );
+        assert_eq!(
+            by(&["stat", "--by", "process"]),
+            (Some(By::Process), StatFormat::Text)
+        );
+        let e = parse(&["stat", "--by", "user"]).unwrap_err();
+        assert!(e.to_string().contains("cgroup"), "{e}");
     }
 
     #[test]
