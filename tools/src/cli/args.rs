@@ -359,10 +359,11 @@ pub struct SetArgs {
     pub recompress_algo: Option<String>,
 }
 
-/// `zblk writeback`: by type or by page index, exactly one of the two
-/// (the group makes them conflict, as zram's `type=` and `page_index=`).
+/// `zblk writeback`: by type, by page index or by cgroup, exactly one of
+/// the three (the group makes them conflict, as zram's `type=` and
+/// `page_index=`).
 #[derive(Debug, Args)]
-#[command(group(clap::ArgGroup::new("which").required(true).args(["kind", "pages"])))]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["kind", "pages", "cgroup"])))]
 pub struct WritebackArgs {
     /// Device id.
     #[arg(short = 'n', long)]
@@ -376,6 +377,11 @@ pub struct WritebackArgs {
     /// page_indexes=). Same-filled pages stay in RAM.
     #[arg(long, value_name = "LOW-HIGH", value_parser = parse_page_range, action = clap::ArgAction::Append)]
     pub pages: Vec<PageRange>,
+    /// Every stored page on this device that a process of this cgroup
+    /// (v2 path, its descendants included) maps, found by the scan of
+    /// `zblk stat --by` (root; not with --type or --pages).
+    #[arg(long, value_name = "PATH")]
+    pub cgroup: Option<String>,
     /// Write back at most this many pages (0: no limit but the device's
     /// --writeback-limit).
     #[arg(long, value_name = "PAGES", default_value_t = 0)]
@@ -910,6 +916,23 @@ mod tests {
         assert!(e.to_string().contains("prometheus"), "{e}");
         let e = parse(&["stat", "--json", "--format", "text"]).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::ArgumentConflict);
+    }
+
+    #[test]
+    fn writeback_by_cgroup_alone() {
+        let Cmd::Writeback(w) = parse(&["writeback", "-n", "0", "--cgroup", "/a/b"])
+            .unwrap()
+            .cmd
+        else {
+            panic!()
+        };
+        assert_eq!(w.cgroup.as_deref(), Some("/a/b"));
+        for other in [["--type", "idle"], ["--pages", "1-2"]] {
+            let mut args = vec!["writeback", "-n", "0", "--cgroup", "/a"];
+            args.extend(other);
+            let e = parse(&args).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::ArgumentConflict, "{other:?}");
+        }
     }
 
     #[test]

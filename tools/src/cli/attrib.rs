@@ -27,7 +27,7 @@ use super::sys::check_root;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
-use zblk::{SlotKind, SlotState, PAGE_SIZE_U64};
+use zblk::{PageRange, SlotKind, SlotState, PAGE_SIZE_U64};
 use zblk_ublk::control::{self, Request, SLOTS_BATCH};
 
 /// How long one batch of slots may take (a few thousand slot locks).
@@ -289,6 +289,51 @@ fn read_areas() -> Result<Vec<Area>, CliError> {
             path,
         })
         .collect())
+}
+
+/// The pages of device `id` that a process of cgroup `path` (or of a
+/// cgroup below it) maps, as merged index ranges (`zblk writeback
+/// --cgroup`): a page it shares with another cgroup is among them.
+pub fn cgroup_pages(id: u32, path: &str) -> Result<Vec<PageRange>, CliError> {
+    check_root("zblk writeback --cgroup")?;
+    let path = path.trim_end_matches('/');
+    let areas = read_areas()?;
+    let Some(ty) = areas.iter().position(|a| a.zblk == Some(id)) else {
+        return Err(CliError(format!(
+            "zblk {id} is not active swap (not in /proc/swaps)"
+        )));
+    };
+    let scan = scan_all()?;
+    let mut offsets: Vec<u64> = scan
+        .seen
+        .iter()
+        .filter(|(s, p)| {
+            usize::from(s.swap_type()) == ty && in_cgroup(&scan.procs[*p as usize].cgroup, path)
+        })
+        .map(|(s, _)| s.offset())
+        .collect();
+    offsets.sort_unstable();
+    offsets.dedup();
+    Ok(ranges(&offsets))
+}
+
+/// Whether cgroup `cg` is `path` or below it (`path` without a trailing
+/// slash; empty: the root).
+fn in_cgroup(cg: &str, path: &str) -> bool {
+    cg.strip_prefix(path)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
+/// Sorted, distinct page indexes as the fewest inclusive ranges.
+fn ranges(sorted: &[u64]) -> Vec<PageRange> {
+    let mut out: Vec<PageRange> = Vec::new();
+    for &p in sorted {
+        match out.last_mut() {
+            Some(r) if r.last.checked_add(1) == Some(p) => r.last = p,
+            _ => out.push(PageRange { first: p, last: p }),
+        }
+    }
+    out
 }
 
 /// The distinct pages of `seen`, in (type, offset) order, and for each
@@ -904,6 +949,25 @@ mod tests {
         assert_eq!(j["rows"][3]["device"], "/dev/zram0");
         assert!(j["rows"][3].get("compr_bytes").is_none());
         assert_eq!(j["scan"]["swapped_pages"], 9 - 1);
+    }
+
+    #[test]
+    fn a_cgroup_holds_its_descendants() {
+        assert!(in_cgroup("/a", "/a"));
+        assert!(in_cgroup("/a/b", "/a"));
+        assert!(!in_cgroup("/ab", "/a"));
+        assert!(!in_cgroup("/b", "/a"));
+        assert!(in_cgroup("/b", ""), "the root holds every cgroup");
+    }
+
+    #[test]
+    fn offsets_merge_into_ranges() {
+        let r: Vec<String> = ranges(&[1, 2, 3, 7, 9, 10, u64::MAX])
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(r, ["1-3", "7", "9-10", &u64::MAX.to_string()]);
+        assert!(ranges(&[]).is_empty());
     }
 
     #[test]
