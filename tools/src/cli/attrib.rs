@@ -26,6 +26,7 @@ use super::size::format_size;
 use super::sys::check_root;
 use serde_json::{json, Value};
 use std::collections::HashMap;
+use std::io::{ErrorKind, Write};
 use std::time::{Duration, Instant};
 use zblk::{PageRange, SlotKind, SlotState, PAGE_SIZE_U64};
 use zblk_ublk::control::{self, Request, SLOTS_BATCH};
@@ -48,18 +49,26 @@ pub fn stat(a: &StatArgs, by: By) -> CliResult {
             ))
         }
     };
-    loop {
-        let report = attribute(by, a.id)?;
-        match json {
-            true => println!("{}", report.json(by)),
-            false => println!("{}", report.text(by)),
+    for round in 0u64.. {
+        if round > 0 {
+            let Some(secs) = a.watch else { break };
+            std::thread::sleep(Duration::from_secs(secs));
         }
-        let Some(secs) = a.watch else { return Ok(()) };
-        std::thread::sleep(Duration::from_secs(secs));
-        if !json {
-            println!();
+        let report = attribute(by, a.id)?;
+        let text = match json {
+            true => format!("{}\n", report.json(by)),
+            false if round > 0 => format!("\n{}\n", report.text(by)),
+            false => format!("{}\n", report.text(by)),
+        };
+        let mut out = std::io::stdout().lock();
+        match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+            Ok(()) => {}
+            // The reader went away (`| head`): it wanted no more.
+            Err(e) if e.kind() == ErrorKind::BrokenPipe => break,
+            Err(e) => return Err(CliError(format!("cannot write to stdout: {e}"))),
         }
     }
+    Ok(())
 }
 
 /// A process with swapped pages.
