@@ -264,6 +264,11 @@ pub struct TopArgs {
     /// Stop after N refreshes [default: until q or Ctrl-C].
     #[arg(short = 'n', long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub iterations: Option<u64>,
+    /// A row per cgroup (v2) or process and swap area instead of per
+    /// device, largest compressed size first: `zblk stat --by`'s pass
+    /// each round (root).
+    #[arg(long, value_enum, value_name = "WHO")]
+    pub by: Option<By>,
     /// Directory of the control sockets (tests point it elsewhere).
     #[arg(long, hide = true, default_value = zblk_ublk::paths::RUN_DIR)]
     pub run_dir: PathBuf,
@@ -954,6 +959,10 @@ mod tests {
         );
         let e = parse(&["stat", "--by", "user"]).unwrap_err();
         assert!(e.to_string().contains("cgroup"), "{e}");
+        let Cmd::Top(t) = parse(&["top", "--by", "cgroup"]).unwrap().cmd else {
+            panic!()
+        };
+        assert_eq!(t.by, Some(By::Cgroup));
     }
 
     #[test]

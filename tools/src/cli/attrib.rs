@@ -71,6 +71,27 @@ pub fn stat(a: &StatArgs, by: By) -> CliResult {
     Ok(())
 }
 
+/// One screen of `zblk top --by WHO`: a title line, the rows of one
+/// pass and its notes.
+pub fn screen(by: By, interval: Duration) -> Result<String, CliError> {
+    check_root("zblk top --by")?;
+    let report = attribute(by, None)?;
+    Ok(format!(
+        "zblk top --by {}: every {}s (q or Ctrl-C quits)\n{}\n",
+        by_name(by),
+        interval.as_secs_f64(),
+        report.text(by)
+    ))
+}
+
+/// `cgroup` or `process`, as the option says it.
+fn by_name(by: By) -> &'static str {
+    match by {
+        By::Cgroup => "cgroup",
+        By::Process => "process",
+    }
+}
+
 /// A process with swapped pages.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Proc {
@@ -670,7 +691,7 @@ impl Report {
             .collect();
         let s = &self.scan;
         json!({
-            "by": match by { By::Cgroup => "cgroup", By::Process => "process" },
+            "by": by_name(by),
             "rows": rows,
             "scan": {
                 "processes": s.looked_at,
