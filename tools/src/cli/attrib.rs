@@ -291,7 +291,7 @@ fn attribute(by: By, only: Option<u32>) -> Result<Report, CliError> {
     let types = SwapAreas {
         paths: areas.iter().map(|a| a.path.clone()).collect(),
     };
-    let facts = ask_devices(&areas, &types, &pages)?;
+    let facts = ask_devices(&areas, wanted, &types, &pages)?;
     let mut r = sum(by, &areas, &types, &scan, &pages, &owners, &facts);
     r.rows.retain(|row| wanted(&areas[row.1]));
     for (i, area) in areas.iter().enumerate().filter(|(_, a)| wanted(a)) {
@@ -385,10 +385,11 @@ fn group(seen: &mut Vec<(SwapEntry, u32)>) -> (Vec<SwapEntry>, Vec<std::ops::Ran
     (pages, owners)
 }
 
-/// What each page of `pages` is, asking each zblk area's daemon for its
-/// pages a batch at a time.
+/// What each page of `pages` is, asking the daemon of each zblk area
+/// `wanted` keeps for its pages a batch at a time.
 fn ask_devices(
     areas: &[Area],
+    wanted: impl Fn(&Area) -> bool,
     types: &SwapAreas,
     pages: &[SwapEntry],
 ) -> Result<Vec<Fact>, CliError> {
@@ -397,7 +398,10 @@ fn ask_devices(
     while start < pages.len() {
         let ty = pages[start].swap_type();
         let end = start + pages[start..].partition_point(|p| p.swap_type() == ty);
-        let zblk = types.area(ty).and_then(|a| areas[a].zblk);
+        let zblk = types
+            .area(ty)
+            .filter(|&a| wanted(&areas[a]))
+            .and_then(|a| areas[a].zblk);
         if let Some(id) = zblk {
             let mut at = start;
             for batch in pages[start..end].chunks(SLOTS_BATCH) {
