@@ -390,7 +390,12 @@ impl Scanner {
                 if e.kind() == ErrorKind::Interrupted {
                     continue;
                 }
-                return Err(e);
+                // The caller reads the whole range if the first call fails;
+                // after that, the rest is read here, nothing found twice.
+                if start == range.start {
+                    return Err(e);
+                }
+                return self.read_range(file, start..range.end, count, found);
             }
             let n = (n as usize).min(self.regions.len());
             for i in 0..n {
