@@ -215,9 +215,14 @@ pub struct StatArgs {
     #[arg(short, long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
     pub watch: Option<u64>,
     /// Who holds the swapped pages: a row per cgroup (v2) or process and
-    /// swap area, from every process's page tables (root; text or JSON).
+    /// swap area, from every process's page tables (root).
     #[arg(long, value_enum, value_name = "WHO")]
     pub by: Option<By>,
+    /// With --by and --format prometheus: the N rows of each zblk device
+    /// with the most compressed bytes get series of their own, the rest
+    /// are summed as "other".
+    #[arg(long, value_name = "N", default_value_t = 10, requires = "by")]
+    pub top: usize,
 }
 
 /// Whose pages `zblk stat --by` counts in a row.
@@ -959,6 +964,22 @@ mod tests {
         );
         let e = parse(&["stat", "--by", "user"]).unwrap_err();
         assert!(e.to_string().contains("cgroup"), "{e}");
+        assert!(parse(&["stat", "--top", "3"]).is_err(), "--top needs --by");
+        let Cmd::Stat(s) = parse(&[
+            "stat",
+            "--by",
+            "cgroup",
+            "--format",
+            "prometheus",
+            "--top",
+            "3",
+        ])
+        .unwrap()
+        .cmd
+        else {
+            panic!()
+        };
+        assert_eq!((s.top, s.format()), (3, StatFormat::Prometheus));
         let Cmd::Top(t) = parse(&["top", "--by", "cgroup"]).unwrap().cmd else {
             panic!()
         };

@@ -20,6 +20,7 @@
 
 use super::args::{By, StatArgs, StatFormat};
 use super::base::{CliError, CliResult};
+use super::metrics::escape_label;
 use super::pagemap::{self, Scanner, SwapAreas, SwapEntry};
 use super::show::table;
 use super::size::format_size;
@@ -40,25 +41,18 @@ const UNATTRIBUTED: &str = "(unattributed)";
 /// `zblk stat --by WHO [--json] [-n ID] [--watch SECS]`.
 pub fn stat(a: &StatArgs, by: By) -> CliResult {
     check_root("zblk stat --by")?;
-    let json = match a.format() {
-        StatFormat::Text => false,
-        StatFormat::Json => true,
-        StatFormat::Prometheus => {
-            return Err(CliError(
-                "zblk stat --by prints text or JSON, not prometheus".into(),
-            ))
-        }
-    };
+    let format = a.format();
     for round in 0u64.. {
         if round > 0 {
             let Some(secs) = a.watch else { break };
             std::thread::sleep(Duration::from_secs(secs));
         }
         let report = attribute(by, a.id)?;
-        let text = match json {
-            true => format!("{}\n", report.json(by)),
-            false if round > 0 => format!("\n{}\n", report.text(by)),
-            false => format!("{}\n", report.text(by)),
+        let text = match format {
+            StatFormat::Json => format!("{}\n", report.json(by)),
+            StatFormat::Prometheus => report.prometheus(by, a.top),
+            StatFormat::Text if round > 0 => format!("\n{}\n", report.text(by)),
+            StatFormat::Text => format!("{}\n", report.text(by)),
         };
         let mut out = std::io::stdout().lock();
         match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
@@ -659,6 +653,75 @@ impl Report {
         w
     }
 
+    /// The rows of the zblk devices in Prometheus's text format: per
+    /// device, its `top` rows with the most compressed bytes (the
+    /// unattributed one among them if it is large enough) labelled by
+    /// cgroup (or `pid`), the rest summed as `other`, so that the series
+    /// stay few however many cgroups there are.
+    fn prometheus(&self, by: By, top: usize) -> String {
+        const FAMILIES: [(&str, &str); 6] = [
+            ("pages", "Distinct swapped pages the device stores"),
+            ("compr_bytes", "Compressed bytes in RAM"),
+            ("idle_pages", "Pages marked idle"),
+            ("written_back_pages", "Pages written back"),
+            ("shared_pages", "Pages more than one process maps"),
+            (
+                "not_stored_pages",
+                "Swapped pages found that the device does not store",
+            ),
+        ];
+        let value =
+            |t: &Tally, i: usize| [t.pages, t.compr, t.idle, t.back, t.shared, t.not_stored][i];
+        let prefix = match by {
+            By::Cgroup => "zblk_cgroup",
+            By::Process => "zblk_process",
+        };
+        // Per device: its rows in order (already largest first), the first
+        // `top` by name, the others summed.
+        let mut series: Vec<(String, Tally)> = Vec::new();
+        for (a, area) in self.areas.iter().enumerate() {
+            let Some(id) = area.zblk else { continue };
+            let mut other = Tally::default();
+            let mut shown = 0;
+            for (w, _, t) in self.rows.iter().filter(|r| r.1 == a) {
+                if shown < top {
+                    let who = match w {
+                        Who::Cgroup(c) => format!("cgroup=\"{}\"", escape_label(c)),
+                        Who::Process(p) => {
+                            let p = &self.procs[*p as usize];
+                            format!("pid=\"{}\",name=\"{}\"", p.pid, escape_label(&p.name))
+                        }
+                        Who::Nobody => format!("{}=\"{UNATTRIBUTED}\"", by_name(by)),
+                    };
+                    series.push((format!("{who},device=\"ublkb{id}\",id=\"{id}\""), *t));
+                    shown += 1;
+                } else {
+                    other.pages += t.pages;
+                    other.compr += t.compr;
+                    other.idle += t.idle;
+                    other.back += t.back;
+                    other.shared += t.shared;
+                    other.not_stored += t.not_stored;
+                }
+            }
+            if other != Tally::default() {
+                let who = format!("{}=\"other\"", by_name(by));
+                series.push((format!("{who},device=\"ublkb{id}\",id=\"{id}\""), other));
+            }
+        }
+        let mut out = String::new();
+        for (i, (name, help)) in FAMILIES.iter().enumerate() {
+            out.push_str(&format!(
+                "# HELP {prefix}_{name} {help}, per {}.\n# TYPE {prefix}_{name} gauge\n",
+                by_name(by)
+            ));
+            for (labels, t) in &series {
+                out.push_str(&format!("{prefix}_{name}{{{labels}}} {}\n", value(t, i)));
+            }
+        }
+        out
+    }
+
     /// The report as one JSON document.
     fn json(&self, by: By) -> Value {
         let rows: Vec<Value> = self
@@ -983,6 +1046,42 @@ mod tests {
         assert_eq!(j["rows"][3]["device"], "/dev/zram0");
         assert!(j["rows"][3].get("compr_bytes").is_none());
         assert_eq!(j["scan"]["swapped_pages"], 9 - 1);
+    }
+
+    #[test]
+    fn prometheus_series_keep_the_top_rows_and_sum_the_rest() {
+        let (mut scan, areas, types) = example();
+        let (pages, owners) = group(&mut scan.seen);
+        let facts = example_facts(&pages);
+        let mut r = sum(By::Cgroup, &areas, &types, &scan, &pages, &owners, &facts);
+        sort_rows(&mut r.rows);
+        r.areas = areas;
+        r.procs = std::mem::take(&mut scan.procs);
+        let text = r.prometheus(By::Cgroup, 1);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines[0],
+            "# HELP zblk_cgroup_pages Distinct swapped pages the device stores, per cgroup."
+        );
+        assert_eq!(lines[1], "# TYPE zblk_cgroup_pages gauge");
+        // /a (1500 bytes) has a series; /b (500) is "other"; zram has none.
+        assert_eq!(
+            lines[2],
+            r#"zblk_cgroup_pages{cgroup="/a",device="ublkb0",id="0"} 3"#
+        );
+        assert_eq!(
+            lines[3],
+            r#"zblk_cgroup_pages{cgroup="other",device="ublkb0",id="0"} 1"#
+        );
+        assert!(
+            text.contains(r#"zblk_cgroup_compr_bytes{cgroup="other",device="ublkb0",id="0"} 500"#)
+        );
+        assert!(text
+            .contains(r#"zblk_cgroup_not_stored_pages{cgroup="other",device="ublkb0",id="0"} 1"#));
+        assert!(!text.contains("zram"), "{text}");
+        assert_eq!(text.lines().filter(|l| !l.starts_with('#')).count(), 6 * 2);
+        // Enough room: every row its own series, no "other".
+        assert!(!r.prometheus(By::Cgroup, 10).contains("other"));
     }
 
     #[test]
