@@ -79,7 +79,26 @@ pub(crate) struct AlgoNames {
 /// page order; empty slots are left out. One slot lock at a time.
 pub(crate) fn collect(table: &SlotTable, range: Range<u64>, names: &AlgoNames) -> Vec<SlotState> {
     let range = range.start.min(table.pages())..range.end.min(table.pages());
-    range
+    collect_pages(table, range, names)
+}
+
+/// The state of each stored page of `pages`, in the order given (a page
+/// asked twice is there twice); empty slots and pages past the device's
+/// end are left out. One slot lock at a time, as [`collect`]: what the
+/// attribution of swapped pages to processes asks for the offsets it
+/// found, a batch at a time.
+pub(crate) fn collect_at(table: &SlotTable, pages: &[u64], names: &AlgoNames) -> Vec<SlotState> {
+    let end = table.pages();
+    collect_pages(table, pages.iter().copied().filter(|&p| p < end), names)
+}
+
+/// The state of each stored page of `pages`, all on the device.
+fn collect_pages(
+    table: &SlotTable,
+    pages: impl Iterator<Item = u64>,
+    names: &AlgoNames,
+) -> Vec<SlotState> {
+    pages
         .filter_map(|page| {
             let e = table.lock(page).entry();
             state(page, &e, names)

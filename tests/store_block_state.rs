@@ -88,6 +88,23 @@ fn each_stored_page_shows_its_kind_size_and_algorithm() {
 }
 
 #[test]
+fn pages_asked_by_index_come_back_in_the_order_asked() {
+    let store = Store::new(StoreConfig::new(16 * P)).unwrap();
+    store.new_ctx().write(0, &pages(12)).unwrap();
+    let all = store.slot_states(0..16);
+    // 14 is empty, 16 and u64::MAX are past the end: all left out; a page
+    // asked twice comes back twice.
+    let asked = [7, 2, 14, 0, 16, 7, u64::MAX, 11];
+    let got = store.slot_states_at(&asked);
+    let want: Vec<SlotState> = [7, 2, 0, 7, 11]
+        .iter()
+        .map(|&i| all[i as usize].clone())
+        .collect();
+    assert_eq!(got, want);
+    assert!(store.slot_states_at(&[]).is_empty());
+}
+
+#[test]
 fn recompressed_pages_name_the_secondary() {
     let store = Store::new(StoreConfig::new(16 * P)).unwrap();
     store.new_ctx().write(0, &pages(12)).unwrap();

@@ -164,11 +164,25 @@ impl Store {
     /// nothing else is held: call it range by range to walk a device
     /// while it serves.
     pub fn slot_states(&self, range: std::ops::Range<u64>) -> Vec<SlotState> {
-        let names = AlgoNames {
+        crate::block_state::collect(&self.table, range, &self.algo_names())
+    }
+
+    /// The state of each stored page of `pages` (device page indexes, in
+    /// any order), in the order given; empty slots and pages past the
+    /// device's end are left out. As [`Store::slot_states`], each slot is
+    /// locked only to read it: the pages a scan of the processes' page
+    /// tables found on this device, asked a batch at a time.
+    pub fn slot_states_at(&self, pages: &[u64]) -> Vec<SlotState> {
+        crate::block_state::collect_at(&self.table, pages, &self.algo_names())
+    }
+
+    /// The names of the primary and secondary algorithms, as slots
+    /// number them.
+    fn algo_names(&self) -> AlgoNames {
+        AlgoNames {
             primary: self.cfg.algo.to_string(),
             secondaries: self.secondary_algos().iter().map(Algo::to_string).collect(),
-        };
-        crate::block_state::collect(&self.table, range, &names)
+        }
     }
 
     /// Up to `bytes` of the device's stored pages (whole pages: empty and

@@ -43,7 +43,8 @@
 #                       and 2 MB THP folios, zram then zblk per size)
 #                       and stall (one process of 1.5x RAM, no cgroup, run
 #                       after run under a watchdog that captures a stall:
-#                       see the scenario's header))
+#                       see the scenario's header) and attrib (zblk stat
+#                       --by cgroup against two cgroups' memory.swap.current))
 #   --mem SIZE          guest memory (qemu -m syntax, default 2G)
 #   --cpus N            guest vCPUs (default 2)
 #   --keep              keep the work folder (initramfs, console log) and print it
@@ -115,7 +116,7 @@ WORK=${ZBLK_VM_WORK:-$REPO/tests/vm/work}
 # swapkill runs last: it leaves a dead swap area the kernel cannot remove.
 DEFAULT_SCENARIOS="swap munmap blockio stat lifecycle recompress exhaust soak filesystem crash upgrade security swapkill"
 # bench measures and is slow: run by name only (tools/scripts/bench-device.sh).
-ALL_SCENARIOS="$DEFAULT_SCENARIOS zram-compare bench recovery-cost transport-ab tiering wholemachine breakdown thp stall"
+ALL_SCENARIOS="$DEFAULT_SCENARIOS zram-compare bench recovery-cost transport-ab tiering wholemachine breakdown thp stall attrib"
 SCENARIOS=""
 MEM=2G
 CPUS=2

@@ -214,6 +214,24 @@ pub struct StatArgs {
     /// Print again every SECS seconds, until interrupted.
     #[arg(short, long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
     pub watch: Option<u64>,
+    /// Who holds the swapped pages: a row per cgroup (v2) or process and
+    /// swap area, from every process's page tables (root).
+    #[arg(long, value_enum, value_name = "WHO")]
+    pub by: Option<By>,
+    /// With --by and --format prometheus: the N rows of each zblk device
+    /// with the most compressed bytes get series of their own, the rest
+    /// are summed as "other".
+    #[arg(long, value_name = "N", default_value_t = 10, requires = "by")]
+    pub top: usize,
+}
+
+/// Whose pages `zblk stat --by` counts in a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum By {
+    /// A row per cgroup (v2) and swap area.
+    Cgroup,
+    /// A row per process and swap area.
+    Process,
 }
 
 impl StatArgs {
@@ -251,6 +269,11 @@ pub struct TopArgs {
     /// Stop after N refreshes [default: until q or Ctrl-C].
     #[arg(short = 'n', long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub iterations: Option<u64>,
+    /// A row per cgroup (v2) or process and swap area instead of per
+    /// device, largest compressed size first: `zblk stat --by`'s pass
+    /// each round (root).
+    #[arg(long, value_enum, value_name = "WHO")]
+    pub by: Option<By>,
     /// Directory of the control sockets (tests point it elsewhere).
     #[arg(long, hide = true, default_value = zblk_ublk::paths::RUN_DIR)]
     pub run_dir: PathBuf,
@@ -346,10 +369,11 @@ pub struct SetArgs {
     pub recompress_algo: Option<String>,
 }
 
-/// `zblk writeback`: by type or by page index, exactly one of the two
-/// (the group makes them conflict, as zram's `type=` and `page_index=`).
+/// `zblk writeback`: by type, by page index or by cgroup, exactly one of
+/// the three (the group makes them conflict, as zram's `type=` and
+/// `page_index=`).
 #[derive(Debug, Args)]
-#[command(group(clap::ArgGroup::new("which").required(true).args(["kind", "pages"])))]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["kind", "pages", "cgroup"])))]
 pub struct WritebackArgs {
     /// Device id.
     #[arg(short = 'n', long)]
@@ -363,6 +387,11 @@ pub struct WritebackArgs {
     /// page_indexes=). Same-filled pages stay in RAM.
     #[arg(long, value_name = "LOW-HIGH", value_parser = parse_page_range, action = clap::ArgAction::Append)]
     pub pages: Vec<PageRange>,
+    /// Every stored page on this device that a process of this cgroup
+    /// (v2 path, its descendants included) maps, found by the scan of
+    /// `zblk stat --by` (root; not with --type or --pages).
+    #[arg(long, value_name = "PATH")]
+    pub cgroup: Option<String>,
     /// Write back at most this many pages (0: no limit but the device's
     /// --writeback-limit).
     #[arg(long, value_name = "PAGES", default_value_t = 0)]
@@ -897,6 +926,64 @@ mod tests {
         assert!(e.to_string().contains("prometheus"), "{e}");
         let e = parse(&["stat", "--json", "--format", "text"]).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::ArgumentConflict);
+    }
+
+    #[test]
+    fn writeback_by_cgroup_alone() {
+        let Cmd::Writeback(w) = parse(&["writeback", "-n", "0", "--cgroup", "/a/b"])
+            .unwrap()
+            .cmd
+        else {
+            panic!()
+        };
+        assert_eq!(w.cgroup.as_deref(), Some("/a/b"));
+        for other in [["--type", "idle"], ["--pages", "1-2"]] {
+            let mut args = vec!["writeback", "-n", "0", "--cgroup", "/a"];
+            args.extend(other);
+            let e = parse(&args).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::ArgumentConflict, "{other:?}");
+        }
+    }
+
+    #[test]
+    fn stat_by_cgroup_or_process() {
+        let by = |args: &[&str]| {
+            let Cmd::Stat(s) = parse(args).unwrap().cmd else {
+                panic!()
+            };
+            (s.by, s.format())
+        };
+        assert_eq!(by(&["stat"]), (None, StatFormat::Text));
+        assert_eq!(
+            by(&["stat", "--by", "cgroup", "--json"]),
+            (Some(By::Cgroup), StatFormat::Json)
+        );
+        assert_eq!(
+            by(&["stat", "--by", "process"]),
+            (Some(By::Process), StatFormat::Text)
+        );
+        let e = parse(&["stat", "--by", "user"]).unwrap_err();
+        assert!(e.to_string().contains("cgroup"), "{e}");
+        assert!(parse(&["stat", "--top", "3"]).is_err(), "--top needs --by");
+        let Cmd::Stat(s) = parse(&[
+            "stat",
+            "--by",
+            "cgroup",
+            "--format",
+            "prometheus",
+            "--top",
+            "3",
+        ])
+        .unwrap()
+        .cmd
+        else {
+            panic!()
+        };
+        assert_eq!((s.top, s.format()), (3, StatFormat::Prometheus));
+        let Cmd::Top(t) = parse(&["top", "--by", "cgroup"]).unwrap().cmd else {
+            panic!()
+        };
+        assert_eq!(t.by, Some(By::Cgroup));
     }
 
     #[test]

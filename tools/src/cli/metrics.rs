@@ -408,7 +408,7 @@ impl Exposition {
 }
 
 /// A label value as the format quotes it.
-fn escape_label(v: &str) -> String {
+pub(crate) fn escape_label(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")

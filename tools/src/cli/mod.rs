@@ -2,6 +2,7 @@
 
 mod add;
 mod args;
+mod attrib;
 mod base;
 mod bench;
 pub mod columns;
@@ -14,6 +15,7 @@ mod fs;
 mod generator;
 mod manage;
 mod metrics;
+mod pagemap;
 mod scrape;
 mod setup;
 mod show;
@@ -86,7 +88,10 @@ pub fn run(cli: Cli) -> CliResult {
             init_log("warn");
             match cmd {
                 Cmd::List(a) => show::list(a),
-                Cmd::Stat(a) => show::stat(a),
+                Cmd::Stat(a) => match a.by {
+                    Some(by) => attrib::stat(&a, by),
+                    None => show::stat(a),
+                },
                 Cmd::Del(a) => manage::del(a),
                 Cmd::Compact(a) => manage::compact(a),
                 Cmd::Set(a) => manage::set(a),

@@ -21,10 +21,15 @@ pub fn check_driver() -> Result<(), CliError> {
 /// Fails unless running as root.
 pub fn check_root(what: &str) -> Result<(), CliError> {
     // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } == 0 {
-        return Ok(());
+    root_or_refusal(unsafe { libc::geteuid() }, what)
+}
+
+/// Fails unless `euid` is root's, saying what needs root in one line.
+fn root_or_refusal(euid: libc::uid_t, what: &str) -> Result<(), CliError> {
+    match euid {
+        0 => Ok(()),
+        _ => Err(CliError(format!("{what} needs root (run it with sudo)"))),
     }
-    Err(CliError(format!("{what} needs root (run it with sudo)")))
 }
 
 /// Runs a system tool; fails with its stderr on one line.
@@ -70,5 +75,17 @@ pub fn is_busy(bdev: &Path) -> bool {
     {
         Ok(_) => false,
         Err(e) => e.raw_os_error() == Some(libc::EBUSY),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_root_passes_and_the_rest_get_one_line() {
+        assert!(root_or_refusal(0, "zblk stat --by").is_ok());
+        let e = root_or_refusal(1000, "zblk stat --by").unwrap_err().0;
+        assert_eq!(e, "zblk stat --by needs root (run it with sudo)");
     }
 }

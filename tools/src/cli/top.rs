@@ -171,15 +171,23 @@ fn deadline(interval: Duration) -> Duration {
 
 /// `zblk top`.
 pub fn top(a: TopArgs) -> CliResult {
+    if a.by.is_some() {
+        super::sys::check_root("zblk top --by")?;
+    }
     let term = Term::open()?;
     let on_terminal = std::io::stdout().is_terminal();
     let mut last = HashMap::new();
     let mut round = 0u64;
     loop {
         let started = Instant::now();
-        let scrapes = scrape(&a.run_dir, deadline(a.interval))?;
-        let rows = rows_of(&scrapes, Instant::now(), &mut last);
-        show(&frame(&rows, a.interval), on_terminal, round)?;
+        let screen = match a.by {
+            Some(by) => super::attrib::screen(by, a.interval)?,
+            None => {
+                let scrapes = scrape(&a.run_dir, deadline(a.interval))?;
+                frame(&rows_of(&scrapes, Instant::now(), &mut last), a.interval)
+            }
+        };
+        show(&screen, on_terminal, round)?;
         round += 1;
         if a.iterations.is_some_and(|n| round >= n) {
             return Ok(());

@@ -91,6 +91,16 @@ pub enum Request {
         #[serde(default)]
         count: u64,
     },
+    /// What the slots of the pages `pages` hold, for the attribution of
+    /// swapped pages to processes (`zblk stat --by`): `{"slots":
+    /// [zblk::SlotState, ..]}` for the stored ones, in the order asked;
+    /// empty slots and pages past the device's end are left out. At most
+    /// [`SLOTS_BATCH`] pages a request (more is refused), one slot lock at
+    /// a time, as `dump`.
+    Slots {
+        /// Device page indexes (swap offsets), in any order.
+        pages: Vec<u64>,
+    },
     /// Stored pages sampled evenly across the device, decoded, for a
     /// dictionary (`zblk dict train`): `{"sample": [bytes..]}`, whole
     /// pages, at most `bytes` (and no more than `zblk::MAX_DICT_BYTES`).
@@ -139,6 +149,11 @@ pub enum Request {
 /// Most slots one `dump` reply covers: a reply of that many stored pages
 /// stays well under [`MAX_LINE`] (about 120 bytes of JSON each).
 pub const DUMP_CHUNK: u64 = 4096;
+
+/// Most pages one `slots` request asks for: its reply stays well under
+/// [`MAX_LINE`] as a `dump` chunk's does, and so does the request (at
+/// most 21 bytes a page).
+pub const SLOTS_BATCH: usize = DUMP_CHUNK as usize;
 
 /// The default recompression type.
 fn all() -> String {
@@ -362,6 +377,12 @@ mod tests {
                 r#"{"cmd":"dump","start":4096,"count":100}"#,
             ),
             (
+                Request::Slots {
+                    pages: vec![7, 0, 4096],
+                },
+                r#"{"cmd":"slots","pages":[7,0,4096]}"#,
+            ),
+            (
                 Request::Sample { bytes: 65536 },
                 r#"{"cmd":"sample","bytes":65536}"#,
             ),
@@ -385,6 +406,16 @@ mod tests {
             }
         );
         assert!(serde_json::from_str::<Request>(r#"{"cmd":"format_disk"}"#).is_err());
+        assert!(
+            serde_json::from_str::<Request>(r#"{"cmd":"slots"}"#).is_err(),
+            "slots needs its pages"
+        );
+        // The largest batch, with the largest page numbers, fits a line.
+        let most = Request::Slots {
+            pages: vec![u64::MAX; SLOTS_BATCH],
+        };
+        let line = serde_json::to_string(&most).unwrap();
+        assert!((line.len() as u64) < MAX_LINE, "{}", line.len());
     }
 
     #[test]

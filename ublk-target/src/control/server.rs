@@ -3,6 +3,7 @@
 
 use super::{
     read_request, refuse_non_root, write_response, DeviceInfo, Request, Response, DUMP_CHUNK,
+    SLOTS_BATCH,
 };
 use crate::error::{Error, Result, Step};
 use crate::policy::{Policy, Update};
@@ -183,6 +184,7 @@ fn answer(queues: &Queues, policy: &Policy, info: &DeviceInfo, req: Request) -> 
             writeback(queues, info, kind.as_deref(), &pages, limit)
         }
         Request::Dump { start, count } => dump(queues, start, count),
+        Request::Slots { pages } => slots(queues, &pages),
         Request::Sample { bytes } => {
             let bytes = bytes.min(zblk::MAX_DICT_BYTES as u64) as usize;
             let sample = queues.store().sample(bytes);
@@ -382,6 +384,20 @@ fn dump(queues: &Queues, start: u64, count: u64) -> Response {
     let slots = queues.store().slot_states(start..end);
     let next = (end < pages).then_some(end);
     json_reply(serde_json::to_value(&slots).map(|s| serde_json::json!({"slots": s, "next": next})))
+}
+
+/// The slot states of the stored pages among `pages`, in the order
+/// asked; more than [`SLOTS_BATCH`] pages are refused. No maintenance
+/// lock: the engine locks one slot at a time.
+fn slots(queues: &Queues, pages: &[u64]) -> Response {
+    if pages.len() > SLOTS_BATCH {
+        return Response::err(format!(
+            "slots: {} pages asked, at most {SLOTS_BATCH} a request",
+            pages.len()
+        ));
+    }
+    let slots = queues.store().slot_states_at(pages);
+    json_reply(serde_json::to_value(&slots).map(|s| serde_json::json!({ "slots": s })))
 }
 
 /// Changes the idle policy; replies with its report, or why not.
@@ -754,6 +770,24 @@ mod tests {
             .error
             .unwrap_or_default()
             .contains("past the device's end"));
+        // Slots by page: the stored ones, in the order asked.
+        let (r, _) = ask(
+            &shared,
+            Request::Slots {
+                pages: vec![6, 200, 0, 9999],
+            },
+        );
+        let slots: Vec<zblk::SlotState> = serde_json::from_value(r.data["slots"].clone()).unwrap();
+        let got: Vec<_> = slots.iter().map(|s| (s.index, s.kind.name())).collect();
+        assert_eq!(got, [(6, "written_back"), (0, "compressed")]);
+        let (r, _) = ask(
+            &shared,
+            Request::Slots {
+                pages: vec![0; SLOTS_BATCH + 1],
+            },
+        );
+        let e = r.error.unwrap_or_default();
+        assert!(e.contains("at most 4096 a request"), "{e}");
         // A sample: whole stored pages, at most what the device holds.
         let (r, _) = ask(&shared, Request::Sample { bytes: 1 << 20 });
         let sample: Vec<u8> = serde_json::from_value(r.data["sample"].clone()).unwrap();
