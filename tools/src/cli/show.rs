@@ -411,6 +411,8 @@ pub(super) mod tests {
             "other",
             "--poll-us",
             "300",
+            "--compress-workers",
+            "1",
         ];
         let config = DeviceConfig::from_flags(flags).unwrap();
         let mut info = DeviceInfo::new(0, "/dev/ublkb0".into(), &config, 1 << 21);
