@@ -38,7 +38,9 @@ use crate::stats::{Counter, StatsShard};
 use crate::table::SlotTable;
 use crossbeam_queue::ArrayQueue;
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release, SeqCst};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize};
+use std::sync::atomic::{
+    AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, AtomicU8, AtomicUsize,
+};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::{JoinHandle, Thread};
 use std::time::{Duration, Instant};
@@ -290,6 +292,8 @@ struct Slot {
     thread: OnceLock<Thread>,
     /// Its statistics shard (merged into the store's).
     shard: Arc<StatsShard>,
+    /// Its thread id, once started (tests look at its faults).
+    tid: AtomicI32,
 }
 
 /// What the queue threads and the workers share.
@@ -327,6 +331,7 @@ impl Workers {
                 mailbox: Mutex::new(None),
                 thread: OnceLock::new(),
                 shard: st.shard.clone(),
+                tid: AtomicI32::new(0),
             })
             .collect();
         let pool = Arc::new(Pool {
@@ -537,6 +542,8 @@ impl Drop for Claim<'_> {
 /// stops it.
 fn worker_loop(pool: &Pool, id: usize, mut st: CtxState) {
     let _ = pool.slots[id].thread.set(std::thread::current());
+    // SAFETY: gettid has no preconditions.
+    pool.slots[id].tid.store(unsafe { libc::gettid() }, Relaxed);
     // Before the first job, which comes when memory is short (as a queue
     // thread does before its first request).
     st.prefault();
@@ -643,6 +650,15 @@ impl Workers {
     /// Workers parked idle now.
     pub(crate) fn idle(&self) -> usize {
         self.pool.idle.len()
+    }
+
+    /// The workers' thread ids (0 for one not started yet).
+    pub(crate) fn tids(&self) -> Vec<i32> {
+        self.pool
+            .slots
+            .iter()
+            .map(|s| s.tid.load(Relaxed))
+            .collect()
     }
 }
 

@@ -279,3 +279,47 @@ fn several_queues_share_the_workers() {
     }
     assert_eq!(store.stats().counters.groups, 3 * 50 * 4);
 }
+
+/// Minor faults of this process's thread `tid` so far (its
+/// `/proc/self/task/TID/stat`, field 10), if it exists.
+fn thread_faults_of(tid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
+    // Fields after the last ')' (the name may hold spaces): state is field
+    // 3, minflt field 10.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(7)?.parse().ok()
+}
+
+/// A worker's memory is faulted in before its first job (as a queue
+/// thread's is by `QueueCtx::prefault`): decoding reads' groups, which
+/// allocate nothing, takes it next to no page fault.
+#[test]
+fn a_worker_decodes_without_faulting() {
+    let real = real_pages();
+    let mut cfg = config(1, 8, Mode::PerPage);
+    cfg.algo = Algo::Zstd(1);
+    let store = Store::new(cfg).unwrap();
+    let mut ctx = store.new_ctx();
+    let data = pages(64, 17, &real);
+    ctx.write(0, &data).unwrap();
+    wait_idle(&store, 1);
+    let tid = store.debug_worker_tids()[0];
+    let mut buf = vec![0u8; data.len()];
+    // The request buffer, faulted in here as a queue's I/O buffers are.
+    ctx.read(0, &mut buf).unwrap();
+    wait_idle(&store, 1);
+    let before = thread_faults_of(tid).expect("the worker's thread");
+    for _ in 0..50 {
+        wait_idle(&store, 1);
+        ctx.read(0, &mut buf).unwrap();
+        assert_eq!(buf, data);
+    }
+    let faults = thread_faults_of(tid).expect("the worker's thread") - before;
+    let c = store.stats().counters;
+    assert!(c.worker_read_groups > 0, "no group ran on the worker");
+    assert!(
+        faults <= 4,
+        "the worker took {faults} faults decoding {} groups",
+        c.worker_read_groups
+    );
+}

@@ -38,6 +38,12 @@ impl Store {
         self.workers.as_ref().map(|w| w.panic_next()).is_some()
     }
 
+    /// Tests: the compression workers' thread ids (none without workers).
+    #[doc(hidden)]
+    pub fn debug_worker_tids(&self) -> Vec<i32> {
+        self.workers.as_ref().map_or_else(Vec::new, |w| w.tids())
+    }
+
     /// Tests: compression workers parked idle now (0 without workers).
     #[doc(hidden)]
     pub fn debug_idle_workers(&self) -> usize {
