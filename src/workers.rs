@@ -528,6 +528,10 @@ struct Claim<'a> {
 impl Drop for Claim<'_> {
     fn drop(&mut self) {
         if std::thread::panicking() {
+            log::error!(
+                "group {} panicked; handed back to its queue thread",
+                self.index
+            );
             self.job
                 .abandoned
                 .lock()
