@@ -116,7 +116,15 @@ pub struct StoreConfig {
     /// `StoreStats::phases`: the per-page breakdown. Off by default: a few
     /// clock reads per group.
     pub phase_timers: bool,
+    /// Compression workers: threads that compress (and decode) the groups
+    /// of a request of more than one group alongside the queue thread that
+    /// serves it, when they are idle (`crate::workers`). 0: none, every
+    /// group runs on its queue thread.
+    pub compress_workers: usize,
 }
+
+/// Most compression workers a store may have.
+pub const MAX_COMPRESS_WORKERS: usize = 64;
 
 /// Makes one codec per queue context (see [`StoreConfig::codecs`]).
 #[cfg(feature = "test-support")]
@@ -171,6 +179,7 @@ impl StoreConfig {
             backing: None,
             dictionaries: Dictionaries::new(),
             phase_timers: false,
+            compress_workers: 0,
         }
     }
 
@@ -213,6 +222,12 @@ impl StoreConfig {
             return Err(Error::InvalidConfig(format!(
                 "group pages {} is not in 1..={MAX_GROUP_PAGES}",
                 self.group_pages
+            )));
+        }
+        if self.compress_workers > MAX_COMPRESS_WORKERS {
+            return Err(Error::InvalidConfig(format!(
+                "compress workers {} is more than {MAX_COMPRESS_WORKERS}",
+                self.compress_workers
             )));
         }
         if !(64..=PAGE_SIZE).contains(&self.huge_threshold) {

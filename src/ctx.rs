@@ -9,13 +9,13 @@
 
 use crate::alloc::Handle;
 use crate::backing::AlignedBuf;
-use crate::codec::{Codec, Dictionaries};
+use crate::codec::{AccelEvents, Codec, Dictionaries};
 use crate::config::{Mode, StoreConfig};
 use crate::free::FreeBatch;
 use crate::page::PAGE_SIZE;
 use crate::secondary::{Secondaries, MAX_SECONDARIES};
 use crate::slot::Entry;
-use crate::stats::{Phase, StatsShard};
+use crate::stats::{Counter, Phase, StatsShard};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -230,6 +230,22 @@ impl CtxState {
         self.shard
             .charge(p, now.saturating_duration_since(t0).as_nanos() as u64);
         Some(now)
+    }
+
+    /// Adds what the codec's accelerator went through to this thread's
+    /// statistics (software codecs report nothing).
+    pub(crate) fn count_accel_events(&mut self) {
+        let ev = self.codec.take_accel_events();
+        if ev == AccelEvents::default() {
+            return;
+        }
+        let sh = &self.shard;
+        sh.add(Counter::AccelPageFaults, ev.page_faults as i64);
+        sh.add(Counter::AccelTimeouts, ev.timeouts as i64);
+        sh.add(Counter::AccelVerifyFailures, ev.verify_failures as i64);
+        sh.add(Counter::AccelDeviceErrors, ev.device_errors as i64);
+        sh.add(Counter::AccelSubmitFailures, ev.submit_failures as i64);
+        sh.add(Counter::AccelDecompressed, ev.decompressed as i64);
     }
 
     /// The id for the next packed object this thread makes.

@@ -62,6 +62,7 @@ mod table;
 #[cfg(any(test, feature = "test-support"))]
 pub mod testing;
 mod tmpfs;
+mod workers;
 mod write;
 mod writeback;
 
@@ -71,7 +72,7 @@ pub use codec::{Algo, Dictionaries, MAX_DICT_BYTES};
 pub use config::CodecFactory;
 pub use config::{
     AllocatorKind, Mode, StoreConfig, AUTO_COMPACT_MIN_PAGES, AUTO_COMPACT_PERCENT,
-    DEFAULT_GROUP_PAGES, DEFAULT_HUGE_THRESHOLD, MAX_GROUP_PAGES,
+    DEFAULT_GROUP_PAGES, DEFAULT_HUGE_THRESHOLD, MAX_COMPRESS_WORKERS, MAX_GROUP_PAGES,
 };
 pub use error::{Error, Result};
 pub use page::{PAGE_SIZE, PAGE_SIZE_U64};

@@ -44,6 +44,11 @@ pub enum Counter {
     PagesWritten,
     /// Compression groups written.
     Groups,
+    /// Compression groups written on a compression worker (the rest of
+    /// `Groups` ran on queue threads).
+    WorkerGroups,
+    /// Read requests' groups of pages decoded on a compression worker.
+    WorkerReadGroups,
     /// Pages compressed by the software codec.
     SwPages,
     /// Pages compressed by an accelerator work queue.
@@ -363,8 +368,13 @@ pub struct Counters {
     pub pages_read: u64,
     /// Pages written.
     pub pages_written: u64,
-    /// Compression groups written.
+    /// Compression groups written, wherever they ran.
     pub groups: u64,
+    /// Of those, groups compressed on a compression worker; the rest ran on
+    /// queue threads.
+    pub worker_groups: u64,
+    /// Groups of pages of read requests decoded on a compression worker.
+    pub worker_read_groups: u64,
     /// Pages compressed in software.
     pub sw_pages: u64,
     /// Pages compressed by accelerator work queues.
@@ -463,6 +473,8 @@ fn counters_of(sum: &[u64; NUM_COUNTERS]) -> Counters {
         pages_read: g(Counter::PagesRead),
         pages_written: g(Counter::PagesWritten),
         groups: g(Counter::Groups),
+        worker_groups: g(Counter::WorkerGroups),
+        worker_read_groups: g(Counter::WorkerReadGroups),
         sw_pages: g(Counter::SwPages),
         accel_pages: g(Counter::AccelPages),
         deferred_frees: g(Counter::DeferredFrees),

@@ -55,12 +55,19 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(64))]
 
     #[test]
-    fn store_matches_model((algo, group, mode) in config(), ops in prop::collection::vec(op(), 1..60)) {
+    fn store_matches_model(
+        (algo, group, mode) in config(),
+        workers in 0usize..=1,
+        ops in prop::collection::vec(op(), 1..60),
+    ) {
         let real = real_pages();
         let mut cfg = StoreConfig::new(PAGES * PAGE_SIZE as u64);
         cfg.algo = algo;
         cfg.group_pages = group;
         cfg.mode = mode;
+        // Compression workers (when idle) share requests' groups: the
+        // model sees the same store either way.
+        cfg.compress_workers = workers;
         let store = Store::new(cfg).unwrap();
         let mut ctx = store.new_ctx();
         let mut m = Model::new(PAGES);

@@ -3,6 +3,7 @@
 //!
 //!     native_zram FILE [--rounds N] [--copies N] [--request-pages N]
 //!                      [--zram NAME] [--zram-algos A,B] [--engine-only] [--variants] [--only NAME]
+//!                      [--compress-workers N,M]
 //!
 //! zram: the pages are written to `/dev/NAME` (default zram0, reset and
 //! sized for them) with `O_DIRECT` in requests of `--request-pages` (default
@@ -14,12 +15,15 @@
 //! it (`zblk_bench::engine::BenchOptions::daemon`: shared memory, the memory
 //! reserve and its provisioner, mlock) and, for reference, as
 //! `zblk bench --private` runs it; the same requests from the same mapping.
+//! With `--compress-workers N,M`, also the daemon's store with N (then M)
+//! compression workers (`zblk add --compress-workers`).
 //!
 //! Per round and side: wall µs per page of the writing thread, and CPU µs
 //! per page of every thread (from `/proc/self/task/*/schedstat`, in ns):
-//! the writer, the reserve's provisioner (`zblk-reserve`) and the free
-//! drain (`zblk-free`): a second thread can hide cost from the writer, not
-//! from the machine. Every page read back is compared. Exit status 2 with
+//! the writer, the reserve's provisioner (`zblk-reserve`), the free drain
+//! (`zblk-free`) and the compression workers (`zblk-compress*`): a second
+//! thread can hide cost from the writer, not from the machine. The median
+//! time of one request, write and read, too. Every page read back is compared. Exit status 2 with
 //! one line when the kernel has no zram device.
 
 use std::fs::{File, OpenOptions};
@@ -39,6 +43,10 @@ struct Sample {
     cpu_writer: f64,
     cpu_reserve: f64,
     cpu_free: f64,
+    cpu_workers: f64,
+    /// Median µs of one write request and of one read request.
+    write_req_us: f64,
+    read_req_us: f64,
     /// orig / memory used.
     ratio_mem: f64,
     /// Share of the store's memory mapped as 2 MB pages once written.
@@ -47,7 +55,7 @@ struct Sample {
 
 impl Sample {
     fn cpu_all(&self) -> f64 {
-        self.cpu_writer + self.cpu_reserve + self.cpu_free
+        self.cpu_writer + self.cpu_reserve + self.cpu_free + self.cpu_workers
     }
 }
 
@@ -55,10 +63,7 @@ impl Sample {
 #[derive(Clone)]
 enum Side {
     Zram(String),
-    Engine {
-        name: &'static str,
-        opts: BenchOptions,
-    },
+    Engine { name: String, opts: BenchOptions },
 }
 
 impl Side {
@@ -83,6 +88,8 @@ struct Args {
     variants: bool,
     /// Only the sides whose name contains this (for a profile of one).
     only: Option<String>,
+    /// Worker counts to run the daemon's store with, besides none.
+    workers: Vec<usize>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -97,6 +104,7 @@ fn parse_args() -> Result<Args, String> {
         engine_only: false,
         variants: false,
         only: None,
+        workers: vec![],
     };
     let num = |v: Option<String>, what: &str| -> Result<usize, String> {
         v.and_then(|s| s.parse().ok())
@@ -116,12 +124,19 @@ fn parse_args() -> Result<Args, String> {
             "--engine-only" => a.engine_only = true,
             "--variants" => a.variants = true,
             "--only" => a.only = Some(it.next().ok_or("--only takes a side's name")?),
+            "--compress-workers" => {
+                let v = it.next().ok_or("--compress-workers takes a list")?;
+                a.workers = v
+                    .split(',')
+                    .map(|n| n.parse().map_err(|_| format!("bad worker count {n:?}")))
+                    .collect::<Result<_, String>>()?;
+            }
             f if f.starts_with('-') => return Err(format!("unknown flag {f}")),
             f => a.file = PathBuf::from(f),
         }
     }
     if a.file.as_os_str().is_empty() {
-        return Err("usage: native_zram FILE [--rounds N] [--copies N] [--request-pages N] [--zram NAME] [--zram-algos A,B] [--engine-only] [--variants] [--only NAME]".into());
+        return Err("usage: native_zram FILE [--rounds N] [--copies N] [--request-pages N] [--zram NAME] [--zram-algos A,B] [--engine-only] [--variants] [--only NAME] [--compress-workers N,M]".into());
     }
     Ok(a)
 }
@@ -189,15 +204,26 @@ fn thread_cpu_ns() -> Vec<(String, u64)> {
 }
 
 /// Per-name CPU ns spent between two `thread_cpu_ns` looks: the writer
-/// (this thread), `zblk-reserve`, `zblk-free`; threads that came or went
-/// in between count from 0.
-fn cpu_between(before: &[(String, u64)], after: &[(String, u64)]) -> [u64; 3] {
+/// (this thread), `zblk-reserve`, `zblk-free`, the compression workers
+/// (`zblk-compress*`, summed); threads that came or went in between count
+/// from 0.
+fn cpu_between(before: &[(String, u64)], after: &[(String, u64)]) -> [u64; 4] {
     let me = std::fs::read_to_string("/proc/thread-self/comm").unwrap_or_default();
     let sum = |v: &[(String, u64)], name: &str| -> u64 {
-        v.iter().filter(|(n, _)| n == name).map(|(_, ns)| ns).sum()
+        v.iter()
+            .filter(|(n, _)| {
+                n == name || (name.ends_with('*') && n.starts_with(&name[..name.len() - 1]))
+            })
+            .map(|(_, ns)| ns)
+            .sum()
     };
     let d = |name: &str| sum(after, name).saturating_sub(sum(before, name));
-    [d(me.trim()), d("zblk-reserve"), d("zblk-free")]
+    [
+        d(me.trim()),
+        d("zblk-reserve"),
+        d("zblk-free"),
+        d("zblk-compress*"),
+    ]
 }
 
 fn sysfs_write(dev: &str, file: &str, value: &str) -> Result<(), String> {
@@ -224,50 +250,63 @@ fn zram_setup(dev: &str, algo: &str, bytes: usize) -> Result<File, String> {
 }
 
 /// Writes `pages` in requests of `req` bytes through `put`, timing only
-/// the calls; returns wall seconds and the CPU ns of each thread.
+/// the calls; returns wall seconds, the CPU ns of each thread and the
+/// median µs of one request.
 fn timed_writes(
     pages: &[u8],
     req: usize,
     mut put: impl FnMut(u64, &[u8]) -> Result<(), String>,
-) -> Result<(f64, [u64; 3]), String> {
+) -> Result<(f64, [u64; 4], f64), String> {
+    let mut each = Vec::with_capacity(pages.len() / req + 1);
     let before = thread_cpu_ns();
     let t0 = Instant::now();
     for (i, r) in pages.chunks(req).enumerate() {
+        let t = Instant::now();
         put((i * req) as u64, r)?;
+        each.push(t.elapsed().as_secs_f64() * 1e6);
     }
     let secs = t0.elapsed().as_secs_f64();
-    Ok((secs, cpu_between(&before, &thread_cpu_ns())))
+    Ok((secs, cpu_between(&before, &thread_cpu_ns()), median(each)))
 }
 
 /// Reads every request back through `get` into `buf`, timing only the
-/// calls, and compares each with the pages written.
+/// calls, and compares each with the pages written; returns seconds and
+/// the median µs of one request.
 fn timed_reads(
     pages: &[u8],
     buf: &mut [u8],
     mut get: impl FnMut(u64, &mut [u8]) -> Result<(), String>,
-) -> Result<f64, String> {
+) -> Result<(f64, f64), String> {
     let req = buf.len();
     let mut secs = 0.0;
+    let mut each = Vec::with_capacity(pages.len() / req + 1);
     for (i, want) in pages.chunks(req).enumerate() {
         let out = &mut buf[..want.len()];
         let t0 = Instant::now();
         get((i * req) as u64, out)?;
-        secs += t0.elapsed().as_secs_f64();
+        let took = t0.elapsed().as_secs_f64();
+        secs += took;
+        each.push(took * 1e6);
         if out != want {
             return Err(format!("request {i} did not read back identical"));
         }
     }
-    Ok(secs)
+    Ok((secs, median(each)))
 }
 
-fn sample(pages: usize, write_s: f64, read_s: f64, cpu: [u64; 3], ratio_mem: f64) -> Sample {
+/// One side's round: (wall seconds, median µs of a request) of its
+/// writes and its reads, the CPU ns of its threads, its memory ratio.
+fn sample(pages: usize, w: (f64, f64), r: (f64, f64), cpu: [u64; 4], ratio_mem: f64) -> Sample {
     let per = |ns: u64| ns as f64 / 1e3 / pages as f64;
     Sample {
-        write_us: write_s * 1e6 / pages as f64,
-        read_us: read_s * 1e6 / pages as f64,
+        write_us: w.0 * 1e6 / pages as f64,
+        read_us: r.0 * 1e6 / pages as f64,
         cpu_writer: per(cpu[0]),
         cpu_reserve: per(cpu[1]),
         cpu_free: per(cpu[2]),
+        cpu_workers: per(cpu[3]),
+        write_req_us: w.1,
+        read_req_us: r.1,
         ratio_mem,
         huge_share: 0.0,
     }
@@ -277,7 +316,7 @@ fn run_zram(a: &Args, algo: &str, data: &Mapping, buf: &mut Mapping) -> Result<S
     let bytes = data.len;
     let f = zram_setup(&a.zram, algo, bytes)?;
     let req = a.request_pages * PAGE_SIZE;
-    let (write_s, cpu) = timed_writes(data.bytes(), req, |off, r| {
+    let (write_s, cpu, write_req) = timed_writes(data.bytes(), req, |off, r| {
         f.write_all_at(r, off)
             .map_err(|e| format!("zram write: {e}"))
     })?;
@@ -287,14 +326,15 @@ fn run_zram(a: &Args, algo: &str, data: &Mapping, buf: &mut Mapping) -> Result<S
         .nth(2)
         .and_then(|s| s.parse().ok())
         .ok_or("mm_stat has no mem_used_total")?;
-    let read_s = timed_reads(data.bytes(), buf.bytes_mut(), |off, out| {
+    let read = timed_reads(data.bytes(), buf.bytes_mut(), |off, out| {
         f.read_exact_at(out, off)
             .map_err(|e| format!("zram read: {e}"))
     })?;
     drop(f);
     sysfs_write(&a.zram, "reset", "1")?;
     let pages = bytes / PAGE_SIZE;
-    Ok(sample(pages, write_s, read_s, cpu, bytes as f64 / used))
+    let ratio = bytes as f64 / used;
+    Ok(sample(pages, (write_s, write_req), read, cpu, ratio))
 }
 
 fn run_engine(
@@ -307,19 +347,20 @@ fn run_engine(
     let store = Store::new(opts.store_config(bytes as u64)).map_err(|e| e.to_string())?;
     let mut ctx = store.new_ctx();
     let req = a.request_pages * PAGE_SIZE;
-    let (write_s, cpu) = timed_writes(data.bytes(), req, |off, r| {
+    let (write_s, cpu, write_req) = timed_writes(data.bytes(), req, |off, r| {
         ctx.write(off, r).map_err(|e| format!("engine write: {e}"))
     })?;
     let used = store.stats().mem_used_total as f64;
     // The store is the only shared memory this process maps.
     let huge = zblk::huge_mapped_bytes() as f64;
-    let read_s = timed_reads(data.bytes(), buf.bytes_mut(), |off, out| {
+    let read = timed_reads(data.bytes(), buf.bytes_mut(), |off, out| {
         ctx.read(off, out).map_err(|e| format!("engine read: {e}"))
     })?;
     let pages = bytes / PAGE_SIZE;
+    let ratio = bytes as f64 / used;
     Ok(Sample {
         huge_share: huge / used,
-        ..sample(pages, write_s, read_s, cpu, bytes as f64 / used)
+        ..sample(pages, (write_s, write_req), read, cpu, ratio)
     })
 }
 
@@ -329,19 +370,22 @@ fn spread(v: &[f64]) -> String {
 }
 
 fn print_sides(sides: &[Side], s: &[Vec<Sample>]) {
-    println!("| side | write µs/page | read µs/page | CPU µs/page: writer | reserve | free | all | ratio_mem | in 2 MB pages |");
-    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- |");
+    println!("| side | write µs/page | read µs/page | CPU µs/page: writer | reserve | free | workers | all | write µs/request | read µs/request | ratio_mem | in 2 MB pages |");
+    println!("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |");
     for (side, v) in sides.iter().zip(s) {
         let col = |f: fn(&Sample) -> f64| spread(&v.iter().map(f).collect::<Vec<_>>());
         println!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             side.name(),
             col(|x| x.write_us),
             col(|x| x.read_us),
             col(|x| x.cpu_writer),
             col(|x| x.cpu_reserve),
             col(|x| x.cpu_free),
+            col(|x| x.cpu_workers),
             col(Sample::cpu_all),
+            col(|x| x.write_req_us),
+            col(|x| x.read_req_us),
             col(|x| x.ratio_mem),
             col(|x| x.huge_share),
         );
@@ -414,8 +458,8 @@ fn run() -> Result<(), String> {
     if !a.engine_only {
         sides.extend(a.zram_algos.iter().map(|z| Side::Zram(z.clone())));
     }
-    let engine = |name, opts: BenchOptions| Side::Engine {
-        name,
+    let engine = |name: &str, opts: BenchOptions| Side::Engine {
+        name: name.to_owned(),
         opts: BenchOptions {
             algo: Algo::Lz4,
             ..opts
@@ -430,6 +474,15 @@ fn run() -> Result<(), String> {
         },
     ));
     sides.push(engine("private store", BenchOptions::default()));
+    for &n in &a.workers {
+        sides.push(engine(
+            &format!("daemon's store, {n} compress workers"),
+            BenchOptions {
+                compress_workers: n,
+                ..BenchOptions::daemon()
+            },
+        ));
+    }
     if a.variants {
         let private = BenchOptions::default();
         sides.push(engine(

@@ -36,6 +36,8 @@ pub struct BenchOptions {
     /// With `shared`: 2 MB pages for the slab's larger chunks where the
     /// system gives them (`StoreConfig::huge_pages`).
     pub huge_pages: bool,
+    /// Compression workers (`StoreConfig::compress_workers`; 0: none).
+    pub compress_workers: usize,
 }
 
 /// What `zblk bench --json` prints: exactly these keys.
@@ -72,6 +74,23 @@ pub struct BenchReport {
     /// The store: `daemon` (shared memory, reserve, mlock, as the daemon
     /// runs it), `private`, or `custom` for another mix.
     pub store: &'static str,
+    /// Compression workers.
+    pub compress_workers: usize,
+    /// CPU time of the whole process (every thread: submitters, workers,
+    /// the reserve, the drain) per page written, microseconds.
+    pub write_cpu_us_per_page: f64,
+    /// The same per page read.
+    pub read_cpu_us_per_page: f64,
+    /// Median time of one write request (`request_pages` pages), µs.
+    pub write_request_p50_us: f64,
+    /// Median time of one read request, µs.
+    pub read_request_p50_us: f64,
+    /// Write groups that ran on a compression worker, of `groups`.
+    pub worker_groups: u64,
+    /// Write groups in all.
+    pub groups: u64,
+    /// Read groups that ran on a compression worker.
+    pub worker_read_groups: u64,
 }
 
 impl Default for BenchOptions {
@@ -87,6 +106,7 @@ impl Default for BenchOptions {
             reserve_free_below: 0,
             mlock: false,
             huge_pages: false,
+            compress_workers: 0,
         }
     }
 }
@@ -124,6 +144,7 @@ impl BenchOptions {
         cfg.reserve_free_below = self.reserve_free_below;
         cfg.mlock = self.mlock;
         cfg.huge_pages = self.huge_pages;
+        cfg.compress_workers = self.compress_workers;
         cfg
     }
 }
@@ -166,16 +187,34 @@ pub fn run(opts: &BenchOptions, data: &[u8]) -> Result<BenchReport> {
         ));
     }
     let store = Store::new(opts.store_config(data.len() as u64))?;
-    let write_s = run_phase(&store, data, opts, Phase::Write)?.0;
-    let (read_s, verify_errors) = run_phase(&store, data, opts, Phase::Read)?;
-    Ok(report(
-        opts,
-        &store.stats(),
-        data.len(),
-        write_s,
-        read_s,
-        verify_errors,
-    ))
+    let write = run_phase(&store, data, opts, Phase::Write)?;
+    let read = run_phase(&store, data, opts, Phase::Read)?;
+    Ok(report(opts, &store.stats(), data.len(), &write, &read))
+}
+
+/// What one phase measured.
+struct PhaseResult {
+    /// Wall time of the slowest thread, seconds.
+    secs: f64,
+    /// Pages that did not verify.
+    bad: u64,
+    /// CPU seconds of the whole process over the phase.
+    cpu_s: f64,
+    /// Median request time, seconds.
+    request_p50_s: f64,
+}
+
+/// CPU time (user and system) of every thread of this process, seconds.
+fn process_cpu_s() -> f64 {
+    // SAFETY: getrusage fills the plain C struct it is given; zeroed is a
+    // valid value for it.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; RUSAGE_SELF covers every thread of the process.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return 0.0;
+    }
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(u.ru_utime) + tv(u.ru_stime)
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -198,11 +237,12 @@ fn run_phase(
     data: &[u8],
     opts: &BenchOptions,
     phase: Phase,
-) -> Result<(f64, u64)> {
+) -> Result<PhaseResult> {
     let requests = data.len().div_ceil(opts.request_pages * PAGE_SIZE);
     let threads = opts.threads.min(requests).max(1);
     let barrier = Barrier::new(threads);
-    let results: Vec<Result<(f64, u64)>> = std::thread::scope(|s| {
+    let cpu0 = process_cpu_s();
+    let results: Vec<Result<ShareResult>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 let store = store.clone();
@@ -226,14 +266,32 @@ fn run_phase(
             .map(|h| h.join().unwrap_or(Err(Error::Panicked("bench"))))
             .collect()
     });
+    let cpu_s = process_cpu_s() - cpu0;
     let mut slowest = 0.0f64;
     let mut bad = 0;
+    let mut times = Vec::with_capacity(requests);
     for r in results {
-        let (secs, b) = r?;
-        slowest = slowest.max(secs);
-        bad += b;
+        let r = r?;
+        slowest = slowest.max(r.busy_s);
+        bad += r.bad;
+        times.extend(r.request_s);
     }
-    Ok((slowest, bad))
+    Ok(PhaseResult {
+        secs: slowest,
+        bad,
+        cpu_s,
+        request_p50_s: crate::median(times),
+    })
+}
+
+/// What one thread's share measured.
+struct ShareResult {
+    /// Time in store calls, seconds.
+    busy_s: f64,
+    /// Pages that did not verify.
+    bad: u64,
+    /// Each request's time, seconds.
+    request_s: Vec<f64>,
 }
 
 /// Which requests one thread runs: every `stride`-th from `first`.
@@ -247,11 +305,12 @@ struct Share {
 /// Writes, or reads and compares, one thread's share request by request.
 /// Only the store calls are timed: a read request lands in one reused
 /// buffer (as in a ublk queue's I/O buffer) and is compared untimed.
-fn run_share(ctx: &mut QueueCtx, data: &[u8], share: Share, phase: Phase) -> Result<(f64, u64)> {
+fn run_share(ctx: &mut QueueCtx, data: &[u8], share: Share, phase: Phase) -> Result<ShareResult> {
     let req_bytes = share.req_pages * PAGE_SIZE;
     let mut buf = vec![0u8; req_bytes];
     let mut busy = Duration::ZERO;
     let mut bad = 0u64;
+    let mut request_s = Vec::with_capacity(data.len() / req_bytes / share.stride + 1);
     let mine = data
         .chunks(req_bytes)
         .enumerate()
@@ -265,7 +324,9 @@ fn run_share(ctx: &mut QueueCtx, data: &[u8], share: Share, phase: Phase) -> Res
             Phase::Write => ctx.write(off, req)?,
             Phase::Read => ctx.read(off, out)?,
         }
-        busy += t0.elapsed();
+        let took = t0.elapsed();
+        busy += took;
+        request_s.push(took.as_secs_f64());
         if phase == Phase::Read {
             bad += req
                 .chunks_exact(PAGE_SIZE)
@@ -274,18 +335,23 @@ fn run_share(ctx: &mut QueueCtx, data: &[u8], share: Share, phase: Phase) -> Res
                 .count() as u64;
         }
     }
-    Ok((busy.as_secs_f64(), bad))
+    Ok(ShareResult {
+        busy_s: busy.as_secs_f64(),
+        bad,
+        request_s,
+    })
 }
 
 fn report(
     opts: &BenchOptions,
     st: &StoreStats,
     bytes: usize,
-    write_s: f64,
-    read_s: f64,
-    verify_errors: u64,
+    write: &PhaseResult,
+    read: &PhaseResult,
 ) -> BenchReport {
     let mb = bytes as f64 / 1e6;
+    let pages = (bytes / PAGE_SIZE) as f64;
+    let (write_s, read_s) = (write.secs, read.secs);
     let ratio = |den: u64| {
         if den == 0 {
             0.0
@@ -295,7 +361,7 @@ fn report(
     };
     BenchReport {
         pages: (bytes / PAGE_SIZE) as u64,
-        verify_errors,
+        verify_errors: read.bad,
         ratio_data: ratio(st.counters.compr_data_size),
         ratio_mem: ratio(st.mem_used_total),
         write_mb_s: mb / write_s.max(1e-9),
@@ -309,6 +375,14 @@ fn report(
         threads: opts.threads,
         mode: opts.mode.to_string(),
         store: opts.store_name(),
+        compress_workers: opts.compress_workers,
+        write_cpu_us_per_page: write.cpu_s * 1e6 / pages,
+        read_cpu_us_per_page: read.cpu_s * 1e6 / pages,
+        write_request_p50_us: write.request_p50_s * 1e6,
+        read_request_p50_us: read.request_p50_s * 1e6,
+        worker_groups: st.counters.worker_groups,
+        groups: st.counters.groups,
+        worker_read_groups: st.counters.worker_read_groups,
     }
 }
 

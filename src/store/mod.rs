@@ -41,6 +41,7 @@ use crate::slab::{SlabAllocator, SlabConfig};
 use crate::slot::ATIME_MASK;
 use crate::stats::StatsShard;
 use crate::table::SlotTable;
+use crate::workers::Workers;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
@@ -63,7 +64,14 @@ pub struct Store {
     wb_limit: AtomicU64,
     /// The memory reserve's thread, when the configuration asks for one.
     pub(crate) provisioner: Mutex<Option<Provisioner>>,
+    /// The compression workers (`StoreConfig::compress_workers`), if any.
+    pub(crate) workers: Option<Workers>,
 }
+
+/// The thread id the first compression worker's state is made with (the
+/// next ones count down): far from the queues' ids, which count up from
+/// 0, so that packed object ids (12 bits of thread id) never collide.
+const FIRST_WORKER_ID: usize = 0xffe;
 
 /// What a store carries over from the processes it was recovered from.
 #[derive(Default)]
@@ -236,6 +244,7 @@ impl Store {
             });
         table.allocator().set_mem_limit(mem_limit);
         let secondaries = Arc::new(Secondaries::from_list(&inherited.secondaries));
+        let workers = start_workers(&cfg, inherited.recoveries, &secondaries);
         let store = Arc::new(Store {
             table,
             shards: Mutex::new(Vec::new()),
@@ -245,6 +254,7 @@ impl Store {
             secondaries,
             wb_limit: AtomicU64::new(wb_limit),
             provisioner: Mutex::new(None),
+            workers,
             cfg,
             inherited,
         });
@@ -306,6 +316,18 @@ impl Store {
     pub fn allocator(&self) -> &dyn ObjAllocator {
         self.table.allocator()
     }
+}
+
+/// Starts `cfg`'s compression workers, each with a thread state and a
+/// statistics shard of its own (`epoch`: the store's recovery count).
+fn start_workers(cfg: &StoreConfig, epoch: u64, sec: &Arc<Secondaries>) -> Option<Workers> {
+    let states = (0..cfg.compress_workers)
+        .map(|w| {
+            let shard = Arc::new(StatsShard::default());
+            CtxState::new(cfg, FIRST_WORKER_ID - w, epoch, shard, sec.clone())
+        })
+        .collect();
+    Workers::start(states)
 }
 
 /// The slab's part of a store's configuration.

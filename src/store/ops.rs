@@ -15,12 +15,12 @@
 //! statistics shard.
 
 use super::Store;
-use crate::codec::AccelEvents;
 use crate::ctx::CtxState;
 use crate::error::{Error, Result};
 use crate::page::{PAGE_SIZE, PAGE_SIZE_U64};
 use crate::slot::Entry;
 use crate::stats::{Counter, Op, Phase};
+use crate::workers::{Job, JobOp};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,6 +30,9 @@ pub struct QueueCtx {
     store: Arc<Store>,
     st: CtxState,
     id: usize,
+    /// This context's requests as the compression workers see them (one,
+    /// reused), when the store has workers.
+    job: Option<Arc<Job>>,
 }
 
 impl Store {
@@ -40,6 +43,7 @@ impl Store {
             store: self.clone(),
             st,
             id,
+            job: self.workers.as_ref().map(|_| Arc::new(Job::default())),
         }
     }
 }
@@ -67,14 +71,10 @@ impl QueueCtx {
             };
             st.now = store.now();
             keep_heap_room(store, st);
-            let g = store.cfg.group_pages;
-            for (i, chunk) in data.chunks(g * PAGE_SIZE).enumerate() {
-                let at = first + (i * g) as u64;
-                if let Err(e) = crate::write::write_group(&store.table, &store.cfg, st, at, chunk) {
-                    st.shard.add(Counter::FailedWrites, 1);
-                    charge_total(st, Phase::Write, t0.elapsed());
-                    break 'request Err(e);
-                }
+            if let Err(e) = write_groups(store, st, self.job.as_ref(), first, data) {
+                st.shard.add(Counter::FailedWrites, 1);
+                charge_total(st, Phase::Write, t0.elapsed());
+                break 'request Err(e);
             }
             st.free.end_request(store.table.frees());
             st.shard.add(Counter::NumWrites, 1);
@@ -82,7 +82,7 @@ impl QueueCtx {
             record_latency(st, Op::Write, t0, pages);
             Ok(())
         };
-        count_accel_events(st);
+        st.count_accel_events();
         r
     }
 
@@ -97,22 +97,19 @@ impl QueueCtx {
             };
             st.now = store.now();
             keep_heap_room(store, st);
-            for (i, out) in buf.chunks_exact_mut(PAGE_SIZE).enumerate() {
-                if let Err(e) = crate::read::read_page(&store.table, st, first + i as u64, out) {
-                    // Reported by the caller (the daemon logs it
-                    // rate-limited): a corrupt page read over and over must
-                    // not flood the log.
-                    st.shard.add(Counter::FailedReads, 1);
-                    charge_total(st, Phase::Read, t0.elapsed());
-                    break 'request Err(e);
-                }
+            if let Err(e) = read_pages(store, st, self.job.as_ref(), first, buf) {
+                // Reported by the caller (the daemon logs it rate-limited):
+                // a corrupt page read over and over must not flood the log.
+                st.shard.add(Counter::FailedReads, 1);
+                charge_total(st, Phase::Read, t0.elapsed());
+                break 'request Err(e);
             }
             st.shard.add(Counter::NumReads, 1);
             st.shard.add(Counter::PagesRead, pages as i64);
             record_latency(st, Op::Read, t0, pages);
             Ok(())
         };
-        count_accel_events(st);
+        st.count_accel_events();
         r
     }
 
@@ -164,6 +161,63 @@ impl Drop for QueueCtx {
     }
 }
 
+/// Stores `data` at page `first`, one compression group at a time: shared
+/// with the store's idle compression workers when it has any and the
+/// request has more than one group, else all on this thread. Stops at
+/// (alone) or reports (shared) the first failing group.
+fn write_groups(
+    store: &Store,
+    st: &mut CtxState,
+    job: Option<&Arc<Job>>,
+    first: u64,
+    data: &[u8],
+) -> Result<()> {
+    if let (Some(w), Some(job)) = (&store.workers, job) {
+        let (table, cfg) = (&store.table, &store.cfg);
+        let ptr = data.as_ptr().cast_mut();
+        // SAFETY: `data` is borrowed for this whole call and only read
+        // (`JobOp::Write`); the store outlives it; `job` is this
+        // context's own, and `&mut self` of the caller makes its requests
+        // one at a time.
+        let shared = unsafe { w.run(job, JobOp::Write, table, cfg, st, first, ptr, data.len()) };
+        if let Some(r) = shared {
+            return r;
+        }
+    }
+    let g = store.cfg.group_pages;
+    for (i, chunk) in data.chunks(g * PAGE_SIZE).enumerate() {
+        let at = first + (i * g) as u64;
+        crate::write::write_group(&store.table, &store.cfg, st, at, chunk)?;
+    }
+    Ok(())
+}
+
+/// Reads the pages from `first` into `buf`: in groups shared with idle
+/// compression workers as [`write_groups`] does, or page by page here.
+fn read_pages(
+    store: &Store,
+    st: &mut CtxState,
+    job: Option<&Arc<Job>>,
+    first: u64,
+    buf: &mut [u8],
+) -> Result<()> {
+    if let (Some(w), Some(job)) = (&store.workers, job) {
+        let (table, cfg) = (&store.table, &store.cfg);
+        let (ptr, len) = (buf.as_mut_ptr(), buf.len());
+        // SAFETY: `buf` is borrowed mutably for this whole call and not
+        // touched here until `run` returns, after every group is done; the
+        // rest as in `write_groups`.
+        let shared = unsafe { w.run(job, JobOp::Read, table, cfg, st, first, ptr, len) };
+        if let Some(r) = shared {
+            return r;
+        }
+    }
+    for (i, out) in buf.chunks_exact_mut(PAGE_SIZE).enumerate() {
+        crate::read::read_page(&store.table, st, first + i as u64, out)?;
+    }
+    Ok(())
+}
+
 /// Checks a byte range against `store`'s size and returns its first page
 /// and page count; a range that fails counts as an invalid request.
 /// With a memory reserve, keeps heap room for this thread's allocations
@@ -194,22 +248,6 @@ fn check_range(store: &Store, st: &CtxState, offset: u64, len: u64) -> Result<(u
         st.shard.add(Counter::InvalidIo, 1);
     }
     r
-}
-
-/// Adds what the codec's accelerator went through to the queue's
-/// statistics (software codecs report nothing).
-fn count_accel_events(st: &mut CtxState) {
-    let ev = st.codec.take_accel_events();
-    if ev == AccelEvents::default() {
-        return;
-    }
-    let sh = &st.shard;
-    sh.add(Counter::AccelPageFaults, ev.page_faults as i64);
-    sh.add(Counter::AccelTimeouts, ev.timeouts as i64);
-    sh.add(Counter::AccelVerifyFailures, ev.verify_failures as i64);
-    sh.add(Counter::AccelDeviceErrors, ev.device_errors as i64);
-    sh.add(Counter::AccelSubmitFailures, ev.submit_failures as i64);
-    sh.add(Counter::AccelDecompressed, ev.decompressed as i64);
 }
 
 /// With phase timers, charges a request's whole time (`took`) to its

@@ -88,7 +88,8 @@ pub struct StoreStats {
     /// left out of the JSON otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub phases: Option<PhaseTimes>,
-    /// The counters of each queue context, in queue order.
+    /// The counters of each queue context, in queue order (the compression
+    /// workers' are in the totals alone).
     pub queues: Vec<Counters>,
 }
 
@@ -104,7 +105,9 @@ impl Store {
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         let recounted = self.inherited.gauges.iter().map(|s| &**s);
-        let (counters, latency) = stats::merge(recounted.chain(shards.iter().map(|s| &**s)));
+        let workers: Vec<_> = self.workers.iter().flat_map(|w| w.shards()).collect();
+        let all = || shards.iter().chain(workers.iter().copied()).map(|s| &**s);
+        let (counters, latency) = stats::merge(recounted.chain(all()));
         let queues = shards.iter().map(|s| stats::sum_counters([&**s])).collect();
         // Handles detached (counted per queue) minus those freed so far:
         // partial batches in contexts plus what the drain has not reached.
@@ -144,10 +147,7 @@ impl Store {
             writeback_limit_enable: wb_limit != u64::MAX,
             writeback_limit: if wb_limit == u64::MAX { 0 } else { wb_limit },
             latency,
-            phases: self
-                .cfg
-                .phase_timers
-                .then(|| stats::merge_phases(shards.iter().map(|s| &**s))),
+            phases: self.cfg.phase_timers.then(|| stats::merge_phases(all())),
             queues,
         }
     }

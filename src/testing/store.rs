@@ -30,6 +30,33 @@ impl Store {
     pub fn debug_stall_drain(&self, on: bool) {
         self.table.frees().stall(on);
     }
+
+    /// Tests: pauses the compression workers (`on`) before they claim any
+    /// group of a job handed to them, or lets them go; false without
+    /// workers. See `tests/store_workers.rs`.
+    #[doc(hidden)]
+    pub fn debug_pause_workers(&self, on: bool) -> bool {
+        self.workers.as_ref().map(|w| w.pause(on)).is_some()
+    }
+
+    /// Tests: makes the next group a compression worker claims panic,
+    /// which ends that worker's thread; false without workers.
+    #[doc(hidden)]
+    pub fn debug_worker_panic(&self) -> bool {
+        self.workers.as_ref().map(|w| w.panic_next()).is_some()
+    }
+
+    /// Tests: the compression workers' thread ids (none without workers).
+    #[doc(hidden)]
+    pub fn debug_worker_tids(&self) -> Vec<i32> {
+        self.workers.as_ref().map_or_else(Vec::new, |w| w.tids())
+    }
+
+    /// Tests: compression workers parked idle now (0 without workers).
+    #[doc(hidden)]
+    pub fn debug_idle_workers(&self) -> usize {
+        self.workers.as_ref().map_or(0, |w| w.idle())
+    }
 }
 
 /// Overwrites the bytes of the object behind `page`, from offset `at` to

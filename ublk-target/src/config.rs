@@ -31,7 +31,17 @@ pub struct EngineConfig {
     #[arg(short, long, default_value = "per-page", value_parser = parse_mode)]
     #[serde(with = "text")]
     pub mode: Mode,
+    /// Compression workers: threads that compress a write's groups (and
+    /// decode a read's) beside the queue thread serving it, whenever one is
+    /// idle, so that one request uses several CPUs (0: none).
+    #[arg(long, value_name = "N", default_value_t = 0,
+          value_parser = clap::value_parser!(u16).range(0..=MAX_COMPRESS_WORKERS))]
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub compress_workers: u16,
 }
+
+/// The most `--compress-workers` takes (the engine's limit).
+const MAX_COMPRESS_WORKERS: i64 = zblk::MAX_COMPRESS_WORKERS as i64;
 
 /// Everything a device is made with: the one configuration type from the
 /// command line to the daemon.
@@ -229,6 +239,7 @@ impl DeviceConfig {
             huge_pages: self.huge_pages,
             backing: self.backing_dev.clone(),
             phase_timers: self.phase_timers,
+            compress_workers: usize::from(self.engine.compress_workers),
             ..StoreConfig::new(self.size)
         }
     }

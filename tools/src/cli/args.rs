@@ -116,7 +116,7 @@ const SETUP_KEYS: &str = "\
 A [ublkbN] section makes /dev/ublkbN: size (MB, or an expression of ram: \"ram / 2\"), \
 compression-algorithm, mode, group-pages, mem-limit, recovery, backing-dev, \
 recompress-idle-after, recompress-algorithm, writeback-idle-after, algorithm-params, io-threads, queue-cpus, poll-us, \
-host-memory-limit; \
+compress-workers, host-memory-limit; \
 then swap (swap-priority, options: swapon's, default \"discard\") or, with \
 mount-point = \"/PATH\", a filesystem mounted there: fs-type (ext4, the default, made \
 without a journal; ext2, ext3, xfs, btrfs: its mkfs.TYPE must be installed) and options \

@@ -19,6 +19,7 @@ pub fn bench(a: BenchArgs) -> CliResult {
         threads: usize::from(a.threads),
         request_pages: usize::from(a.request_pages),
         mode: a.engine.mode,
+        compress_workers: usize::from(a.engine.compress_workers),
         ..base
     };
     let report = bench::run(&opts, &data).map_err(|e| CliError(format!("bench failed: {e}")))?;

@@ -92,6 +92,9 @@ struct Section {
     queue_cpus: Option<Spanned<String>>,
     /// Like `--poll-us`: the queue threads' busy-poll window in µs.
     poll_us: Option<Spanned<i64>>,
+    /// Like `--compress-workers`: threads compressing a request's groups
+    /// beside its queue thread.
+    compress_workers: Option<Spanned<i64>>,
     /// MB or `"none"`: no device on a machine with more memory
     /// (zram-generator's key of that name).
     host_memory_limit: Option<Spanned<toml::Value>>,
@@ -652,7 +655,7 @@ const FS_WITHOUT_MOUNT: &str = "fs-type needs mount-point: without it the device
 
 /// The keys that are a `zblk add` flag taking the value as written:
 /// key, flag, value (taken out of `s`).
-fn plain_flags(s: &mut Section) -> [(&'static str, &'static str, Option<FlagValue>); 12] {
+fn plain_flags(s: &mut Section) -> [(&'static str, &'static str, Option<FlagValue>); 13] {
     [
         (
             "compression-algorithm",
@@ -686,6 +689,11 @@ fn plain_flags(s: &mut Section) -> [(&'static str, &'static str, Option<FlagValu
         ("io-threads", "--io-threads", num(s.io_threads.take())),
         ("queue-cpus", "--queue-cpus", text(s.queue_cpus.take())),
         ("poll-us", "--poll-us", num(s.poll_us.take())),
+        (
+            "compress-workers",
+            "--compress-workers",
+            num(s.compress_workers.take()),
+        ),
     ]
 }
 
@@ -817,7 +825,8 @@ mod tests {
                     algorithm-params = \"dict=/etc/zblk/a.dict; priority=2 dict=/etc/zblk/b.dict\"\n\
                     io-threads = 2\n\
                     queue-cpus = \"other\"\n\
-                    poll-us = 300\n";
+                    poll-us = 300\n\
+                    compress-workers = 1\n";
         let e = parse_ok(text, 16000.0);
         assert_eq!(e.len(), 2);
         let (a, b) = (&e[0], &e[1]);
@@ -860,6 +869,10 @@ mod tests {
             (QueueCpus::Other, QueueCpus::Queue)
         );
         assert_eq!((d.poll_us, b.add.dev.poll_us), (300, 0));
+        assert_eq!(
+            (d.engine.compress_workers, b.add.dev.engine.compress_workers),
+            (1, 0)
+        );
         // What is not written takes zblk add's defaults.
         assert_eq!((b.name.as_str(), b.add.dev.id), ("ublkb1", Some(1)));
         assert_eq!(b.add.dev.size, 512 << 20);

@@ -65,6 +65,12 @@ const FIELDS: &[Field] = &[
         G,
         "Microseconds a queue thread busy-polls after its last request (0: never).",
     ),
+    f(
+        D,
+        "compress_workers",
+        G,
+        "Compression workers beside the queue threads (0: none).",
+    ),
     f(D, "io_buf_bytes", G, "Bytes of each I/O buffer."),
     f(D, "pid", G, "Process id of the device's daemon."),
     f(
@@ -117,6 +123,18 @@ const FIELDS: &[Field] = &[
     f(S, "pages_read", C, "Pages read."),
     f(S, "pages_written", C, "Pages written."),
     f(S, "groups", C, "Compression groups written."),
+    f(
+        S,
+        "worker_groups",
+        C,
+        "Compression groups written on a compression worker.",
+    ),
+    f(
+        S,
+        "worker_read_groups",
+        C,
+        "Groups of read pages decoded on a compression worker.",
+    ),
     f(S, "sw_pages", C, "Pages compressed in software."),
     f(
         S,

@@ -254,6 +254,13 @@ pub fn stat_text(reply: &Value) -> String {
             format!("{:.2}", a as f64 / b as f64)
         }
     };
+    // Groups that ran on queue threads, the rest of what workers ran.
+    rows.push(vec![
+        "  queue_groups".into(),
+        u(s, "groups")
+            .saturating_sub(u(s, "worker_groups"))
+            .to_string(),
+    ]);
     let orig = u(s, "orig_data_size");
     rows.push(vec![
         "  ratio_data".into(),
@@ -412,6 +419,8 @@ pub(super) mod tests {
             "other",
             "--poll-us",
             "300",
+            "--compress-workers",
+            "1",
         ];
         let config = DeviceConfig::from_flags(flags).unwrap();
         let mut info = DeviceInfo::new(0, "/dev/ublkb0".into(), &config, 1 << 21);
