@@ -205,7 +205,7 @@ impl ClassState {
 
     fn link(&mut self, id: u64, g: usize) {
         let pos = self.groups[g].len() as u32;
-        self.groups[g].push(id);
+        reserve::push_touched(&mut self.groups[g], id);
         let z = &mut self.zs[id as usize];
         z.group = g as u8;
         z.pos = pos;
@@ -494,7 +494,7 @@ impl SlabAllocator {
             self.uncharge(class.cost);
             return Err(AllocError { limit: 0 }.into());
         };
-        state.fresh.push(id);
+        reserve::push_touched(&mut state.fresh, id);
         self.init_zspage(class, state, id, keep_boxes);
         Ok(id)
     }
@@ -544,7 +544,7 @@ impl SlabAllocator {
             // A recovered slab's free ids may lie in chunks nobody mapped.
             Some(id) if class.dir.ensure(id) => Some(id),
             Some(id) => {
-                state.free_ids.push(id);
+                reserve::push_touched(&mut state.free_ids, id);
                 None
             }
             None => {
@@ -552,7 +552,7 @@ impl SlabAllocator {
                 if id >= class.id_limit() || !class.dir.ensure(id) {
                     return None;
                 }
-                state.zs.push(ZsMeta::dead());
+                reserve::push_touched(&mut state.zs, ZsMeta::dead());
                 Some(id)
             }
         }
@@ -718,10 +718,10 @@ impl SlabAllocator {
         if self.reserve.is_some()
             && state.boxes.len() < reserve::BOXES_KEPT.min(state.boxes.capacity())
         {
-            state.boxes.push(owners);
+            reserve::push_touched(&mut state.boxes, owners);
         }
         state.live_zspages -= 1;
-        state.dead.push(id);
+        reserve::push_touched(&mut state.dead, id);
     }
 
     /// Gives the pages of the zspages retired in this lock hold back to the
@@ -754,12 +754,12 @@ impl SlabAllocator {
     fn release_dead_keeping(&self, class: &SizeClass, state: &mut ClassState, cap: usize) {
         while state.spare.len() > cap {
             if let Some(id) = state.spare.pop() {
-                state.dead.push(id);
+                reserve::push_touched(&mut state.dead, id);
             }
         }
         while state.spare.len() < cap {
             match state.dead.pop() {
-                Some(id) => state.spare.push(id),
+                Some(id) => reserve::push_touched(&mut state.spare, id),
                 None => break,
             }
         }

@@ -75,7 +75,7 @@ impl SlabAllocator {
             let mut live = 0;
             for id in 0..state.zs.len() as u64 {
                 if !state.zs[id as usize].is_live() {
-                    state.free_ids.push(id);
+                    super::reserve::push_touched(&mut state.free_ids, id);
                     continue;
                 }
                 let z = &mut state.zs[id as usize];

@@ -412,6 +412,27 @@ fn prefaulted<T>(cap: usize) -> Vec<T> {
     v
 }
 
+/// Pushes `x` onto `v`; a full `v` first moves to a buffer of twice its
+/// length (at least [`HEADROOM`]) whose every page is faulted in now.
+///
+/// Every push onto a class's vectors goes through here, never through
+/// `Vec`'s own growth, which leaves the new capacity untouched: queue
+/// threads push onto these vectors while memory is short (a zspage
+/// changing fullness group, a spare taken), and the provisioner, which
+/// keeps room in them, counts capacity as room whether or not its pages
+/// were ever touched. A push onto a page never touched is a fault in
+/// reclaim by an I/O flusher, the machine's stall (seen in the guest:
+/// `ClassState::link` after a queue thread had grown a group's vector
+/// while memory was plentiful).
+pub(super) fn push_touched<T>(v: &mut Vec<T>, x: T) {
+    if v.len() == v.capacity() {
+        let mut bigger = prefaulted::<T>((2 * v.len()).max(HEADROOM));
+        bigger.append(v);
+        *v = bigger;
+    }
+    v.push(x);
+}
+
 /// Whether `v` lacks the room the provisioner keeps in it.
 fn short<T>(v: &Vec<T>) -> Option<usize> {
     let head = HEADROOM + v.len() / 8;
@@ -573,7 +594,7 @@ impl SlabAllocator {
                 if state.boxes.len() >= state.boxes.capacity() {
                     return true;
                 }
-                state.boxes.push(b);
+                push_touched(&mut state.boxes, b);
                 did = true;
                 continue;
             }
@@ -644,13 +665,15 @@ impl SlabAllocator {
         let mut state = lock(class);
         for &id in ids.iter() {
             if failed.binary_search(&id).is_err() {
-                state.spare.push(id);
+                push_touched(&mut state.spare, id);
             }
         }
         if !failed.is_empty() {
             self.release_runs(class, &failed);
             self.uncharge(class.cost * failed.len() as u64);
-            state.free_ids.extend_from_slice(&failed);
+            for &id in &failed {
+                push_touched(&mut state.free_ids, id);
+            }
         }
         ids.len() - failed.len()
     }
