@@ -64,12 +64,31 @@ pub(crate) fn prefault_thread(arena: usize) {
     touch_stack(STACK_ROOM);
 }
 
-/// Writes `byte` to the first byte of each page of `buf`, so that every
-/// page is faulted in now; volatile, so that the writes are not elided.
+/// Writes `byte` to one byte of each page `buf` spans, so that every page
+/// is faulted in now; volatile, so that the writes are neither elided nor
+/// folded into a zeroing allocation (`calloc`, which leaves fresh pages
+/// untouched).
 pub(crate) fn touch_pages(buf: &mut [u8], byte: u8) {
-    for page in buf.chunks_mut(PAGE_SIZE) {
-        // SAFETY: `page` is a valid, exclusive slice of at least one byte.
-        unsafe { std::ptr::write_volatile(page.as_mut_ptr(), byte) };
+    // SAFETY: the range is `buf`, exclusively ours.
+    unsafe { touch_raw(buf.as_mut_ptr(), buf.len(), byte) };
+}
+
+/// [`touch_pages`] over `len` bytes at `p`: the first byte, then the first
+/// byte of each page that starts inside the range.
+///
+/// # Safety
+/// `p..p + len` is memory the caller may write and nobody else uses
+/// meanwhile (initialized or not: only bytes are written).
+pub(crate) unsafe fn touch_raw(p: *mut u8, len: usize, byte: u8) {
+    if len == 0 {
+        return;
+    }
+    // SAFETY: the caller's contract; `p` is inside the range.
+    unsafe { std::ptr::write_volatile(p, byte) };
+    let first_page = (p as usize).next_multiple_of(PAGE_SIZE) - p as usize;
+    for off in (first_page..len).step_by(PAGE_SIZE) {
+        // SAFETY: `off < len`, inside the caller's range.
+        unsafe { std::ptr::write_volatile(p.add(off), byte) };
     }
 }
 
@@ -88,6 +107,37 @@ fn touch_stack(bytes: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn touch_pages_reaches_every_page_of_an_unaligned_buffer() {
+        const PAGES: usize = 4;
+        // SAFETY: a fresh private anonymous mapping; checked below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                PAGES * PAGE_SIZE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        // SAFETY: the mapping just made, ours alone, read and written only
+        // through this slice, unmapped at the end.
+        let all = unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), PAGES * PAGE_SIZE) };
+        // Not page-aligned at either end, and spanning one page more than
+        // its length in pages: from 96 bytes before the end of the first
+        // page to 104 bytes into the last.
+        touch_pages(&mut all[PAGE_SIZE - 96..(PAGES - 1) * PAGE_SIZE + 104], 1);
+        let mut present = vec![0u8; PAGES];
+        // SAFETY: `p` is page-aligned and the vector has one byte a page.
+        let r = unsafe { libc::mincore(p, PAGES * PAGE_SIZE, present.as_mut_ptr()) };
+        assert_eq!(r, 0);
+        assert!(present.iter().all(|&b| b & 1 == 1), "{present:?}");
+        // SAFETY: the mapping made above, no longer used.
+        unsafe { libc::munmap(p, PAGES * PAGE_SIZE) };
+    }
 
     #[test]
     fn same_filled_detects_words() {
