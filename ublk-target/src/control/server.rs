@@ -961,6 +961,7 @@ mod tests {
             "depth",
             "io_buf_bytes",
             "no_recovery",
+            "huge_pages",
             "pid",
             "recovery",
             "features",
@@ -969,7 +970,7 @@ mod tests {
         ] {
             assert!(keys.contains(&k), "{k} missing from {keys:?}");
         }
-        assert_eq!(keys.len(), 19, "{keys:?}");
+        assert_eq!(keys.len(), 20, "{keys:?}");
         assert_eq!(v["queue_cpus"], "queue");
         assert_eq!(v["transport"], "classic");
         assert_eq!(v["transport_in_use"], "batch");
