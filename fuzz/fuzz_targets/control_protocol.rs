@@ -23,7 +23,7 @@ use zblk_ublk::keeper::KeeperRequest;
 use zblk_ublk::{Request, Response};
 
 /// Every command of both sockets, and a few near misses.
-const CMDS: [&str; 20] = [
+const CMDS: [&str; 21] = [
     "info",
     "stats",
     "compact",
@@ -41,6 +41,7 @@ const CMDS: [&str; 20] = [
     "huge_idle",
     "writeback",
     "dump",
+    "slots",
     "sample",
     "set_writeback_limit",
     "set_policy",
@@ -167,6 +168,14 @@ fn model(v: &Value) -> Option<Request> {
             start: u64_or_0("start")?,
             count: u64_or_0("count")?,
         }),
+        "slots" => Some(Request::Slots {
+            pages: o
+                .get("pages")?
+                .as_array()?
+                .iter()
+                .map(Value::as_u64)
+                .collect::<Option<_>>()?,
+        }),
         "sample" => Some(Request::Sample {
             bytes: o.get("bytes")?.as_u64()?,
         }),
@@ -260,6 +269,10 @@ fn wire(r: &Request) -> Value {
             put("cmd", "dump".into());
             put("start", (*start).into());
             put("count", (*count).into());
+        }
+        Request::Slots { pages } => {
+            put("cmd", "slots".into());
+            put("pages", pages.clone().into());
         }
         Request::Sample { bytes } => {
             put("cmd", "sample".into());
