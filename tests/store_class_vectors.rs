@@ -8,22 +8,13 @@
 
 mod common;
 
-use common::{page, thread_faults, Content};
+use common::{keep_heap, page, thread_faults, Content};
 use zblk::testing::faults::stall_provisioner;
 use zblk::{Store, StoreConfig, PAGE_SIZE};
 
 /// Pages written: incompressible, so all in one class, whose vectors grow
 /// to megabytes.
 const N: usize = 40_000;
-
-/// Keeps freed heap memory mapped, as the daemon does (`keep_heap`).
-fn keep_heap() {
-    // SAFETY: mallopt only changes malloc's tunables.
-    unsafe {
-        libc::mallopt(libc::M_TRIM_THRESHOLD, libc::c_int::MAX);
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
-    }
-}
 
 fn write(ctx: &mut zblk::QueueCtx, pages: std::ops::Range<usize>) {
     for p in pages.step_by(8) {

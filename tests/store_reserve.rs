@@ -7,20 +7,10 @@
 
 mod common;
 
-use common::{page, real_pages, thread_faults, Content};
+use common::{keep_heap, page, real_pages, thread_faults, Content};
 use zblk::{Error, Mode, Store, StoreConfig, PAGE_SIZE};
 
 const PAGES: u64 = 6144;
-
-/// Keeps freed heap memory mapped, as the daemon does (`keep_heap`), so
-/// that the codecs' scratch allocations do not fault either.
-fn keep_heap() {
-    // SAFETY: mallopt only changes malloc's tunables.
-    unsafe {
-        libc::mallopt(libc::M_TRIM_THRESHOLD, libc::c_int::MAX);
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
-    }
-}
 
 fn data() -> Vec<u8> {
     let real = real_pages();

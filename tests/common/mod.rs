@@ -76,6 +76,16 @@ pub fn same_filled(page: &[u8]) -> bool {
     page.chunks_exact(8).all(|w| w == &page[..8])
 }
 
+/// Keeps freed heap memory mapped, as the daemon does (`keep_heap`), so
+/// that the codecs' scratch allocations do not fault either.
+pub fn keep_heap() {
+    // SAFETY: mallopt only changes malloc's tunables.
+    unsafe {
+        libc::mallopt(libc::M_TRIM_THRESHOLD, libc::c_int::MAX);
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+    }
+}
+
 /// Minor page faults the calling thread took so far.
 pub fn thread_faults() -> u64 {
     // SAFETY: getrusage fills the struct it is given; zeroed is a valid
