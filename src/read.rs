@@ -8,9 +8,8 @@
 //! algorithm (`Entry::algo` 1) is decompressed by that algorithm's codec.
 //!
 //! A written-back page (`Kind::Backed`) is read from its block of the
-//! backing store under the slot's lock (so that its block cannot be freed
-//! and reused meanwhile), checked against the slot's CRC and decoded. It
-//! stays on the backing store, as in zram: a swapped-in page is usually
+//! backing store, checked against the slot's CRC and decoded. It stays on
+//! the backing store, as in zram: a swapped-in page is usually
 //! discarded from swap soon after, so copying it back to RAM would be an
 //! allocation on the read path (which must not call the allocator under a
 //! slot lock, nor allocate while the system is short of memory) for a page
@@ -18,6 +17,18 @@
 //!
 //! A read is an access: it stamps the slot with the request's time and
 //! clears its idle mark, in the guard, so the unlocking store carries it.
+//!
+//! Maintenance (recompression, compaction) reads the block here, under
+//! the slot's lock (so that it cannot be freed and reused meanwhile). A
+//! request does not wait for the backing store under a lock: [`read_page_or_backed`] hands a written-back page back as a
+//! [`BackedRead`] (its slot's entry, taken under the lock) and the caller
+//! reads the block however it likes (the daemon through its queue's
+//! io_uring, so a slow or dead link holds up that one request, not the
+//! queue). [`finish_backed`] then locks the slot again and decodes the
+//! block only if the slot still holds that very entry: a page written,
+//! discarded or moved meanwhile is read again from what its slot holds
+//! now, and a block freed and reused meanwhile is never decoded as the
+//! page (the entry changed, and the CRC names the page).
 
 use crate::backing::object_crc;
 use crate::ctx::CtxState;
@@ -114,9 +125,80 @@ fn decode_with(
     }
 }
 
-/// Reads the written-back page `e` of slot `page` from the backing store:
-/// one block, its object checked against the slot's CRC (a corrupt or
-/// truncated backing store fails the read, never gives a wrong page).
+/// A written-back page whose block its reader reads itself: the slot's
+/// entry when it was looked at (under its lock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BackedRead {
+    /// The page.
+    pub(crate) page: u64,
+    /// Its slot's entry then (`Kind::Backed`).
+    pub(crate) entry: Entry,
+}
+
+impl BackedRead {
+    /// The block to read: its byte offset in the backing store (one block,
+    /// [`PAGE_SIZE`] bytes).
+    pub(crate) fn block_offset(&self) -> u64 {
+        u64::from(self.entry.backed_at().block) * crate::page::PAGE_SIZE_U64
+    }
+}
+
+/// What [`read_page_or_backed`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PageRead {
+    /// The page is in the caller's buffer.
+    Done,
+    /// The page is written back: its block is the caller's to read.
+    Backed(BackedRead),
+}
+
+/// [`read_page`], except that a written-back page is handed back with
+/// its slot's entry instead of being read here.
+pub(crate) fn read_page_or_backed(
+    table: &SlotTable,
+    st: &mut CtxState,
+    page: u64,
+    out: &mut [u8],
+) -> Result<PageRead> {
+    let mut guard = table.lock(page);
+    if guard.touch(st.now) {
+        st.shard.add(Counter::IdlePages, -1);
+    }
+    let e = guard.entry();
+    if e.kind == Kind::Backed {
+        return Ok(PageRead::Backed(BackedRead { page, entry: e }));
+    }
+    read_entry(table, st, page, &e, out).map(|()| PageRead::Done)
+}
+
+/// Decodes `r`'s page out of `block` (the bytes of its block, read since
+/// [`read_page_or_backed`] gave `r`) into `out`: `Ok(false)` if its slot
+/// no longer holds `r.entry` (read the page again); on failure `out` is
+/// zeroed.
+pub(crate) fn finish_backed(
+    table: &SlotTable,
+    st: &mut CtxState,
+    r: &BackedRead,
+    block: &[u8],
+    out: &mut [u8],
+) -> Result<bool> {
+    let guard = table.lock(r.page);
+    if guard.entry() != r.entry {
+        return Ok(false);
+    }
+    st.shard.add(Counter::BdReads, 1);
+    decode_backed(st, r.page, &r.entry, block, out).map_err(|detail| {
+        out.fill(0);
+        Error::Corrupt {
+            page: r.page,
+            detail,
+        }
+    })?;
+    Ok(true)
+}
+
+/// Reads the written-back page `e` of slot `page` from the backing store,
+/// here and under the caller's lock (maintenance).
 fn read_backed(
     table: &SlotTable,
     st: &mut CtxState,
@@ -130,24 +212,45 @@ fn read_backed(
     let Some(mut buf) = st.bd_buf.take() else {
         return Err("this queue has no backing read buffer".into());
     };
-    let r = (|| {
-        let at = e.backed_at();
-        let (off, len) = (usize::from(at.off), e.len as usize);
-        if len == 0 || off + len > PAGE_SIZE {
-            return Err(format!("the slot names {len} bytes at {off} of a block"));
-        }
-        backing.read_block(at.block, &mut buf)?;
-        st.shard.add(Counter::BdReads, 1);
-        let obj = &buf.as_slice()[off..off + len];
-        if object_crc(page, obj) != at.crc {
-            return Err(format!("backing block {} fails its checksum", at.block));
-        }
-        if len == PAGE_SIZE {
-            out.copy_from_slice(obj);
-            return Ok(());
-        }
-        decompress(st, e.algo, obj, out)
-    })();
+    let r = backing
+        .read_block(e.backed_at().block, &mut buf)
+        .and_then(|()| {
+            st.shard.add(Counter::BdReads, 1);
+            decode_backed(st, page, e, &buf.as_slice()[..PAGE_SIZE], out)
+        });
     st.bd_buf = Some(buf);
     r
+}
+
+/// The page `e` (written back, of slot `page`) out of its block's bytes:
+/// its object checked against the slot's CRC (a corrupt or truncated
+/// backing store fails the read, never gives a wrong page) and decoded.
+fn decode_backed(
+    st: &mut CtxState,
+    page: u64,
+    e: &Entry,
+    block: &[u8],
+    out: &mut [u8],
+) -> std::result::Result<(), String> {
+    let at = e.backed_at();
+    let (off, len) = (usize::from(at.off), e.len as usize);
+    if len == 0 || off + len > PAGE_SIZE {
+        return Err(format!("the slot names {len} bytes at {off} of a block"));
+    }
+    if block.len() < off + len {
+        return Err(format!(
+            "backing block {} read short: {} bytes",
+            at.block,
+            block.len()
+        ));
+    }
+    let obj = &block[off..off + len];
+    if object_crc(page, obj) != at.crc {
+        return Err(format!("backing block {} fails its checksum", at.block));
+    }
+    if len == PAGE_SIZE {
+        out.copy_from_slice(obj);
+        return Ok(());
+    }
+    decompress(st, e.algo, obj, out)
 }

@@ -6,7 +6,8 @@
 //! file system that refuses `O_DIRECT` (tmpfs) gets buffered I/O, with a
 //! log line. Writeback (`crate::writeback`) packs many compressed objects
 //! into each block and writes whole runs of blocks with one `pwrite`; a
-//! read of a written-back page reads its one block with one `pread`. The
+//! read of a written-back page reads its one block (with one `pread`, or
+//! the caller reads it: the daemon, through its queue's io_uring). The
 //! free map (`map`) counts the objects each block holds; the buffers the
 //! I/O needs are made here, when the store is built (`buf`).
 
@@ -161,6 +162,12 @@ impl Backing {
     /// Whether `block` is one of the store's.
     pub(crate) fn has_block(&self, block: u32) -> bool {
         block < self.map.blocks()
+    }
+
+    /// The file, for a caller reading blocks itself.
+    pub(crate) fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.file.as_fd()
     }
 
     /// Reads block `block` into `buf` (one block, aligned); a short read
