@@ -18,8 +18,9 @@ ZBLK_MUNMAP_SIZES=$(echo "$ZBLK_MUNMAP_SIZES" | tr '+,' '  ')
 PAGE=4096
 
 # util-linux's tools when carried in /usr/sbin: busybox sh would otherwise
-# run its own applets first, and those lack --priority and -z.
-for t in swapon swapoff mkswap blkdiscard; do
+# run its own applets first, and those lack --priority and -z (and
+# iproute2's ip: busybox's has no netns and no veth).
+for t in swapon swapoff mkswap blkdiscard ip; do
     [ -x /usr/sbin/$t ] && eval "$t() { /usr/sbin/$t \"\$@\"; }"
 done
 
