@@ -231,20 +231,8 @@ zadd --size "${ZBLK_DEV_MB}M" --algo "$ZBLK_ALGO" --backing-dev "$NS1" --swap
 SWAP_ID=$ZID
 [ "$(zstat | jget backing_dev)" = "$NS1" ] || rfail "stat's backing_dev is '$(zstat | jget backing_dev)', not $NS1"
 CG=$(cg_make "$SCEN" "$ZBLK_LIMIT_MB")
-in_cg usemem --mb "$ZBLK_USEMEM_MB" --sleep 25 >/tmp/zblk-vm.cold 2>&1 &
-COLD=$!
-track $COLD
-in_cg usemem --mb $(( ZBLK_USEMEM_MB / 4 )) --passes 30 --seed 7 >/tmp/zblk-vm.hot 2>&1 &
-HOT=$!
-track $HOT
-last=-1 i=0
-while [ $i -lt 600 ]; do
-    sleep 0.5
-    st=$(zstat | jnum stored_pages)
-    [ "$st" -gt 20000 ] && [ "$st" -le $(( last + 200 )) ] && [ "$st" -ge $(( last - 200 )) ] && break
-    last=$st i=$((i + 1))
-done
-[ "$st" -gt 20000 ] || rfail "only $st pages stored before the hold"
+hot_cold_hold 30 || rfail "only $ST pages stored before the hold"
+st=$ST
 j0=$(zstat)
 mem0=$(echo "$j0" | jnum mem_used_total) compr0=$(echo "$j0" | jnum compr_data_size)
 must zblk idle -n "$ZID" --all >/dev/null
