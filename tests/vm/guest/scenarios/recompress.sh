@@ -19,15 +19,12 @@ CG=$(cg_make "$SCEN" "$ZBLK_LIMIT_MB")
 in_cg usemem --mb "$ZBLK_USEMEM_MB" --procs "$ZBLK_USEMEM_PROCS" --sleep 20 >/tmp/zblk-vm.usemem 2>&1 &
 U=$!
 track $U
-# The hold: stored pages stop growing once every page is written; still
-# for 2 s (four samples), since under emulation reclaim can pause the
-# writer for one sample and more pages come after.
-last=-1 i=0 still=0
+# The hold: stored pages stop growing once every page is written.
+last=-1 i=0
 while [ $i -lt 600 ]; do
     sleep 0.5
     st=$(zstat | jnum stored_pages)
-    if [ "$st" = "$last" ]; then still=$((still + 1)); else still=0; fi
-    [ "$st" -gt 20000 ] && [ $still -ge 4 ] && break
+    [ "$st" -gt 20000 ] && [ "$st" = "$last" ] && break
     last=$st i=$((i + 1))
 done
 [ "$st" -gt 20000 ] || fail "only $st pages stored before the hold"
