@@ -251,6 +251,7 @@ log "stored=$st writeback in ${wb_s}s: $wb; bd_count=$bdc bd_writes=$bdw bd_byte
 [ "$bdb" -le "$bdu" ] && [ "$bdu" -le "$bds" ] || rfail "bd_bytes $bdb, bd_used_bytes $bdu, bd_size $bds out of order"
 [ "$compr1" -lt "$compr0" ] || rfail "compr_data_size did not drop: $compr0 -> $compr1"
 [ $(( mem0 - mem1 )) -ge $(( wbytes / 2 )) ] || rfail "mem_used_total dropped $(( mem0 - mem1 )) bytes for $wbytes written back"
+hold_end
 wait $COLD
 crc=$?
 wait $HOT

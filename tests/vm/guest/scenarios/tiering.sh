@@ -92,6 +92,7 @@ log "stored=$st writeback: $wb; recompress: $rc; bd_count=$bdc bd_writes=$bdw bd
 # RAM used drops by (about) what was written back: at least half of it,
 # after the compaction writeback and recompression end with.
 [ $(( mem0 - mem1 )) -ge $(( wbytes / 2 )) ] || { cleanup_bd; fail "mem_used_total dropped $(( mem0 - mem1 )) bytes for $wbytes written back"; }
+hold_end
 wait $COLD
 crc=$?
 wait $HOT
