@@ -9,7 +9,12 @@
 //!
 //! A written-back page (`Kind::Backed`) is read from its block of the
 //! backing store under the slot's lock (so that its block cannot be freed
-//! and reused meanwhile), checked against the slot's CRC and decoded. It
+//! and reused meanwhile), checked against the slot's CRC and decoded; a
+//! page of a written-back packed group (`Kind::BackedGroup`) the same way
+//! from its group's blocks, unless the thread's group cache holds that
+//! group. Which blocks to read ([`backed_blocks`]) and decoding the page
+//! from them ([`decode_backed`]) are apart, for a caller that issues the
+//! read itself. It
 //! stays on the backing store, as in zram: a swapped-in page is usually
 //! discarded from swap soon after, so copying it back to RAM would be an
 //! allocation on the read path (which must not call the allocator under a
@@ -19,13 +24,13 @@
 //! A read is an access: it stamps the slot with the request's time and
 //! clears its idle mark, in the guard, so the unlocking store carries it.
 
-use crate::backing::object_crc;
+use crate::backing::{object_crc, Extent};
 use crate::ctx::CtxState;
 use crate::error::{Error, Result};
 use crate::page::{fill_word, PAGE_SIZE};
 use crate::slot::{Entry, Kind};
 use crate::stats::{Counter, Phase};
-use crate::table::SlotTable;
+use crate::table::{backed_extent, SlotTable};
 
 /// Reads page `page` into `out` under its slot's lock.
 pub(crate) fn read_page(
@@ -73,7 +78,7 @@ pub(crate) fn read_entry(
             decompress(st, e.algo, obj, out)
         }
         Kind::Packed => crate::packed::read_page(st, alloc, e, out),
-        Kind::Backed => read_backed(table, st, page, e, out),
+        Kind::Backed | Kind::BackedGroup => read_backed(table, st, page, e, out),
     };
     r.map_err(|detail| {
         out.fill(0);
@@ -115,7 +120,8 @@ fn decode_with(
 }
 
 /// Reads the written-back page `e` of slot `page` from the backing store:
-/// one block, its object checked against the slot's CRC (a corrupt or
+/// its block (a packed group's blocks, unless the thread's group cache
+/// holds the group), its object checked against its CRC (a corrupt or
 /// truncated backing store fails the read, never gives a wrong page).
 fn read_backed(
     table: &SlotTable,
@@ -124,30 +130,59 @@ fn read_backed(
     e: &Entry,
     out: &mut [u8],
 ) -> std::result::Result<(), String> {
+    if e.kind == Kind::BackedGroup && crate::packed::cached_backed_page(st, e, out) {
+        return Ok(());
+    }
     let Some(backing) = table.backing() else {
         return Err("the page is written back but the store has no backing device".into());
     };
+    let place = backed_blocks(e)?;
     let Some(mut buf) = st.bd_buf.take() else {
         return Err("this queue has no backing read buffer".into());
     };
-    let r = (|| {
-        let at = e.backed_at();
-        let (off, len) = (usize::from(at.off), e.len as usize);
-        if len == 0 || off + len > PAGE_SIZE {
-            return Err(format!("the slot names {len} bytes at {off} of a block"));
-        }
-        backing.read_block(at.block, &mut buf)?;
-        st.shard.add(Counter::BdReads, 1);
-        let obj = &buf.as_slice()[off..off + len];
-        if object_crc(page, obj) != at.crc {
-            return Err(format!("backing block {} fails its checksum", at.block));
-        }
-        if len == PAGE_SIZE {
-            out.copy_from_slice(obj);
-            return Ok(());
-        }
-        decompress(st, e.algo, obj, out)
-    })();
+    let r = backing
+        .read_blocks(place.blocks(), &mut buf)
+        .and_then(|()| {
+            st.shard.add(Counter::BdReads, 1);
+            let bytes = &buf.as_slice()[place.off..place.off + place.len];
+            decode_backed(st, page, e, bytes, out)
+        });
     st.bd_buf = Some(buf);
     r
+}
+
+/// Which blocks of the backing store a read of the written-back page `e`
+/// needs, and where its object lies in them; an error for a slot that
+/// names no place a writeback makes.
+pub(crate) fn backed_blocks(e: &Entry) -> std::result::Result<Extent, String> {
+    backed_extent(e).ok_or_else(|| {
+        format!(
+            "the slot names {} bytes at an impossible place of the backing store",
+            e.len
+        )
+    })
+}
+
+/// Produces page `page`, whose slot holds the written-back entry `e`,
+/// from `bytes`, its object as read from the blocks [`backed_blocks`]
+/// named (from the object's first byte): checks its CRC and decodes.
+pub(crate) fn decode_backed(
+    st: &mut CtxState,
+    page: u64,
+    e: &Entry,
+    bytes: &[u8],
+    out: &mut [u8],
+) -> std::result::Result<(), String> {
+    if e.kind == Kind::BackedGroup {
+        return crate::packed::read_backed_page(st, page, e, bytes, out);
+    }
+    let at = e.backed_at();
+    if object_crc(page, bytes) != at.crc {
+        return Err(format!("backing block {} fails its checksum", at.block));
+    }
+    if bytes.len() == PAGE_SIZE {
+        out.copy_from_slice(bytes);
+        return Ok(());
+    }
+    decompress(st, e.algo, bytes, out)
 }
