@@ -25,10 +25,12 @@
 //! header and at most 15 bytes of padding; a run of blocks that groups
 //! cross is reserved contiguous (a group is read in one `pread`) and
 //! kept to [`MAX_RUN_BLOCKS`], a group that would make it longer starting
-//! the next block afresh. On the real-memory corpus with zstd:1 and
-//! groups of 8 pages, the backing store's used bytes are 1.024 times the
-//! groups' compressed bytes (`packed_writeback_wastes_little_of_the_backing_store`
-//! in `tests/store_writeback.rs` prints it). The free map counts a page
+//! the next block afresh. On the real-memory corpus (12,800 pages) with
+//! zstd:1 and groups of 8 pages, the backing store's used blocks are 1.028
+//! bytes per byte of compressed group (`ZBLK_CORPUS=../shared/corpus/realmem-dev.bin.zst
+//! cargo test --release --features test-support --test store_writeback
+//! packed_writeback_wastes -- --nocapture`; the 96 pages of the tests'
+//! fixture: 1.043). The free map counts a page
 //! of a group once in every block the group touches, so the group's
 //! blocks are free again when its last live page is discarded or
 //! overwritten; the slot of each page is switched as a per-page object's

@@ -820,10 +820,9 @@ fn corpus_pages() -> Vec<u8> {
 /// Writes every page of a packed zstd:1 store back and prints the
 /// backing store's bytes used per byte of compressed group
 /// (`bd_used_bytes / bd_bytes`): groups packed across blocks waste only
-/// their headers, alignment, the ends of runs and the last block; groups
-/// aligned to blocks would waste half a block each (about 1.3 on real
-/// memory). Every page then reads back identical, and a discard of
-/// everything frees every block.
+/// their headers, alignment, the ends of runs and the last block (groups
+/// aligned to blocks would waste half a block each). Every page then
+/// reads back identical, and a discard of everything frees every block.
 #[test]
 fn packed_writeback_wastes_little_of_the_backing_store() {
     let data = corpus_pages();
