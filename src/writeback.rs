@@ -478,6 +478,7 @@ fn add_members(
     room: u64,
 ) -> bool {
     let alloc = table.allocator();
+    let first = batch.items.len() as u64;
     let mut live = copy.live;
     while live != 0 {
         let idx = live.trailing_zeros();
@@ -493,7 +494,7 @@ fn add_members(
             // Discarded or overwritten since: no longer one of its pages.
             continue;
         }
-        if !sel.takes(page, &cur) || batch.items.len() as u64 >= room {
+        if !sel.takes(page, &cur) || batch.items.len() as u64 - first >= room {
             return false;
         }
         let pos = (copy.orig & ((1u64 << idx) - 1)).count_ones() as u8;

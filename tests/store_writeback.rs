@@ -417,6 +417,26 @@ fn recovery_rebuilds_the_free_map_in(mode: Mode) {
     assert_eq!(store.stats().bd_used_bytes, 0, "{mode}");
 }
 
+/// A limit counts pages: a packed store writes back the whole groups
+/// that fit it, one batch of several groups.
+#[test]
+fn a_packed_writeback_limit_takes_the_whole_groups_that_fit() {
+    let (_d, bd) = backing_file(64);
+    let store = Store::new(config_in(Mode::Packed, 32, &bd, false)).unwrap();
+    let mut ctx = store.new_ctx();
+    let text: Vec<u8> = (0..32).flat_map(|i| page(Content::Text(i), &[])).collect();
+    ctx.write(0, &text).unwrap();
+    store.mark_idle(None).unwrap();
+    let r = store
+        .writeback(&Writeback {
+            select: WritebackType::Idle.into(),
+            limit: 20,
+        })
+        .unwrap();
+    assert_eq!((r.selected, r.written), (16, 16), "two groups of 8: {r:?}");
+    assert!(read_back(&mut ctx, &text).is_empty());
+}
+
 /// A packed group is written back whole, its pages read back with one
 /// read of its blocks (the group cache serves the rest), and its blocks
 /// are freed when its last page goes; a group with a page that is not
