@@ -268,6 +268,16 @@ fn mixed_pages(n: u64, seed: u64) -> Vec<u8> {
         .collect()
 }
 
+/// Writes back up to `limit` idle pages (0: all).
+fn write_back_idle(store: &Store, limit: u64) -> zblk::WritebackReport {
+    store
+        .writeback(&Writeback {
+            select: WritebackType::Idle.into(),
+            limit,
+        })
+        .unwrap()
+}
+
 /// Writes `n` mixed pages and writes all of them back.
 fn written_back(n: u64, bd: &Path, shared: bool) -> (Arc<Store>, QueueCtx, Vec<u8>) {
     written_back_in(Mode::PerPage, n, bd, shared)
@@ -280,12 +290,7 @@ fn written_back_in(mode: Mode, n: u64, bd: &Path, shared: bool) -> (Arc<Store>, 
     let data = mixed_pages(n, 7);
     ctx.write(0, &data).unwrap();
     store.mark_idle(None).unwrap();
-    let r = store
-        .writeback(&Writeback {
-            select: WritebackType::Idle.into(),
-            limit: 0,
-        })
-        .unwrap();
+    let r = write_back_idle(&store, 0);
     let stored = store.stats().counters;
     assert_eq!(r.written, stored.stored_pages - stored.same_pages, "{r:?}");
     assert!(r.written > 0 && !r.full);
@@ -404,12 +409,7 @@ fn recovery_rebuilds_the_free_map_in(mode: Mode) {
     let fresh = mixed_pages(n / 2, 99);
     ctx.write(0, &fresh).unwrap();
     store.mark_idle(None).unwrap();
-    store
-        .writeback(&Writeback {
-            select: WritebackType::Idle.into(),
-            limit: 0,
-        })
-        .unwrap();
+    write_back_idle(&store, 0);
     let mut want = fresh.clone();
     want.extend_from_slice(&data[half..]);
     assert!(read_back(&mut ctx, &want).is_empty(), "{mode}");
@@ -427,12 +427,7 @@ fn a_packed_writeback_limit_takes_the_whole_groups_that_fit() {
     let text: Vec<u8> = (0..32).flat_map(|i| page(Content::Text(i), &[])).collect();
     ctx.write(0, &text).unwrap();
     store.mark_idle(None).unwrap();
-    let r = store
-        .writeback(&Writeback {
-            select: WritebackType::Idle.into(),
-            limit: 20,
-        })
-        .unwrap();
+    let r = write_back_idle(&store, 20);
     assert_eq!((r.selected, r.written), (16, 16), "two groups of 8: {r:?}");
     assert!(read_back(&mut ctx, &text).is_empty());
 }
@@ -856,12 +851,7 @@ fn packed_writeback_wastes_little_of_the_backing_store() {
         ctx.write(i as u64 * 256 * P, chunk).unwrap();
     }
     store.mark_idle(None).unwrap();
-    let r = store
-        .writeback(&Writeback {
-            select: WritebackType::Idle.into(),
-            limit: 0,
-        })
-        .unwrap();
+    let r = write_back_idle(&store, 0);
     let s = store.stats();
     let c = &s.counters;
     assert!(!r.full && r.written > 0, "{r:?}");
