@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use zblk::{Algo, AlgoList, Mode, Recompress, RecompressType, Store, Writeback, WritebackType};
+use zblk::{Algo, AlgoList, Recompress, RecompressType, Store, Writeback, WritebackType};
 
 /// The oldest idle age slots can tell (access times are kept in 24 bits
 /// of seconds, `src/slot.rs`: 194 days).
@@ -535,6 +535,7 @@ fn run(queues: &Queues, policy: &Policy, stop: &AtomicBool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use zblk::Mode;
 
     #[test]
     fn busy_is_requests_per_second_over_the_tick() {
