@@ -589,8 +589,14 @@ mod tests {
 
     #[test]
     fn a_packed_device_takes_the_recompression_and_writeback_policies() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let bd = dir.path().join("backing");
+        std::fs::File::create(&bd)
+            .and_then(|f| f.set_len(1 << 20))
+            .expect("a backing file");
         let mut cfg = zblk::StoreConfig::new(1 << 20);
         cfg.mode = Mode::Packed;
+        cfg.backing = Some(bd);
         let store = Store::new(cfg).expect("a small heap store");
         let recompress = Settings {
             recompress_idle_after: 60,
