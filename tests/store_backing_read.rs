@@ -61,19 +61,25 @@ fn waiting(step: ReadStep) -> BackingWait {
     }
 }
 
+/// Reads `buf.len()` bytes from page 0, each block it waits for read
+/// from `bd`; returns how many it waited for.
+fn read_waiting(ctx: &mut QueueCtx, bd: &Path, buf: &mut [u8]) -> usize {
+    let mut step = ctx.read_begin(0, buf).unwrap();
+    let mut waits = 0;
+    while let ReadStep::Wait(w) = step {
+        waits += 1;
+        let block = block_of(bd, &w);
+        step = ctx.read_resume(w, buf, Ok(&block)).unwrap();
+    }
+    waits
+}
+
 #[test]
 fn a_read_waits_once_for_each_written_back_page() {
     let dir = tempfile::tempdir().unwrap();
     let (store, mut ctx, data, bd) = written_back(dir.path(), 16);
     let mut buf = vec![0u8; data.len()];
-    let mut step = ctx.read_begin(0, &mut buf).unwrap();
-    let mut waits = 0;
-    while let ReadStep::Wait(w) = step {
-        waits += 1;
-        let block = block_of(&bd, &w);
-        step = ctx.read_resume(w, &mut buf, Ok(&block)).unwrap();
-    }
-    assert_eq!(waits, 16);
+    assert_eq!(read_waiting(&mut ctx, &bd, &mut buf), 16);
     assert!(buf == data, "every page read back");
     let c = store.stats().counters;
     assert_eq!((c.bd_reads, c.num_reads, c.failed_reads), (16, 1, 0));
@@ -161,13 +167,7 @@ fn pages_in_ram_and_written_back_mix_in_one_request() {
     ctx.write(6 * P, &same).unwrap();
     data[6 * PAGE_SIZE..7 * PAGE_SIZE].copy_from_slice(&same);
     let mut buf = vec![0u8; data.len()];
-    let mut step = ctx.read_begin(0, &mut buf).unwrap();
-    let mut waits = 0;
-    while let ReadStep::Wait(w) = step {
-        waits += 1;
-        let block = block_of(&bd, &w);
-        step = ctx.read_resume(w, &mut buf, Ok(&block)).unwrap();
-    }
+    let waits = read_waiting(&mut ctx, &bd, &mut buf);
     assert_eq!(waits, 5, "only the pages still written back wait");
     assert!(buf == data);
 }
