@@ -235,7 +235,7 @@ impl QueueCtx {
             return end_read(&mut self.st, &w.req, Err(e)).map(|()| ReadStep::Done);
         };
         let landed = match self.store.table.backing() {
-            Some(b) => b.read_block(w.backed.entry.backed_at().block, &mut block),
+            Some(b) => b.read_blocks(w.backed.blocks(), &mut block),
             None => Err("the store has no backing device".into()),
         };
         let bytes = landed
