@@ -269,9 +269,10 @@ impl Selector<'_> {
     }
 }
 
-/// Where the next object of a batch goes.
+/// Where the next object of a batch goes (the backing store's compaction
+/// fills its batches the same way).
 #[derive(Default)]
-struct Fill {
+pub(crate) struct Fill {
     blk: usize,
     off: usize,
     /// The first batch block of the run the next object joins if it
@@ -288,7 +289,7 @@ impl Fill {
     /// crosses a block; a packed group starts 16-byte aligned and crosses
     /// blocks, unless that makes its run longer than [`MAX_RUN_BLOCKS`]
     /// (it then starts a run of its own at the next block).
-    fn place(&self, bytes: usize, group: bool) -> Option<(usize, usize)> {
+    pub(crate) fn place(&self, bytes: usize, group: bool) -> Option<(usize, usize)> {
         let (mut blk, mut off) = (self.blk, self.off);
         if group {
             off = off.next_multiple_of(GROUP_ALIGN);
@@ -304,7 +305,7 @@ impl Fill {
     }
 
     /// Records an object of `bytes` bytes placed at `blk`, `off`.
-    fn advance(&mut self, blk: usize, off: usize, bytes: usize) {
+    pub(crate) fn advance(&mut self, blk: usize, off: usize, bytes: usize) {
         if off == 0 {
             // Nothing before it crosses into this block: a new run.
             self.run = blk;
@@ -523,20 +524,7 @@ fn flush(
         return Ok(());
     }
     let t0 = Instant::now();
-    r.blocks += reserve(backing, batch, r);
-    if let Err(e) = write_runs(backing, batch) {
-        // Nothing switched: every page keeps its RAM object.
-        for it in &batch.items {
-            if let Some(blocks) = file_blocks(batch, it) {
-                backing.release_blocks(blocks);
-            }
-        }
-        batch.items.clear();
-        return Err(Error::Backing(format!(
-            "writing to {}: {e}",
-            backing.path().display()
-        )));
-    }
+    r.blocks += place_and_write(backing, batch, &mut r.full)?;
     crate::crash_point::point("writeback:written");
     let before = r.written;
     for i in 0..batch.items.len() {
@@ -554,8 +542,33 @@ fn flush(
     Ok(())
 }
 
+/// Reserves file blocks for the batch (`reserve`) and writes it there;
+/// returns the blocks reserved. On a failed write nothing is switched:
+/// the blocks are given back, the batch emptied, and every object stays
+/// where it was.
+pub(crate) fn place_and_write(
+    backing: &Backing,
+    batch: &mut Batch,
+    full: &mut bool,
+) -> Result<u64> {
+    let blocks = reserve(backing, batch, full);
+    if let Err(e) = write_runs(backing, batch) {
+        for it in &batch.items {
+            if let Some(blocks) = file_blocks(batch, it) {
+                backing.release_blocks(blocks);
+            }
+        }
+        batch.items.clear();
+        return Err(Error::Backing(format!(
+            "writing to {}: {e}",
+            backing.path().display()
+        )));
+    }
+    Ok(blocks)
+}
+
 /// The file blocks item `it` was given, `None` if none were.
-fn file_blocks(batch: &Batch, it: &Pending) -> Option<Range<u32>> {
+pub(crate) fn file_blocks(batch: &Batch, it: &Pending) -> Option<Range<u32>> {
     let first = *batch.blocks.get(it.blk).filter(|&&b| b != NO_BLOCK)?;
     Some(first..first + it.blks().len() as u32)
 }
@@ -563,9 +576,9 @@ fn file_blocks(batch: &Batch, it: &Pending) -> Option<Range<u32>> {
 /// Reserves file blocks for the batch's blocks, each for as many pages
 /// as have objects on it, and each run of blocks that groups cross
 /// contiguous; leaves them in `batch.blocks` ([`NO_BLOCK`] from the first
-/// run the backing store had no room for, with `r.full` set). Returns
-/// the blocks reserved.
-fn reserve(backing: &Backing, batch: &mut Batch, r: &mut WritebackReport) -> u64 {
+/// run the backing store had no room for, with `full` set). Returns the
+/// blocks reserved.
+fn reserve(backing: &Backing, batch: &mut Batch, full: &mut bool) -> u64 {
     let mut counts = [0u16; BATCH_BLOCKS];
     // Whether an object crosses from the block before into this one.
     let mut joined = [false; BATCH_BLOCKS];
@@ -581,7 +594,7 @@ fn reserve(backing: &Backing, batch: &mut Batch, r: &mut WritebackReport) -> u64
     batch.blocks.clear();
     batch.blocks.resize(used, NO_BLOCK);
     let mut start = 0;
-    while start < used && !r.full {
+    while start < used && !*full {
         let end = (start + 1..used).find(|&b| !joined[b]).unwrap_or(used);
         match backing.reserve_run(&counts[start..end]) {
             Some(first) => {
@@ -589,7 +602,7 @@ fn reserve(backing: &Backing, batch: &mut Batch, r: &mut WritebackReport) -> u64
                     *b = first + i as u32;
                 }
             }
-            None => r.full = true,
+            None => *full = true,
         }
         start = end;
     }
