@@ -28,6 +28,7 @@ pub mod alloc;
 #[cfg(not(feature = "test-support"))]
 mod alloc;
 mod backing;
+mod backing_compact;
 mod block_state;
 mod clock;
 #[cfg(feature = "test-support")]
@@ -66,6 +67,7 @@ mod workers;
 mod write;
 mod writeback;
 
+pub use backing_compact::{BackingCompactReport, SPARSE_BYTES};
 pub use block_state::{SlotKind, SlotState};
 pub use codec::{Algo, Dictionaries, MAX_DICT_BYTES};
 #[cfg(feature = "test-support")]

@@ -43,6 +43,11 @@ pub(crate) enum Held<'a> {
     /// The packed object of this id (0: a per-page object, which the entry
     /// alone identifies).
     PackedId(Entry, u64),
+    /// A written-back per-page object (kind 5) at the place this entry
+    /// names: the entry alone identifies it, since only the holder of the
+    /// writeback batch, who is the mover, writes backing blocks, so no
+    /// other page's object can take that place meanwhile.
+    Backed(Entry),
 }
 
 /// The crash points a slot move passes, named by the pass that moves.
@@ -184,6 +189,7 @@ impl SlotTable {
             Held::PackedId(e, id) => {
                 guard.entry().same_object(&e) && packed::object_id(&*self.alloc, guard) == id
             }
+            Held::Backed(e) => e.kind == Kind::Backed && guard.entry().same_object(&e),
         }
     }
 

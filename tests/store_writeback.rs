@@ -875,3 +875,192 @@ fn packed_writeback_wastes_little_of_the_backing_store() {
     let s = store.stats();
     assert_eq!((s.counters.bd_count, s.bd_used_bytes), (0, 0));
 }
+
+/// Writes back `n` mixed pages (per-page), then discards three pages in
+/// four so that most backing blocks are left sparse; returns what each
+/// page holds now.
+fn sparse_backing(n: u64, bd: &Path, shared: bool) -> (Arc<Store>, QueueCtx, Vec<u8>) {
+    let (store, mut ctx, mut data) = written_back(n, bd, shared);
+    for p in (0..n).filter(|p| p % 4 != 0) {
+        ctx.discard(p * P, P).unwrap();
+        let at = p as usize * PAGE_SIZE;
+        data[at..at + PAGE_SIZE].fill(0);
+    }
+    (store, ctx, data)
+}
+
+/// Every used block of a compacted per-page backing store is at least
+/// half full, but for at most two (a round's last fresh block, a sparse
+/// block left without a partner): its blocks take at most twice its
+/// live bytes and two blocks.
+fn compacted_bound(s: &zblk::StoreStats) -> u64 {
+    2 * s.counters.bd_bytes + 2 * P
+}
+
+#[test]
+fn backing_compaction_frees_sparse_blocks_and_pages_read_back() {
+    let (_d, bd) = backing_file(256);
+    let (store, mut ctx, data) = sparse_backing(120, &bd, false);
+    let before = store.stats();
+    assert!(
+        before.bd_used_bytes > compacted_bound(&before),
+        "the discards left sparse blocks: {} bytes of blocks for {} live bytes",
+        before.bd_used_bytes,
+        before.counters.bd_bytes
+    );
+    let r = store.compact_backing(u64::MAX).unwrap();
+    let after = store.stats();
+    eprintln!(
+        "bd_used_bytes {} -> {} for bd_bytes {}: {r:?}",
+        before.bd_used_bytes, after.bd_used_bytes, after.counters.bd_bytes
+    );
+    assert!(r.objects_moved > 0 && r.blocks_freed > 0, "{r:?}");
+    assert_eq!((r.raced, r.corrupt, r.unreadable, r.full), (0, 0, 0, false));
+    assert!(r.blocks_written < r.blocks_looked, "{r:?}");
+    assert_eq!(
+        before.bd_used_bytes - after.bd_used_bytes,
+        r.blocks_freed * P
+    );
+    assert!(after.bd_used_bytes <= compacted_bound(&after), "{r:?}");
+    assert_eq!(after.counters.bd_count, before.counters.bd_count);
+    assert_eq!(after.counters.bd_bytes, before.counters.bd_bytes);
+    assert_eq!(after.counters.bd_writes, before.counters.bd_writes);
+    assert!(read_back(&mut ctx, &data).is_empty());
+    // Nothing sparse is left to pair: a second call frees nothing.
+    let again = store.compact_backing(u64::MAX).unwrap();
+    assert_eq!(again.blocks_freed, 0, "{again:?}");
+    assert!(read_back(&mut ctx, &data).is_empty());
+    ctx.discard(0, 120 * P).unwrap();
+    let s = store.stats();
+    assert_eq!((s.counters.bd_count, s.bd_used_bytes), (0, 0));
+}
+
+#[test]
+fn backing_compaction_looks_at_most_max_blocks_a_call() {
+    let (_d, bd) = backing_file(256);
+    let (store, mut ctx, data) = sparse_backing(120, &bd, false);
+    assert_eq!(
+        store.compact_backing(1).unwrap(),
+        zblk::BackingCompactReport::default(),
+        "one block alone cannot be packed tighter"
+    );
+    let mut calls = 0;
+    loop {
+        let r = store.compact_backing(4).unwrap();
+        assert!(r.blocks_looked <= 4 && r.blocks_written <= 2, "{r:?}");
+        if r.objects_moved == 0 {
+            break;
+        }
+        calls += 1;
+        assert!(calls < 60, "compaction never ends: {r:?}");
+    }
+    assert!(calls > 1, "more than one bounded call was needed");
+    let s = store.stats();
+    assert!(s.bd_used_bytes <= compacted_bound(&s));
+    assert!(read_back(&mut ctx, &data).is_empty());
+}
+
+#[test]
+fn backing_compaction_leaves_a_corrupt_object_failing_its_reads() {
+    let (_d, bd) = backing_file(256);
+    let (store, mut ctx, data) = sparse_backing(120, &bd, false);
+    // Block 0, the first written, holds page 0's object; ruin it all
+    // (buffered writes: the kernel keeps them coherent with O_DIRECT).
+    let f = std::fs::OpenOptions::new().write(true).open(&bd).unwrap();
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(&[0x5a; PAGE_SIZE], 0).unwrap();
+    f.sync_all().unwrap();
+    let failed = read_back(&mut ctx, &data);
+    assert!(failed.contains(&0), "{failed:?}");
+    let r = store.compact_backing(u64::MAX).unwrap();
+    assert_eq!(r.corrupt, failed.len() as u64, "{r:?}");
+    assert!(r.objects_moved > 0, "{r:?}");
+    assert_eq!(read_back(&mut ctx, &data), failed, "the same pages fail");
+}
+
+#[test]
+fn backing_compaction_loses_to_an_overwrite_and_a_discard_meanwhile() {
+    let (_d, bd) = backing_file(256);
+    let (store, mut ctx, mut data) = sparse_backing(120, &bd, false);
+    let fresh = page(Content::Text(1234), &[]);
+    let mut other = store.new_ctx();
+    let mut done = false;
+    let new = fresh.clone();
+    zblk::testing::on_crash_point(Some(Box::new(move |name| {
+        if name != "backing-compact:written" || done {
+            return;
+        }
+        done = true;
+        other.write(0, &new).unwrap();
+        other.discard(4 * P, P).unwrap();
+    })));
+    let r = store.compact_backing(u64::MAX).unwrap();
+    zblk::testing::on_crash_point(None);
+    assert_eq!(r.raced, 2, "{r:?}");
+    assert!(r.objects_moved > 0, "{r:?}");
+    data[..PAGE_SIZE].copy_from_slice(&fresh);
+    data[4 * PAGE_SIZE..5 * PAGE_SIZE].fill(0);
+    assert!(read_back(&mut ctx, &data).is_empty());
+    ctx.discard(0, 120 * P).unwrap();
+    assert_eq!(store.stats().bd_used_bytes, 0, "the lost copies were freed");
+}
+
+#[test]
+fn backing_compaction_racing_writes_reads_and_discards_loses_nothing() {
+    const N: u64 = 256;
+    let (_d, bd) = backing_file(N);
+    let store = Store::new(config(N, &bd, false)).unwrap();
+    let wb = Writeback {
+        select: WritebackType::Idle.into(),
+        limit: 0,
+    };
+    let moved = race_maintenance(&store, N, |store| {
+        store.mark_idle(None).unwrap();
+        store.writeback(&wb).unwrap();
+        store.compact_backing(16).unwrap().objects_moved
+    });
+    assert!(moved > 0);
+    let mut ctx = store.new_ctx();
+    ctx.discard(0, N * P).unwrap();
+    let s = store.stats();
+    assert_eq!((s.counters.bd_count, s.bd_used_bytes), (0, 0));
+}
+
+#[test]
+fn recovery_rebuilds_the_free_map_after_backing_compaction() {
+    let (_d, bd) = backing_file(256);
+    let n = 120;
+    let (store, ctx, data) = sparse_backing(n, &bd, true);
+    assert!(store.compact_backing(u64::MAX).unwrap().blocks_freed > 0);
+    let before = store.stats();
+    let store = crash_and_recover(store, ctx, config(n, &bd, true));
+    let after = store.stats();
+    assert_eq!(after.recovery_dropped, 0);
+    assert_eq!(after.counters.bd_count, before.counters.bd_count);
+    assert_eq!(
+        after.bd_used_bytes, before.bd_used_bytes,
+        "free map rebuilt"
+    );
+    let mut ctx = store.new_ctx();
+    assert!(read_back(&mut ctx, &data).is_empty());
+    ctx.discard(0, n * P).unwrap();
+    assert_eq!(store.stats().bd_used_bytes, 0);
+}
+
+#[test]
+fn backing_compaction_leaves_packed_groups_and_needs_a_backing_device() {
+    let (_d, bd) = backing_file(256);
+    let (store, mut ctx, mut data) = written_back_in(Mode::Packed, 120, &bd, false);
+    for p in (0..120).filter(|p| p % 4 != 0) {
+        ctx.discard(p * P, P).unwrap();
+        data[p as usize * PAGE_SIZE..(p as usize + 1) * PAGE_SIZE].fill(0);
+    }
+    let before = store.stats();
+    let r = store.compact_backing(u64::MAX).unwrap();
+    assert_eq!(r.objects_moved, 0, "{r:?}");
+    assert_eq!(store.stats().bd_used_bytes, before.bd_used_bytes);
+    assert!(read_back(&mut ctx, &data).is_empty());
+    let plain = Store::new(StoreConfig::new(8 * P)).unwrap();
+    let e = plain.compact_backing(8).unwrap_err().to_string();
+    assert!(e.contains("no backing device"), "{e}");
+}

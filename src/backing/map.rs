@@ -9,11 +9,12 @@
 //! ones for groups that cross blocks) before writing them, and every slot
 //! that lets go of a written-back page (discard, overwrite, a lost race)
 //! decrements the count of each block its object touches, lock-free, from
-//! whichever thread. Only
-//! the writeback thread (one at a time, under the store's maintenance
-//! lock) turns a 0 into anything else, so a block cannot be reserved
-//! twice. A partly freed block keeps its space until its last object goes
-//! (compacting the backing store is a later step).
+//! whichever thread. Only the holder of the writeback batch (writeback
+//! or the backing store's compaction, one at a time, under the store's
+//! maintenance lock) turns a 0 into anything else, so a block cannot be
+//! reserved twice. A partly freed block keeps its space until its last
+//! object goes, or until the backing store's compaction
+//! (`crate::backing_compact`) moves its per-page objects out.
 //!
 //! The map lives in private memory: a recovered store rebuilds it from the
 //! written-back slots (`FreeMap::claim`), which are the only truth.
@@ -53,7 +54,7 @@ impl FreeMap {
     /// 1), block `i` of it for `counts[i]` (at least 1) live pages: the
     /// first such run from the cursor, wrapping (a run never wraps past the
     /// end). Returns its first block, `None` when there is no such run.
-    /// The writeback thread alone calls this.
+    /// The holder of the writeback batch alone calls this.
     pub(crate) fn reserve_run(&self, counts: &[u16]) -> Option<u32> {
         let n = self.counts.len();
         let len = counts.len();

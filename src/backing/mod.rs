@@ -95,7 +95,9 @@ impl Pending {
     }
 }
 
-/// What a writeback batch is built in: made once with the store, reused.
+/// What a writeback batch is built in: made once with the store, reused
+/// by writeback and by the backing store's compaction
+/// (`crate::backing_compact`), one at a time.
 pub(crate) struct Batch {
     /// `BATCH_BLOCKS` blocks of objects, packed.
     pub(crate) buf: AlignedBuf,
@@ -104,6 +106,14 @@ pub(crate) struct Batch {
     /// Per batch block: the file block reserved for it ([`NO_BLOCK`]:
     /// none, its pages stay in RAM).
     pub(crate) blocks: Vec<u32>,
+    /// Compaction: the sparse blocks it read, `BATCH_BLOCKS` at most.
+    pub(crate) src: AlignedBuf,
+    /// Compaction: the file blocks in `src`, ascending.
+    pub(crate) chosen: Vec<u32>,
+    /// Compaction: per file block, the live bytes of its per-page objects
+    /// as a walk of the slots found them (`u16::MAX`: part of a packed
+    /// group lies there), 2 bytes per block.
+    pub(crate) tally: Vec<u16>,
 }
 
 /// An open backing store and its free map.
@@ -158,6 +168,9 @@ impl Backing {
             buf: AlignedBuf::new(BATCH_BLOCKS, mlock)?,
             items: Vec::with_capacity(BATCH_OBJECTS),
             blocks: Vec::with_capacity(BATCH_BLOCKS),
+            src: AlignedBuf::new(BATCH_BLOCKS, mlock)?,
+            chosen: Vec::with_capacity(BATCH_BLOCKS),
+            tally: vec![0; blocks as usize],
         };
         Ok(Backing {
             file,
@@ -186,6 +199,11 @@ impl Backing {
     /// Bytes of blocks holding at least one object.
     pub(crate) fn used_bytes(&self) -> u64 {
         self.map.used() * PAGE_SIZE_U64
+    }
+
+    /// Blocks holding at least one object.
+    pub(crate) fn used_blocks(&self) -> u64 {
+        self.map.used()
     }
 
     /// Reserves a run of contiguous free blocks, block `i` for `counts[i]`
@@ -232,7 +250,6 @@ impl Backing {
         blocks: std::ops::Range<u32>,
         buf: &mut AlignedBuf,
     ) -> std::result::Result<(), String> {
-        let block = blocks.start;
         let len = blocks.len() * PAGE_SIZE;
         let Some(dst) = buf.as_mut_slice().get_mut(..len) else {
             return Err(format!(
@@ -240,6 +257,13 @@ impl Backing {
                 blocks.len()
             ));
         };
+        self.read_into(blocks.start, dst)
+    }
+
+    /// Reads `dst.len()` bytes (whole blocks, `dst` aligned when the file
+    /// is `O_DIRECT`) from block `block` on; a short read is an error.
+    pub(crate) fn read_into(&self, block: u32, dst: &mut [u8]) -> std::result::Result<(), String> {
+        let len = dst.len();
         let at = u64::from(block) * PAGE_SIZE_U64;
         let mut done = 0;
         while done < len {

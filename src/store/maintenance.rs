@@ -6,6 +6,7 @@
 //! that recovers it.
 
 use super::Store;
+use crate::backing_compact::BackingCompactReport;
 use crate::block_state::{AlgoNames, SlotState};
 use crate::codec::Algo;
 use crate::config::{Mode, AUTO_COMPACT_MIN_PAGES, AUTO_COMPACT_PERCENT};
@@ -129,11 +130,7 @@ impl Store {
     /// limit allows, which it consumes. A packed store writes back whole
     /// groups, each of whose live pages is selected.
     pub fn writeback(&self, p: &Writeback) -> Result<WritebackReport> {
-        let Some(backing) = self.table.backing() else {
-            return Err(Error::InvalidConfig(
-                "this device has no backing device: create it with --backing-dev PATH".into(),
-            ));
-        };
+        let backing = self.backing()?;
         self.with_maintenance(|st| {
             let allowed = self.wb_limit.load(Relaxed);
             let asked = if p.limit == 0 { u64::MAX } else { p.limit };
@@ -150,6 +147,29 @@ impl Store {
                 self.record_runtime(None);
             }
             Ok(r)
+        })
+    }
+
+    /// Compacts the backing store: the written-back per-page objects of
+    /// up to `max_blocks` sparsely used blocks (live bytes under half a
+    /// block, [`crate::SPARSE_BYTES`]) are moved, packed, into fresh
+    /// blocks, and the sparse blocks are free again. A slot read, written
+    /// or discarded meanwhile keeps what that gave it; an object that
+    /// fails its CRC stays where it is. Written-back packed groups are not
+    /// moved (nor are blocks they touch).
+    pub fn compact_backing(&self, max_blocks: u64) -> Result<BackingCompactReport> {
+        let backing = self.backing()?;
+        self.with_maintenance(|st| {
+            crate::backing_compact::run(&self.table, backing, st, max_blocks)
+        })
+    }
+
+    /// The backing store, or the error an operation that needs one gives.
+    fn backing(&self) -> Result<&std::sync::Arc<crate::backing::Backing>> {
+        self.table.backing().ok_or_else(|| {
+            Error::InvalidConfig(
+                "this device has no backing device: create it with --backing-dev PATH".into(),
+            )
         })
     }
 
