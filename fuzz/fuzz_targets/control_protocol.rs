@@ -23,10 +23,11 @@ use zblk_ublk::keeper::KeeperRequest;
 use zblk_ublk::{Request, Response};
 
 /// Every command of both sockets, and a few near misses.
-const CMDS: [&str; 21] = [
+const CMDS: [&str; 22] = [
     "info",
     "stats",
     "compact",
+    "compact_backing",
     "idle",
     "recompress",
     "set_mem_limit",
@@ -47,7 +48,7 @@ const CMDS: [&str; 21] = [
     "set_policy",
 ];
 /// Every field of any request, and keys of replies.
-const KEYS: [&str; 19] = [
+const KEYS: [&str; 20] = [
     "cmd",
     "bytes",
     "force",
@@ -57,6 +58,7 @@ const KEYS: [&str; 19] = [
     "kind",
     "threshold",
     "max_pages",
+    "max_blocks",
     "data",
     "ok",
     "error",
@@ -126,6 +128,9 @@ fn model(v: &Value) -> Option<Request> {
         "info" => Some(Request::Info),
         "stats" => Some(Request::Stats),
         "compact" => Some(Request::Compact),
+        "compact_backing" => Some(Request::CompactBacking {
+            max_blocks: u64_or_0("max_blocks")?,
+        }),
         "handover" => Some(Request::Handover),
         "idle" => Some(Request::Idle {
             age: match o.get("age") {
@@ -230,6 +235,10 @@ fn wire(r: &Request) -> Value {
         Request::Info => put("cmd", "info".into()),
         Request::Stats => put("cmd", "stats".into()),
         Request::Compact => put("cmd", "compact".into()),
+        Request::CompactBacking { max_blocks } => {
+            put("cmd", "compact_backing".into());
+            put("max_blocks", (*max_blocks).into());
+        }
         Request::Handover => put("cmd", "handover".into()),
         Request::Idle { age } => {
             put("cmd", "idle".into());
@@ -356,6 +365,7 @@ enum Typed {
     Info,
     Stats,
     Compact,
+    CompactBacking(u64),
     Idle(Option<u64>),
     Recompress {
         algo: String,
@@ -394,6 +404,9 @@ impl Typed {
             Typed::Info => Request::Info,
             Typed::Stats => Request::Stats,
             Typed::Compact => Request::Compact,
+            Typed::CompactBacking(max_blocks) => Request::CompactBacking {
+                max_blocks: *max_blocks,
+            },
             Typed::Idle(age) => Request::Idle { age: *age },
             Typed::Recompress {
                 algo,

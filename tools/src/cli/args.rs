@@ -34,8 +34,8 @@ pub enum Cmd {
     Stat(StatArgs),
     /// Stop and delete devices.
     Del(DelArgs),
-    /// Compact a device's memory now.
-    Compact(IdArgs),
+    /// Compact a device's memory now, or its backing device.
+    Compact(CompactArgs),
     /// Change a device's settings at run time.
     Set(SetArgs),
     /// Mark a device's pages idle (all, or not accessed for --age seconds).
@@ -326,7 +326,24 @@ pub struct DelArgs {
     pub force: bool,
 }
 
-/// A device id (`zblk compact`).
+/// `zblk compact`: the device's memory, or its backing device.
+#[derive(Debug, Args)]
+pub struct CompactArgs {
+    /// Device id.
+    #[arg(short = 'n', long)]
+    pub id: u32,
+    /// Compact the backing device instead: move the written-back pages of
+    /// blocks less than half used into fresh blocks, freeing those blocks.
+    #[arg(long)]
+    pub backing: bool,
+    /// With --backing: look at most at this many blocks (default: every
+    /// such block).
+    #[arg(long, value_name = "N", requires = "backing",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_blocks: Option<u64>,
+}
+
+/// A device id (`zblk restart`).
 #[derive(Debug, Args)]
 pub struct IdArgs {
     /// Device id.
@@ -711,8 +728,27 @@ mod tests {
         assert!(parse(&["stat", "--watch", "0"]).is_err());
         assert!(matches!(
             parse(&["compact", "-n", "2"]).unwrap().cmd,
-            Cmd::Compact(IdArgs { id: 2 })
+            Cmd::Compact(CompactArgs {
+                id: 2,
+                backing: false,
+                max_blocks: None
+            })
         ));
+        assert!(matches!(
+            parse(&["compact", "-n", "2", "--backing", "--max-blocks", "64"])
+                .unwrap()
+                .cmd,
+            Cmd::Compact(CompactArgs {
+                id: 2,
+                backing: true,
+                max_blocks: Some(64)
+            })
+        ));
+        assert!(
+            parse(&["compact", "-n", "2", "--max-blocks", "64"]).is_err(),
+            "--backing only"
+        );
+        assert!(parse(&["compact", "-n", "2", "--backing", "--max-blocks", "0"]).is_err());
         let Cmd::Idle(i) = parse(&["idle", "-n", "1", "--age", "600"]).unwrap().cmd else {
             panic!()
         };

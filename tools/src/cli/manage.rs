@@ -1,7 +1,9 @@
 //! `zblk del`, `zblk compact`, `zblk set`, `zblk idle`, `zblk recompress`,
 //! `zblk recover`, `zblk restart`.
 
-use super::args::{DelArgs, IdArgs, IdleArgs, RecompressArgs, RecoverArgs, SetArgs, WritebackArgs};
+use super::args::{
+    CompactArgs, DelArgs, IdArgs, IdleArgs, RecompressArgs, RecoverArgs, SetArgs, WritebackArgs,
+};
 use super::{
     base::{CliError, CliResult},
     sys,
@@ -113,12 +115,44 @@ pub(super) fn del_one(id: u32, force: bool) -> CliResult {
     Ok(())
 }
 
-/// `zblk compact -n ID`.
-pub fn compact(a: IdArgs) -> CliResult {
+/// `zblk compact -n ID [--backing [--max-blocks N]]`.
+pub fn compact(a: CompactArgs) -> CliResult {
+    if a.backing {
+        return compact_backing(a.id, a.max_blocks.unwrap_or(0));
+    }
     let r = control::request(a.id, &Request::Compact, Duration::from_secs(120))?;
     println!(
         "pages_compacted {}",
         r["pages_compacted"].as_u64().unwrap_or(0)
+    );
+    Ok(())
+}
+
+/// `zblk compact -n ID --backing [--max-blocks N]` (0: every sparse
+/// block): what it moved, and the backing device's used bytes before and
+/// after against its live bytes.
+fn compact_backing(id: u32, max_blocks: u64) -> CliResult {
+    let req = Request::CompactBacking { max_blocks };
+    let r = control::request(id, &req, WRITEBACK_TIMEOUT)?;
+    let n = |k: &str| r[k].as_u64().unwrap_or(0);
+    println!(
+        "blocks_looked {} objects_moved {} bytes_moved {} blocks_written {} blocks_freed {} \
+         raced {} corrupt {} unreadable {} full {}",
+        n("blocks_looked"),
+        n("objects_moved"),
+        n("bytes_moved"),
+        n("blocks_written"),
+        n("blocks_freed"),
+        n("raced"),
+        n("corrupt"),
+        n("unreadable"),
+        r["full"].as_bool().unwrap_or(false)
+    );
+    println!(
+        "bd_used_bytes {} -> {} bd_bytes {}",
+        n("bd_used_bytes_before"),
+        n("bd_used_bytes"),
+        n("bd_bytes")
     );
     Ok(())
 }

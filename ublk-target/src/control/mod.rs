@@ -34,6 +34,15 @@ pub enum Request {
     Stats,
     /// Runs compaction: `{"pages_compacted": N}`.
     Compact,
+    /// Compacts the backing store (the written-back per-page objects of
+    /// its sparse blocks, moved into fresh ones): a
+    /// `zblk::BackingCompactReport` with `bd_bytes`, and `bd_used_bytes`
+    /// before (`bd_used_bytes_before`) and after.
+    CompactBacking {
+        /// Look at most at this many blocks (0: every sparse block).
+        #[serde(default)]
+        max_blocks: u64,
+    },
     /// Marks pages idle (zram's `idle` file): every stored page, or those
     /// not accessed for `age` seconds: `{"marked": N}`.
     Idle {
@@ -321,6 +330,10 @@ mod tests {
             (Request::Info, r#"{"cmd":"info"}"#),
             (Request::Stats, r#"{"cmd":"stats"}"#),
             (Request::Compact, r#"{"cmd":"compact"}"#),
+            (
+                Request::CompactBacking { max_blocks: 64 },
+                r#"{"cmd":"compact_backing","max_blocks":64}"#,
+            ),
             (
                 Request::SetMemLimit { bytes: 4096 },
                 r#"{"cmd":"set_mem_limit","bytes":4096}"#,

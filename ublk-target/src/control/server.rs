@@ -123,12 +123,41 @@ fn compacted_reply(report: impl serde::Serialize, compacted: u64) -> Response {
     }))
 }
 
+/// Compacts the backing store: its report, with `bd_used_bytes` before
+/// and after and `bd_bytes`, the figures it is judged by.
+fn compact_backing(queues: &Queues, info: &DeviceInfo, max_blocks: u64) -> Response {
+    let store = queues.store();
+    let before = store.stats().bd_used_bytes;
+    let max = if max_blocks == 0 {
+        u64::MAX
+    } else {
+        max_blocks
+    };
+    let report = match store.compact_backing(max) {
+        Ok(r) => r,
+        Err(e) => return Response::err(e.to_string()),
+    };
+    let after = store.stats();
+    log::info!(
+        "device {}: backing compaction freed {} blocks",
+        info.id(),
+        report.blocks_freed
+    );
+    json_reply(serde_json::to_value(report).map(|mut v| {
+        v["bd_used_bytes_before"] = serde_json::json!(before);
+        v["bd_used_bytes"] = serde_json::json!(after.bd_used_bytes);
+        v["bd_bytes"] = serde_json::json!(after.counters.bd_bytes);
+        v
+    }))
+}
+
 /// The reply to one request, and what to do afterwards. A maintenance
 /// job holds the device's maintenance lock, as a policy round does.
 fn answer(queues: &Queues, policy: &Policy, info: &DeviceInfo, req: Request) -> (Response, Next) {
     let _one_job = matches!(
         req,
         Request::Compact
+            | Request::CompactBacking { .. }
             | Request::Idle { .. }
             | Request::Recompress { .. }
             | Request::Writeback { .. }
@@ -155,6 +184,7 @@ fn answer(queues: &Queues, policy: &Policy, info: &DeviceInfo, req: Request) -> 
             log::info!("device {}: compaction gave back {n} pages", info.id());
             Response::ok(serde_json::json!({ "pages_compacted": n }))
         }
+        Request::CompactBacking { max_blocks } => compact_backing(queues, info, max_blocks),
         Request::Idle { age } => match queues.store().mark_idle(age) {
             Ok(n) => {
                 log::info!("device {}: {n} pages marked idle", info.id());
@@ -708,6 +738,40 @@ mod tests {
     }
 
     #[test]
+    fn backing_compaction_through_the_control_loop() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, _, store, shared, text) = with_backing(dir.path());
+        // Two writebacks, two blocks, each a few small objects.
+        for pages in ["0-3", "4-7"] {
+            let wb = Request::Writeback {
+                kind: None,
+                pages: vec![pages.into()],
+                limit: 0,
+            };
+            let (r, _) = ask(&shared, wb);
+            assert!(r.ok && r.data["written"] == 4, "{r:?}");
+        }
+        let (r, _) = ask(&shared, Request::CompactBacking { max_blocks: 0 });
+        assert!(r.ok, "{r:?}");
+        let d = &r.data;
+        assert_eq!(d["bd_used_bytes_before"], 2 * PAGE_SIZE as u64, "{d}");
+        assert_eq!(d["bd_used_bytes"], PAGE_SIZE as u64, "{d}");
+        assert_eq!(
+            (d["objects_moved"].as_u64(), d["blocks_freed"].as_u64()),
+            (Some(8), Some(1))
+        );
+        assert_eq!(d["bd_bytes"], store.stats().counters.bd_bytes);
+        let mut back = vec![0u8; 8 * PAGE_SIZE];
+        store.new_ctx().read(0, &mut back).unwrap();
+        assert!(back == text);
+        let plain = Queues::new(&cfg(1)).unwrap();
+        fake::no_threads(&plain);
+        let (r, _) = ask(&plain, Request::CompactBacking { max_blocks: 8 });
+        let e = r.error.unwrap();
+        assert!(e.contains("no backing device") && !e.contains('\n'), "{e}");
+    }
+
+    #[test]
     fn writeback_by_page_ranges_and_dump_through_the_control_loop() {
         let dir = tempfile::tempdir().unwrap();
         let (_, _, store, shared, text) = with_backing(dir.path());
@@ -1000,6 +1064,7 @@ mod tests {
             Request::Info,
             Request::Stats,
             Request::Compact,
+            Request::CompactBacking { max_blocks: 0 },
             Request::Idle { age: None },
             Request::Recompress {
                 algo: "zstd:9".into(),
