@@ -68,8 +68,9 @@ use serde::Serialize;
 /// A block whose per-page objects' live bytes are fewer is compacted.
 pub const SPARSE_BYTES: u16 = (PAGE_SIZE / 2) as u16;
 
-/// The tally of a block a written-back packed group touches.
-const GROUP: u16 = u16::MAX;
+/// The tally of a block never to choose: a written-back packed group
+/// touches it, or this call wrote it (its tally, taken before, is stale).
+const KEEP: u16 = u16::MAX;
 
 /// What a compaction of the backing store did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
@@ -127,7 +128,7 @@ pub(crate) fn run(
 }
 
 /// Fills `batch.tally`: per block, the live bytes of its per-page
-/// objects, [`GROUP`] where a written-back packed group lies.
+/// objects, [`KEEP`] where a written-back packed group lies.
 fn tally(table: &SlotTable, batch: &mut Batch) {
     batch.tally.fill(0);
     for page in 0..table.pages() {
@@ -140,8 +141,8 @@ fn tally(table: &SlotTable, batch: &mut Batch) {
                 continue;
             };
             *t = match (e.kind, *t) {
-                (Kind::BackedGroup, _) | (_, GROUP) => GROUP,
-                (_, t) => t.saturating_add(e.len as u16).min(GROUP - 1),
+                (Kind::BackedGroup, _) | (_, KEEP) => KEEP,
+                (_, t) => t.saturating_add(e.len as u16).min(KEEP - 1),
             };
         }
     }
@@ -271,6 +272,11 @@ fn flush(
     }
     r.blocks_written += place_and_write(backing, batch, &mut r.full)?;
     crate::crash_point::point("backing-compact:written");
+    for &b in &batch.blocks {
+        if let Some(t) = batch.tally.get_mut(b as usize) {
+            *t = KEEP;
+        }
+    }
     for i in 0..batch.items.len() {
         let it = batch.items[i];
         // An object without a place (the backing store was full) stays.
@@ -325,7 +331,7 @@ mod tests {
             blocks: Vec::new(),
             src: AlignedBuf::new(1, false).unwrap(),
             chosen: Vec::new(),
-            tally: vec![0, 100, SPARSE_BYTES, GROUP, SPARSE_BYTES - 1, 4096, 5],
+            tally: vec![0, 100, SPARSE_BYTES, KEEP, SPARSE_BYTES - 1, 4096, 5],
         };
         assert_eq!(choose(&mut batch, 0, 2), 5);
         assert_eq!(batch.chosen, [1, 4]);
