@@ -1,7 +1,7 @@
 //! Crash consistency: a child process runs a store in shared memory and is
 //! killed (`_exit`, as `kill -9` would leave its memory) at one crash point
 //! of the write, discard, compaction, packed-rewrite, recompression,
-//! writeback or free paths; this
+//! writeback, backing store compaction or free paths; this
 //! process recovers the store from the child's memfd and checks every page
 //! against a model: a page the interrupted operation touched reads as its
 //! old or its new content, every other page as the model says; and once
@@ -58,6 +58,8 @@ enum Op {
     /// Marks every page idle and writes a few idle ones back (a packed
     /// store: the groups whose live pages fit the limit, whole).
     Writeback,
+    /// Compacts the backing store (its sparse blocks' per-page objects).
+    CompactBacking,
 }
 
 /// The workload: fill the device, punch holes so that compaction has
@@ -108,6 +110,11 @@ fn workload() -> Vec<Op> {
         }
     }
     ops.push(Op::Writeback);
+    // Holes in what was written back, for the backing store's compaction.
+    for p in (0..PAGES).step_by(4) {
+        ops.push(Op::Discard((p + 1) * P, 2 * P));
+    }
+    ops.push(Op::CompactBacking);
     ops.push(Op::Compact);
     ops
 }
@@ -129,7 +136,7 @@ fn states(ops: &[Op]) -> Vec<Vec<Vec<u8>>> {
                     cur[p as usize].fill(0);
                 }
             }
-            Op::Compact | Op::Recompress | Op::Writeback => {}
+            Op::Compact | Op::Recompress | Op::Writeback | Op::CompactBacking => {}
         }
         all.push(cur.clone());
     }
@@ -178,6 +185,10 @@ fn crash_child() {
                     select: zblk::WritebackType::Idle.into(),
                     limit: 6,
                 });
+                assert!(r.is_ok(), "{mode}: {r:?}");
+            }
+            Op::CompactBacking => {
+                let r = store.compact_backing(u64::MAX);
                 assert!(r.is_ok(), "{mode}: {r:?}");
             }
         }
@@ -319,6 +330,9 @@ fn crash_everywhere(mode: Mode) -> Vec<String> {
 fn per_page_store_survives_a_crash_at_every_point() {
     let names = crash_everywhere(Mode::PerPage);
     for want in [
+        "backing-compact:locked",
+        "backing-compact:released",
+        "backing-compact:written",
         "compact:moved",
         "free:batch",
         "install:locked",
