@@ -44,7 +44,10 @@
 #                       and stall (one process of 1.5x RAM, no cgroup, run
 #                       after run under a watchdog that captures a stall:
 #                       see the scenario's header) and attrib (zblk stat
-#                       --by cgroup against two cgroups' memory.swap.current))
+#                       --by cgroup against two cgroups' memory.swap.current,
+#                       pages shared by a fork, one process's pagemap read
+#                       in the guest against its row, writeback --cgroup;
+#                       give it --data .../realmem-dev.bin.zst))
 #   --mem SIZE          guest memory (qemu -m syntax, default 2G)
 #   --cpus N            guest vCPUs (default 2)
 #   --keep              keep the work folder (initramfs, console log) and print it
