@@ -89,16 +89,20 @@ row() { echo "$3" | grep -o "{[^{}]*\"$1\":$2[,}][^{}]*}" | head -1; }
 cpid=$(cat "$CGC/cgroup.procs")
 [ "$(echo "$cpid" | wc -l)" = 1 ] && grep -q usemem "/proc/$cpid/comm" ||
     fail "c holds $(echo "$cpid" | tr '\n' ' '), not one usemem"
-# The swap entries of process $1's anonymous mappings, "TYPE OFFSET" a
-# line, from its pagemap: bit 62 swapped (63 present clear), bits 0-4 the
-# type, 5-54 the offset (bit 55, soft-dirty, masked off).
+# The swap entries of process $1's mappings (all but [vsyscall], past
+# what shell arithmetic holds), "TYPE OFFSET" a line, from its pagemap:
+# bit 62 swapped (63 present clear), bits 0-4 the type, 5-54 the offset
+# (bit 55, soft-dirty, masked off).
 swap_entries() {
-    grep -E '^[0-9a-f]+-[0-9a-f]+ rw.p 00000000 00:00 0 *$' "/proc/$1/maps" | while IFS='- ' read -r lo hi _; do
+    grep -v vsyscall "/proc/$1/maps" | while IFS='- ' read -r lo hi _; do
         dd if="/proc/$1/pagemap" bs=8 skip=$((0x$lo / 4096)) count=$(((0x$hi - 0x$lo) / 4096)) 2>/dev/null
     done | od -An -v -t x8 | awk '
         function hex(s,   i, v) { v = 0; for (i = 1; i <= length(s); i++) v = v * 16 + index("0123456789abcdef", substr(s, i, 1)) - 1; return v }
-        { h = hex(substr($1, 1, 1)); if (h % 8 < 4 || h >= 8) next
-          v = (hex(substr($1, 3, 1)) % 8) * 2^52 + hex(substr($1, 4)); print v % 32, int(v / 32) }'
+        # (busybox awk may lack ^ and %: int() and products only)
+        # (od prints two entries a line)
+        { for (f = 1; f <= NF; f++) { h = hex(substr($f, 1, 1)); if (h < 4 || h >= 8) continue
+          d = hex(substr($f, 3, 1)); if (d >= 8) d -= 8
+          v = d * 4503599627370496 + hex(substr($f, 4)); o = int(v / 32); print v - o * 32, o } }'
 }
 swap_entries "$cpid" >/tmp/zblk-vm.entries-c
 dump=$(zblk dump -n "$ZID" --json) || fail "zblk dump failed"
