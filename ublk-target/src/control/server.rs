@@ -660,8 +660,12 @@ mod tests {
         }
         // Page ranges: only their pages; one past the end is refused.
         let ranges = |pages: &[&str]| Request::Recompress {
+            algo: "zstd:19".into(),
+            priority: None,
+            kind: "idle".into(),
+            threshold: 0,
+            max_pages: 0,
             pages: pages.iter().map(|p| p.to_string()).collect(),
-            ..recompress("zstd:19", "idle")
         };
         let (r, _) = ask(&shared, ranges(&["2-99999999"]));
         let e = r.error.unwrap_or_default();

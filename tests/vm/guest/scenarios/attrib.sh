@@ -79,12 +79,47 @@ while [ "$steady" -lt 2 ]; do
     last=$cur
 done
 log "settled after ${waited}s: memory.swap.current a ${cur%% *} b ${cur##* }"
-# c has no limit: its pages go out on request (a partial reclaim is EAGAIN).
-echo 64M >"$CGC/memory.reclaim" 2>/dev/null
+# A page swapped back in (b copies from its corpus while it writes) keeps
+# its slot in the swap cache while mapped: memory.swap.current counts it,
+# no page table holds its swap entry (the scan's (unattributed) row).
+# Pushing every cgroup out makes such pages swap entries again. c has no
+# limit: its pages go out on this request alone (a partial reclaim is
+# EAGAIN).
+for cg in "$CGA" "$CGB" "$CGC"; do
+    echo 1G >"$cg/memory.reclaim" 2>/dev/null
+done
 [ "$(swap_of "$CGC")" -gt 0 ] || fail "memory.reclaim pushed none of c's pages out"
 
 # The JSON object of the row whose "$1" is "$2", from the flattened JSON $3.
-row() { echo "$3" | grep -o "{[^{}]*\"$1\":$2[,}][^{}]*}" | head -1; }
+row() { echo "$3" | grep -oE "\{[^{}]*\"$1\":$2(,[^{}]*)?\}" | head -1; }
+j=$(zblk stat --by cgroup -n "$ZID" --json 2>&1) || fail "zblk stat --by cgroup failed: $j"
+flat=$(echo "$j" | tr -d '\n ')
+sum_pages=0
+for c in a b; do
+    cg=/zblk-attrib-$c
+    r=$(row cgroup "\"$cg\"" "$flat")
+    [ -n "$r" ] || fail "no row for $cg: $(echo "$flat" | cut -c1-600)"
+    pages=$(echo "$r" | jnum pages)
+    orig=$(echo "$r" | jnum orig_bytes)
+    compr=$(echo "$r" | jnum compr_bytes)
+    shared=$(echo "$r" | jnum shared_pages)
+    kernel=$(($(swap_of "/sys/fs/cgroup/zblk-attrib-$c") / PAGE))
+    awk -v p="$pages" -v k="$kernel" 'BEGIN { d = p - k; if (d < 0) d = -d; exit !(k > 0 && d <= 0.02 * k) }' ||
+        fail "$cg: $pages pages attributed, memory.swap.current says $kernel"
+    [ "$compr" -gt 0 ] && [ "$compr" -lt "$orig" ] || fail "$cg: compressed $compr of $orig bytes"
+    log "$cg: $pages pages ($kernel by memory.swap.current), $shared shared, $orig bytes in $compr"
+    eval "pages_$c=$pages shared_$c=$shared"
+    sum_pages=$((sum_pages + pages))
+done
+j=$(zblk stat --by process -n "$ZID" --json 2>&1) || fail "zblk stat --by process failed: $j"
+procs=$(echo "$j" | tr -d '\n ')
+# a: every page is its two processes' (usemem and its fork), counted
+# once in a's row, in full in each of their rows.
+awk -v s="$shared_a" -v p="$pages_a" 'BEGIN { exit !(s >= 0.98 * p) }' || fail "a: $shared_a of $pages_a pages shared"
+[ "$shared_b" = 0 ] || fail "b: $shared_b shared pages, no process of b forked"
+a_pages=$(echo "$procs" | grep -o '{[^{}]*"cgroup":"/zblk-attrib-a"[^{}]*}' | sed 's/.*"pages":\([0-9]*\).*/\1/' | tr '\n' ' ')
+full=$(for p in $a_pages; do echo "$p"; done | awk -v a="$pages_a" '{ d = $1 - a; if (d < 0) d = -d; if (d <= 0.02 * a) n++ } END { print n + 0 }')
+[ "$full" = 2 ] || fail "a: $full process rows hold a's $pages_a pages (rows: $a_pages), 2 expected"
 # The pid of c's usemem (one process: --procs 1 runs in-process).
 cpid=$(cat "$CGC/cgroup.procs")
 [ "$(echo "$cpid" | wc -l)" = 1 ] && grep -q usemem "/proc/$cpid/comm" ||
@@ -106,10 +141,8 @@ swap_entries() {
 }
 swap_entries "$cpid" >/tmp/zblk-vm.entries-c
 dump=$(zblk dump -n "$ZID" --json) || fail "zblk dump failed"
-j=$(zblk stat --by process -n "$ZID" --json 2>&1) || fail "zblk stat --by process failed: $j"
-procs=$(echo "$j" | tr -d '\n ')
 rc=$(row pid "$cpid" "$procs")
-[ -n "$rc" ] || fail "no row for c's usemem $cpid"
+[ -n "$rc" ] || fail "no row for c's usemem $cpid ($(grep VmSwap "/proc/$cpid/status"), $(wc -l </tmp/zblk-vm.entries-c) entries in its pagemap, c's swap $(swap_of "$CGC")); rows: $(echo "$procs" | grep -o '"pid":[0-9]*,"name":"[^"]*","cgroup":"[^"]*"' | tr '\n' ' ' | cut -c1-500) scan: $(echo "$procs" | grep -o '"scan":{[^}]*}')"
 types=$(cut -d' ' -f1 /tmp/zblk-vm.entries-c | sort -u | tr '\n' ' ')
 n_c=$(wc -l </tmp/zblk-vm.entries-c)
 [ "$(echo "$types" | wc -w)" -le 1 ] || fail "c's usemem has pages on swap types $types"
@@ -122,32 +155,6 @@ log "c's usemem $cpid: $n_c swap entries (types $types), dump: ${dump_c% *} stor
 [ "$(echo "$rc" | jnum compr_bytes)" = "${dump_c#* }" ] ||
     fail "c's usemem: zblk says $(echo "$rc" | jnum compr_bytes) compressed bytes, the dump ${dump_c#* }"
 
-j=$(zblk stat --by cgroup -n "$ZID" --json 2>&1) || fail "zblk stat --by cgroup failed: $j"
-flat=$(echo "$j" | tr -d '\n ')
-sum_pages=0
-for c in a b; do
-    cg=/zblk-attrib-$c
-    r=$(row cgroup "\"$cg\"" "$flat")
-    [ -n "$r" ] || fail "no row for $cg: $(echo "$flat" | cut -c1-600)"
-    pages=$(echo "$r" | jnum pages)
-    orig=$(echo "$r" | jnum orig_bytes)
-    compr=$(echo "$r" | jnum compr_bytes)
-    shared=$(echo "$r" | jnum shared_pages)
-    kernel=$(($(swap_of "/sys/fs/cgroup/zblk-attrib-$c") / PAGE))
-    awk -v p="$pages" -v k="$kernel" 'BEGIN { d = p - k; if (d < 0) d = -d; exit !(k > 0 && d <= 0.02 * k) }' ||
-        fail "$cg: $pages pages attributed, memory.swap.current says $kernel"
-    [ "$compr" -gt 0 ] && [ "$compr" -lt "$orig" ] || fail "$cg: compressed $compr of $orig bytes"
-    log "$cg: $pages pages ($kernel by memory.swap.current), $shared shared, $orig bytes in $compr"
-    eval "pages_$c=$pages shared_$c=$shared"
-    sum_pages=$((sum_pages + pages))
-done
-# a: every page is its two processes' (usemem and its fork), counted
-# once in a's row, in full in each of their rows.
-awk -v s="$shared_a" -v p="$pages_a" 'BEGIN { exit !(s >= 0.98 * p) }' || fail "a: $shared_a of $pages_a pages shared"
-[ "$shared_b" = 0 ] || fail "b: $shared_b shared pages, no process of b forked"
-a_pages=$(echo "$procs" | grep -o '{[^{}]*"cgroup":"/zblk-attrib-a"[^{}]*}' | sed 's/.*"pages":\([0-9]*\).*/\1/' | tr '\n' ' ')
-full=$(for p in $a_pages; do echo "$p"; done | awk -v a="$pages_a" '{ d = $1 - a; if (d < 0) d = -d; if (d <= 0.02 * a) n++ } END { print n + 0 }')
-[ "$full" = 2 ] || fail "a: $full process rows hold a's $pages_a pages (rows: $a_pages), 2 expected"
 # No shmem here: what no process maps (the unattributed row) is the swap
 # header and the swap cache's pages, at most 2 % of what the device stores.
 un=$(row unattributed true "$flat" | jnum pages)
