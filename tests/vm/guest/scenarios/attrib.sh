@@ -105,7 +105,7 @@ for c in a b; do
     shared=$(echo "$r" | jnum shared_pages)
     kernel=$(($(swap_of "/sys/fs/cgroup/zblk-attrib-$c") / PAGE))
     awk -v p="$pages" -v k="$kernel" 'BEGIN { d = p - k; if (d < 0) d = -d; exit !(k > 0 && d <= 0.02 * k) }' ||
-        fail "$cg: $pages pages attributed, memory.swap.current says $kernel"
+        fail "$cg: $pages pages attributed, memory.swap.current says $kernel; row $r; VmSwap $(for p in $(cat "/sys/fs/cgroup/zblk-attrib-$c/cgroup.procs"); do grep VmSwap "/proc/$p/status"; done | tr -s ' \n' ' '); $(grep -E 'swap|zswap' "/sys/fs/cgroup/zblk-attrib-$c/memory.stat" | tr '\n' ' '); $(echo "$flat" | grep -o '"scan":{[^}]*}')"
     [ "$compr" -gt 0 ] && [ "$compr" -lt "$orig" ] || fail "$cg: compressed $compr of $orig bytes"
     log "$cg: $pages pages ($kernel by memory.swap.current), $shared shared, $orig bytes in $compr"
     eval "pages_$c=$pages shared_$c=$shared"
