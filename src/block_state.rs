@@ -118,6 +118,10 @@ fn state(index: u64, e: &Entry, names: &AlgoNames) -> Option<SlotState> {
             (SlotKind::Packed, share, true)
         }
         Kind::Backed => (SlotKind::WrittenBack, e.len, e.len as usize != PAGE_SIZE),
+        Kind::BackedGroup => {
+            let share = packed::share(e.len, e.n, 0) as u32;
+            (SlotKind::WrittenBack, share, true)
+        }
     };
     let algo = compressed
         .then(|| match usize::from(e.algo) {

@@ -53,9 +53,10 @@ pub(crate) struct CtxState {
     /// This thread's codecs of the secondary algorithms (entry `i` for
     /// slots' `algo` `i + 1`), each made on first use.
     secondary: [Option<Box<dyn Codec>>; MAX_SECONDARIES],
-    /// With a backing store: the block a read of a written-back page
-    /// reads into, made with the context so that a swap-in never
-    /// allocates (`O_DIRECT` wants it aligned).
+    /// With a backing store: the blocks a read of a written-back page
+    /// reads into (one block; a packed store's, as many as a group's
+    /// header and blob can touch), made with the context so that a swap-in
+    /// never allocates (`O_DIRECT` wants it aligned).
     pub(crate) bd_buf: Option<AlignedBuf>,
     /// Whether phases are timed (`StoreConfig::phase_timers`).
     timers: bool,
@@ -92,10 +93,8 @@ impl CtxState {
             secondary_algos: secondaries,
             dictionaries: cfg.dictionaries.clone(),
             secondary: Default::default(),
-            bd_buf: cfg
-                .backing
-                .as_ref()
-                .and_then(|_| match AlignedBuf::new(1, cfg.mlock) {
+            bd_buf: cfg.backing.as_ref().and_then(|_| {
+                match AlignedBuf::new(backed_read_blocks(cfg), cfg.mlock) {
                     Ok(b) => Some(b),
                     Err(e) => {
                         // Reads of written-back pages then fail (EIO) on this
@@ -103,7 +102,8 @@ impl CtxState {
                         log::error!("queue {id}: no backing read buffer: {e}");
                         None
                     }
-                }),
+                }
+            }),
         }
     }
 
@@ -273,6 +273,16 @@ impl CtxState {
     }
 }
 
+/// Blocks a read of a written-back page of a store of `cfg` reads at
+/// most: one, or in a packed store a whole group's header and blob
+/// (below a group of pages) starting anywhere in its first block.
+fn backed_read_blocks(cfg: &StoreConfig) -> usize {
+    match cfg.mode {
+        Mode::Packed => cfg.group_pages + 2,
+        Mode::PerPage => 1,
+    }
+}
+
 /// Kinds of [`sample_page`].
 const SAMPLE_KINDS: usize = 3;
 
@@ -364,11 +374,31 @@ impl GroupPlan {
     }
 }
 
+/// What a thread's group cache holds: a packed object in RAM (its id,
+/// never reused), or a written-back group (its slots' place, length,
+/// shape and algorithm).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GroupKey {
+    /// The packed object of this id.
+    Ram(u64),
+    /// The written-back group these slot fields name.
+    Backed {
+        /// The slot's `val` (block, offset, CRC bits).
+        val: u64,
+        /// The blob's length.
+        len: u32,
+        /// Pages in the blob.
+        n: u8,
+        /// Its algorithm.
+        algo: u8,
+    },
+}
+
 /// A per-thread cache of the last packed group decompressed, so that a read
 /// of several pages of one group decompresses it once.
 #[derive(Debug, Default)]
 pub(crate) struct PackCache {
-    id: u64,
+    key: Option<GroupKey>,
     pages: Vec<u8>,
 }
 
@@ -376,14 +406,14 @@ impl PackCache {
     /// Creates a cache with room for `g` pages.
     fn with_capacity(g: usize) -> Self {
         PackCache {
-            id: 0,
+            key: None,
             pages: vec![0; g * PAGE_SIZE],
         }
     }
 
-    /// The cached page at `pos` if the cache holds object `id`.
-    pub(crate) fn get(&self, id: u64, pos: usize) -> Option<&[u8]> {
-        if id != 0 && self.id == id {
+    /// The cached page at `pos` if the cache holds the group `key` names.
+    pub(crate) fn get(&self, key: GroupKey, pos: usize) -> Option<&[u8]> {
+        if self.key == Some(key) {
             self.pages.get(pos * PAGE_SIZE..(pos + 1) * PAGE_SIZE)
         } else {
             None
@@ -393,7 +423,7 @@ impl PackCache {
     /// The buffer to decompress `n` pages into; invalidates the cache until
     /// [`PackCache::set`] names what it now holds.
     pub(crate) fn buffer(&mut self, n: usize) -> &mut [u8] {
-        self.id = 0;
+        self.key = None;
         if self.pages.len() < n * PAGE_SIZE {
             self.pages.resize(n * PAGE_SIZE, 0);
         }
@@ -405,8 +435,8 @@ impl PackCache {
         &self.pages
     }
 
-    /// Records that the buffer now holds object `id`.
-    pub(crate) fn set(&mut self, id: u64) {
-        self.id = id;
+    /// Records that the buffer now holds the group `key` names.
+    pub(crate) fn set(&mut self, key: GroupKey) {
+        self.key = Some(key);
     }
 }

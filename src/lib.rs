@@ -80,7 +80,7 @@ pub use page::{PAGE_SIZE, PAGE_SIZE_U64};
 pub use recompress::{Recompress, RecompressReport, RecompressType, MIN_SAVING_PERCENT};
 pub use secondary::{AlgoList, MAX_SECONDARIES};
 pub use stats::{Counters, Latencies, Latency, PhaseTimes};
-pub use store::{QueueCtx, Store, StoreStats};
+pub use store::{BackingWait, QueueCtx, ReadStep, Store, StoreStats};
 pub use tmpfs::huge_mapped_bytes;
 // Hooks for tests: corrupting objects, crashing, older layouts.
 pub use page_range::PageRange;

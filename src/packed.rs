@@ -32,12 +32,35 @@
 //!
 //! This module is all that knows the format: the write path asks it to pack
 //! a group ([`pack_group`]), the read path to produce a page
-//! ([`read_page`]), the slot table to let go of one ([`clear_live`],
-//! [`share`]) and the compactor whether a group is sparse ([`is_sparse`]).
+//! ([`read_page`], [`read_backed_page`]), the slot table to let go of one
+//! ([`clear_live`], [`share`]), the compactor whether a group is sparse
+//! ([`is_sparse`]) and writeback for a group's bytes ([`copy_group`],
+//! [`seal_group`]).
+//!
+//! # Packed groups on the backing store
+//!
+//! Writeback moves a group's object whole: its blob, as it is, behind a
+//! 24-byte header of its own ([`GROUP_HEADER`]): the CRC-32 of everything
+//! after it (the rest of the header and the blob), the blob's length,
+//! `orig` and `base` (little-endian). Groups are packed one after the
+//! other, each header 16-byte aligned, across block boundaries, so the
+//! backing store wastes at most 15 bytes a group. The slot of each live
+//! page (kind 6, `Kind::BackedGroup`, tabled in `crate::slot`) names the
+//! group's first block, its header's offset there, 24 bits of its CRC, the
+//! blob's length and pages and the page's position in the blob; the
+//! page's offset in its group and the mask of live pages are not needed
+//! there (a page leaves by its slot alone). A read reads the group's blocks
+//! in one `pread`, checks the CRC (against the header's and the slot's 24
+//! bits) and that the header's `base` and `orig` put this very page at the
+//! slot's position, and decompresses the blob once into the thread's group
+//! cache, which serves the group's other pages as it does in RAM (the
+//! cache's key is then the slot's place, length and shape; a stale hit
+//! would need another group at the very same place with the same length,
+//! shape and 24 bits of CRC).
 
 use crate::alloc::{Handle, ObjAllocator};
 use crate::codec::CodecError;
-use crate::ctx::{CtxState, GroupPlan};
+use crate::ctx::{CtxState, GroupKey, GroupPlan};
 use crate::error::{Error, Result};
 use crate::page::{same_filled, MAX_PAGES, PAGE_SIZE};
 use crate::slot::{Entry, Kind, SlotGuard};
@@ -317,12 +340,27 @@ pub(crate) fn read_page(
     let Some(pos) = hdr.agreeing(e) else {
         return Err("packed group header does not match its slot".into());
     };
-    if let Some(p) = st.pack_cache.get(hdr.id, pos) {
+    let key = GroupKey::Ram(hdr.id);
+    if let Some(p) = st.pack_cache.get(key, pos) {
         out.copy_from_slice(p);
         return Ok(());
     }
     // SAFETY: as above; the blob after the header is never written again.
     let blob = unsafe { alloc.bytes(e.val, PACK_HEADER, e.len as usize) };
+    decode_to_cache(st, e, blob, key, pos, out)
+}
+
+/// Decompresses the group blob `blob` of slot entry `e` into the thread's
+/// group cache (then naming it `key`) and copies its page at `pos` to
+/// `out`.
+fn decode_to_cache(
+    st: &mut CtxState,
+    e: &Entry,
+    blob: &[u8],
+    key: GroupKey,
+    pos: usize,
+    out: &mut [u8],
+) -> std::result::Result<(), String> {
     // The cache is taken out while the codec (a borrow of `st` of its own)
     // decodes into it; taking and putting back moves a Vec, no copy.
     let mut cache = std::mem::take(&mut st.pack_cache);
@@ -331,10 +369,183 @@ pub(crate) fn read_page(
     st.lap(Phase::Decode, t);
     if r.is_ok() {
         out.copy_from_slice(&cache.buffer_ref()[pos * PAGE_SIZE..(pos + 1) * PAGE_SIZE]);
-        cache.set(hdr.id);
+        cache.set(key);
     }
     st.pack_cache = cache;
     r
+}
+
+/// Bytes of header in front of a written-back group's blob.
+pub(crate) const GROUP_HEADER: usize = 24;
+
+/// The fields of a written-back group's header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct DiskHeader {
+    /// CRC-32 of the header's other fields and the blob.
+    crc: u32,
+    /// The blob's length.
+    len: u32,
+    /// Offsets (within the group) whose pages are in the blob.
+    orig: u64,
+    /// The group's first page.
+    base: u64,
+}
+
+impl DiskHeader {
+    fn to_bytes(self) -> [u8; GROUP_HEADER] {
+        let mut b = [0u8; GROUP_HEADER];
+        b[0..4].copy_from_slice(&self.crc.to_le_bytes());
+        b[4..8].copy_from_slice(&self.len.to_le_bytes());
+        b[8..16].copy_from_slice(&self.orig.to_le_bytes());
+        b[16..24].copy_from_slice(&self.base.to_le_bytes());
+        b
+    }
+
+    fn parse(b: &[u8; GROUP_HEADER]) -> DiskHeader {
+        let word = |at: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[at..at + 8]);
+            u64::from_le_bytes(w)
+        };
+        let half = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+        DiskHeader {
+            crc: half(0),
+            len: half(4),
+            orig: word(8),
+            base: word(16),
+        }
+    }
+}
+
+/// What [`copy_group`] copied: the group's shape and which of its pages
+/// were live.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GroupCopy {
+    /// The group's first page.
+    pub(crate) base: u64,
+    /// Offsets (within the group) whose pages are in the blob.
+    pub(crate) orig: u64,
+    /// The object's id.
+    pub(crate) id: u64,
+    /// Offsets whose pages were live.
+    pub(crate) live: u64,
+}
+
+/// Copies the packed group the slot `guard` holds into `dst` as the
+/// backing store keeps it (header, CRC still zero, then the blob: [`GROUP_HEADER`]
+/// plus the entry's `len` bytes, which `dst` must hold), or `None` for any
+/// other entry, a header that fails its seal or a `dst` too short. The
+/// guard (the caller's slot lock) keeps the object alive and in place.
+pub(crate) fn copy_group(
+    alloc: &dyn ObjAllocator,
+    guard: &SlotGuard<'_>,
+    dst: &mut [u8],
+) -> Option<GroupCopy> {
+    let e = packed_entry(guard)?;
+    let len = e.len as usize;
+    let dst = dst.get_mut(..GROUP_HEADER + len)?;
+    // SAFETY: the guard keeps the slot locked, and the slot references the
+    // packed object `e` names: it is live and stays put.
+    let hdr = unsafe { PackHeader::read(alloc, e.val) };
+    hdr.agreeing(&e).filter(|_| hdr.intact())?;
+    // SAFETY: as above, and checked aligned when it was stored.
+    let live = unsafe { live_mask(alloc, e.val) }.load(Ordering::Acquire);
+    let disk = DiskHeader {
+        crc: 0,
+        len: e.len,
+        orig: hdr.orig,
+        base: hdr.base,
+    };
+    dst[..GROUP_HEADER].copy_from_slice(&disk.to_bytes());
+    // SAFETY: as above; the blob is never written after publication.
+    dst[GROUP_HEADER..].copy_from_slice(unsafe { alloc.bytes(e.val, PACK_HEADER, len) });
+    Some(GroupCopy {
+        base: hdr.base,
+        orig: hdr.orig,
+        id: hdr.id,
+        live,
+    })
+}
+
+/// Computes the CRC of a group [`copy_group`] copied to `group` (its
+/// header and blob) and writes it into the header; returns it.
+pub(crate) fn seal_group(group: &mut [u8]) -> u32 {
+    let crc = group_crc(group);
+    group[..4].copy_from_slice(&crc.to_le_bytes());
+    crc
+}
+
+/// The CRC-32 of a written-back group: of everything after the CRC.
+fn group_crc(group: &[u8]) -> u32 {
+    let mut c = libdeflater::Crc::new();
+    c.update(&group[4..]);
+    c.sum()
+}
+
+/// The group offset of the `pos`-th page (from 0) of `orig`.
+fn offset_of(orig: u64, pos: u8) -> Option<u64> {
+    let mut m = orig;
+    for _ in 0..pos {
+        m &= m.checked_sub(1)?;
+    }
+    (m != 0).then(|| u64::from(m.trailing_zeros()))
+}
+
+/// The key of the written-back group `e` names in the thread's group
+/// cache.
+fn backed_key(e: &Entry) -> GroupKey {
+    GroupKey::Backed {
+        val: e.val,
+        len: e.len,
+        n: e.n,
+        algo: e.algo,
+    }
+}
+
+/// Produces the page of a written-back group `e` names into `out` from
+/// the thread's group cache, if it holds that group; false otherwise (the
+/// caller then reads the group's blocks).
+pub(crate) fn cached_backed_page(st: &CtxState, e: &Entry, out: &mut [u8]) -> bool {
+    match st.pack_cache.get(backed_key(e), usize::from(e.idx)) {
+        Some(p) => {
+            out.copy_from_slice(p);
+            true
+        }
+        None => false,
+    }
+}
+
+/// Produces page `page`, which the written-back group slot `e` names, from
+/// `group`, the group's header and blob as read from the backing store:
+/// checks the CRC and that the header puts this page at the slot's
+/// position, then decompresses the blob into the thread's group cache.
+pub(crate) fn read_backed_page(
+    st: &mut CtxState,
+    page: u64,
+    e: &Entry,
+    group: &[u8],
+    out: &mut [u8],
+) -> std::result::Result<(), String> {
+    let at = e.group_at();
+    let (head, blob) = group
+        .split_first_chunk::<GROUP_HEADER>()
+        .ok_or("a written-back group shorter than its header")?;
+    let hdr = DiskHeader::parse(head);
+    let crc = group_crc(group);
+    if hdr.crc != crc || crc & crate::slot::TAG_MASK != at.tag {
+        return Err(format!(
+            "the group at backing block {} fails its checksum",
+            at.block
+        ));
+    }
+    let here = offset_of(hdr.orig, e.idx).map(|o| hdr.base + o);
+    if hdr.len != e.len || hdr.orig.count_ones() != u32::from(e.n) || here != Some(page) {
+        return Err(format!(
+            "the group at backing block {} does not hold this page",
+            at.block
+        ));
+    }
+    decode_to_cache(st, e, blob, backed_key(e), usize::from(e.idx), out)
 }
 
 /// Decompresses a group's blob with the codec of the algorithm its slot

@@ -8,9 +8,12 @@
 //! algorithm (`Entry::algo` 1) is decompressed by that algorithm's codec.
 //!
 //! A written-back page (`Kind::Backed`) is read from its block of the
-//! backing store under the slot's lock (so that its block cannot be freed
-//! and reused meanwhile), checked against the slot's CRC and decoded. It
-//! stays on the backing store, as in zram: a swapped-in page is usually
+//! backing store, checked against the slot's CRC and decoded; a page of
+//! a written-back packed group (`Kind::BackedGroup`) the same way from its
+//! group's blocks, unless the thread's group cache holds that group. Which
+//! blocks to read ([`backed_blocks`]) and decoding the page from them
+//! ([`decode_backed`]) are apart, for a caller that issues the read
+//! itself. It stays on the backing store, as in zram: a swapped-in page is usually
 //! discarded from swap soon after, so copying it back to RAM would be an
 //! allocation on the read path (which must not call the allocator under a
 //! slot lock, nor allocate while the system is short of memory) for a page
@@ -18,14 +21,28 @@
 //!
 //! A read is an access: it stamps the slot with the request's time and
 //! clears its idle mark, in the guard, so the unlocking store carries it.
+//!
+//! Maintenance (recompression, compaction) reads the block here, under
+//! the slot's lock (so that it cannot be freed and reused meanwhile), as
+//! a request does for a page of a written-back packed group (one `pread`
+//! of up to 16 blocks). A request does not wait for a written-back page's
+//! block under a lock: [`read_page_or_backed`] hands it back as a
+//! [`BackedRead`] (its slot's entry, taken under the lock) and the caller
+//! reads the block however it likes (the daemon through its queue's
+//! io_uring, so a slow or dead link holds up that one request, not the
+//! queue). [`finish_backed`] then locks the slot again and decodes the
+//! block only if the slot still holds that very entry: a page written,
+//! discarded or moved meanwhile is read again from what its slot holds
+//! now, and a block freed and reused meanwhile is never decoded as the
+//! page (the entry changed, and the CRC names the page).
 
-use crate::backing::object_crc;
+use crate::backing::{object_crc, Extent};
 use crate::ctx::CtxState;
 use crate::error::{Error, Result};
 use crate::page::{fill_word, PAGE_SIZE};
 use crate::slot::{Entry, Kind};
 use crate::stats::{Counter, Phase};
-use crate::table::SlotTable;
+use crate::table::{backed_extent, SlotTable};
 
 /// Reads page `page` into `out` under its slot's lock.
 pub(crate) fn read_page(
@@ -73,7 +90,7 @@ pub(crate) fn read_entry(
             decompress(st, e.algo, obj, out)
         }
         Kind::Packed => crate::packed::read_page(st, alloc, e, out),
-        Kind::Backed => read_backed(table, st, page, e, out),
+        Kind::Backed | Kind::BackedGroup => read_backed(table, st, page, e, out),
     };
     r.map_err(|detail| {
         out.fill(0);
@@ -114,9 +131,91 @@ fn decode_with(
     }
 }
 
-/// Reads the written-back page `e` of slot `page` from the backing store:
-/// one block, its object checked against the slot's CRC (a corrupt or
-/// truncated backing store fails the read, never gives a wrong page).
+/// A written-back page whose block its reader reads itself: the slot's
+/// entry when it was looked at (under its lock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BackedRead {
+    /// The page.
+    pub(crate) page: u64,
+    /// Its slot's entry then (`Kind::Backed`).
+    pub(crate) entry: Entry,
+}
+
+impl BackedRead {
+    /// The block to read: its byte offset in the backing store (one block,
+    /// [`PAGE_SIZE`] bytes: a per-page object never crosses a block).
+    pub(crate) fn block_offset(&self) -> u64 {
+        u64::from(self.entry.backed_at().block) * crate::page::PAGE_SIZE_U64
+    }
+
+    /// That block, as a range of blocks.
+    pub(crate) fn blocks(&self) -> std::ops::Range<u32> {
+        let b = self.entry.backed_at().block;
+        b..b.saturating_add(1)
+    }
+}
+
+/// What [`read_page_or_backed`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PageRead {
+    /// The page is in the caller's buffer.
+    Done,
+    /// The page is written back: its block is the caller's to read.
+    Backed(BackedRead),
+}
+
+/// [`read_page`], except that a written-back page is handed back with
+/// its slot's entry instead of being read here.
+pub(crate) fn read_page_or_backed(
+    table: &SlotTable,
+    st: &mut CtxState,
+    page: u64,
+    out: &mut [u8],
+) -> Result<PageRead> {
+    let mut guard = table.lock(page);
+    if guard.touch(st.now) {
+        st.shard.add(Counter::IdlePages, -1);
+    }
+    let e = guard.entry();
+    if e.kind == Kind::Backed {
+        return Ok(PageRead::Backed(BackedRead { page, entry: e }));
+    }
+    read_entry(table, st, page, &e, out).map(|()| PageRead::Done)
+}
+
+/// Decodes `r`'s page out of `block` (the bytes of its block, read since
+/// [`read_page_or_backed`] gave `r`) into `out`: `Ok(false)` if its slot
+/// no longer holds `r.entry` (read the page again); on failure `out` is
+/// zeroed.
+pub(crate) fn finish_backed(
+    table: &SlotTable,
+    st: &mut CtxState,
+    r: &BackedRead,
+    block: &[u8],
+    out: &mut [u8],
+) -> Result<bool> {
+    let guard = table.lock(r.page);
+    if guard.entry() != r.entry {
+        return Ok(false);
+    }
+    st.shard.add(Counter::BdReads, 1);
+    object_of(&r.entry, block)
+        .and_then(|obj| decode_backed(st, r.page, &r.entry, obj, out))
+        .map_err(|detail| {
+            out.fill(0);
+            Error::Corrupt {
+                page: r.page,
+                detail,
+            }
+        })?;
+    Ok(true)
+}
+
+/// Reads the written-back page `e` of slot `page` from the backing store,
+/// here and under the caller's lock: its block (a packed group's blocks,
+/// unless the thread's group cache holds the group), its object checked
+/// against its CRC (a corrupt or truncated backing store fails the read,
+/// never gives a wrong page).
 fn read_backed(
     table: &SlotTable,
     st: &mut CtxState,
@@ -124,30 +223,72 @@ fn read_backed(
     e: &Entry,
     out: &mut [u8],
 ) -> std::result::Result<(), String> {
+    if e.kind == Kind::BackedGroup && crate::packed::cached_backed_page(st, e, out) {
+        return Ok(());
+    }
     let Some(backing) = table.backing() else {
         return Err("the page is written back but the store has no backing device".into());
     };
+    let place = backed_blocks(e)?;
     let Some(mut buf) = st.bd_buf.take() else {
         return Err("this queue has no backing read buffer".into());
     };
-    let r = (|| {
-        let at = e.backed_at();
-        let (off, len) = (usize::from(at.off), e.len as usize);
-        if len == 0 || off + len > PAGE_SIZE {
-            return Err(format!("the slot names {len} bytes at {off} of a block"));
-        }
-        backing.read_block(at.block, &mut buf)?;
-        st.shard.add(Counter::BdReads, 1);
-        let obj = &buf.as_slice()[off..off + len];
-        if object_crc(page, obj) != at.crc {
-            return Err(format!("backing block {} fails its checksum", at.block));
-        }
-        if len == PAGE_SIZE {
-            out.copy_from_slice(obj);
-            return Ok(());
-        }
-        decompress(st, e.algo, obj, out)
-    })();
+    let r = backing
+        .read_blocks(place.blocks(), &mut buf)
+        .and_then(|()| {
+            st.shard.add(Counter::BdReads, 1);
+            let bytes = &buf.as_slice()[place.off..place.off + place.len];
+            decode_backed(st, page, e, bytes, out)
+        });
     st.bd_buf = Some(buf);
     r
+}
+
+/// Which blocks of the backing store a read of the written-back page `e`
+/// needs, and where its object lies in them; an error for a slot that
+/// names no place a writeback makes.
+pub(crate) fn backed_blocks(e: &Entry) -> std::result::Result<Extent, String> {
+    backed_extent(e).ok_or_else(|| {
+        format!(
+            "the slot names {} bytes at an impossible place of the backing store",
+            e.len
+        )
+    })
+}
+
+/// Produces page `page`, whose slot holds the written-back entry `e`,
+/// from `bytes`, its object as read from the blocks [`backed_blocks`]
+/// named (from the object's first byte): checks its CRC and decodes.
+pub(crate) fn decode_backed(
+    st: &mut CtxState,
+    page: u64,
+    e: &Entry,
+    bytes: &[u8],
+    out: &mut [u8],
+) -> std::result::Result<(), String> {
+    if e.kind == Kind::BackedGroup {
+        return crate::packed::read_backed_page(st, page, e, bytes, out);
+    }
+    let at = e.backed_at();
+    if object_crc(page, bytes) != at.crc {
+        return Err(format!("backing block {} fails its checksum", at.block));
+    }
+    if bytes.len() == PAGE_SIZE {
+        out.copy_from_slice(bytes);
+        return Ok(());
+    }
+    decompress(st, e.algo, bytes, out)
+}
+
+/// The object of the written-back entry `e` in `block`, the bytes read
+/// from the first of the blocks [`backed_blocks`] names.
+fn object_of<'b>(e: &Entry, block: &'b [u8]) -> std::result::Result<&'b [u8], String> {
+    let place = backed_blocks(e)?;
+    block.get(place.off..place.off + place.len).ok_or_else(|| {
+        format!(
+            "backing block {} read short: {} bytes",
+            place.block,
+            block.len()
+        )
+    })
 }

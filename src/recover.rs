@@ -31,8 +31,13 @@
 //!    the switch (`crate::writeback`): so a slot names either a RAM object
 //!    (claimed as above) or a backing object that is in the file. The
 //!    backing store's free map is private memory and rebuilt here from the
-//!    written-back slots: a block no slot names is free, blocks written by
-//!    a writeback the crash interrupted included.
+//!    written-back slots, per-page objects (kind 5) and pages of packed
+//!    groups (kind 6) alike, each counted once in every block its object
+//!    touches: a block no slot names is free, blocks written by a
+//!    writeback the crash interrupted included. A packed group whose
+//!    switch the crash interrupted has some pages on the backing store
+//!    and the others still in its RAM object, whose live mask the scan
+//!    rebuilds from those (point 5).
 //!
 //! The gauges (`stored_pages`, `compr_data_size`, same and huge pages,
 //! packed dead bytes, idle and recompressed pages) are recounted from the
@@ -48,7 +53,7 @@ use crate::shm::{Header, SharedMem};
 use crate::slab::{Claim, SlabAllocator};
 use crate::slot::{Entry, Kind};
 use crate::stats::{Counter, StatsShard};
-use crate::table::{account, SlotTable};
+use crate::table::{account, backed_extent, SlotTable};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -219,10 +224,14 @@ pub(crate) fn scan(
             // groups (a packed store's recompression).
             a => {
                 usize::from(a) <= secondaries
-                    && matches!(e.kind, Kind::Compressed | Kind::Backed | Kind::Packed)
+                    && matches!(
+                        e.kind,
+                        Kind::Compressed | Kind::Backed | Kind::Packed | Kind::BackedGroup
+                    )
             }
         };
-        let claimed = if algo_ok && e.kind == Kind::Backed {
+        let backed = matches!(e.kind, Kind::Backed | Kind::BackedGroup);
+        let claimed = if algo_ok && backed {
             claim_backed(table, e)
         } else if algo_ok {
             claim(slab, alloc, page, e, unsealed)
@@ -240,7 +249,7 @@ pub(crate) fn scan(
         if e.kind != Kind::Empty {
             found.stored += 1;
         }
-        if e.kind == Kind::Backed {
+        if backed {
             found.backed += 1;
         }
         account(gauges, e, pos, 1);
@@ -256,17 +265,26 @@ pub(crate) fn scan(
 }
 
 /// Counts the written-back page `e`'s object in the backing store's free
-/// map; `None` if the store has no backing store or the entry names a
-/// place that cannot be (a block past its end, an object crossing a block).
+/// map, once in each block it touches; `None` if the store has no backing
+/// store or the entry names a place that cannot be (blocks past its end,
+/// a per-page object crossing a block, a raw page with an algorithm).
 fn claim_backed(table: &SlotTable, e: &Entry) -> Option<(usize, bool)> {
     let backing = table.backing()?;
-    let at = e.backed_at();
-    let len = e.len as usize;
-    let fits = (1..=PAGE_SIZE).contains(&len)
-        && usize::from(at.off) + len <= PAGE_SIZE
-        && (len < PAGE_SIZE || e.algo == 0)
-        && backing.has_block(at.block);
-    (fits && backing.claim(at.block)).then_some((0, false))
+    let place = backed_extent(e)?;
+    let raw_ok = !(e.kind == Kind::Backed && place.len == PAGE_SIZE && e.algo != 0);
+    let blocks = place.blocks();
+    let fits = raw_ok && blocks.end > blocks.start && backing.has_block(blocks.end - 1);
+    if !fits {
+        return None;
+    }
+    for (i, b) in blocks.clone().enumerate() {
+        if !backing.claim(b) {
+            // Give back what this entry claimed: it is dropped whole.
+            backing.release_blocks(blocks.start..blocks.start + i as u32);
+            return None;
+        }
+    }
+    Some((0, false))
 }
 
 /// Claims the object `e` references for slot `page`; returns the page's

@@ -69,7 +69,9 @@ const MAGIC: [u8; 8] = *b"ZBLKMEM\0";
 /// 5: the header names up to three secondary algorithms (slots' `algo`
 /// 1 to 3), the first where layouts 2-4 name their one.
 /// 6: the file ends with the algorithms' dictionaries (`DICTS_AT`).
-pub(crate) const LAYOUT_VERSION: u64 = 6;
+/// 7: a slot may hold a page of a packed group written back (kind 6,
+/// `crate::slot`), which a zblk of layout 6 would read as an empty slot.
+pub(crate) const LAYOUT_VERSION: u64 = 7;
 /// The first layout whose packed headers are sealed.
 pub(crate) const SEALED_PACKS: u64 = 4;
 /// The oldest layout this build reads: a layout-2 store is a layout-3 store
@@ -78,7 +80,9 @@ pub(crate) const SEALED_PACKS: u64 = 4;
 /// store a layout-5 store with at most one secondary algorithm (its
 /// header's bytes for the second and third are zeros), a layout-5 store a
 /// layout-6 store without dictionaries (its file is grown to have room
-/// for them); each is rewritten as the current layout when taken over.
+/// for them), a layout-6 store a layout-7 store without written-back
+/// packed groups; each is rewritten as the current layout when taken
+/// over.
 pub(crate) const OLDEST_LAYOUT: u64 = 2;
 /// Bytes of the header kept for the algorithm's name.
 const ALGO_BYTES: usize = 32;

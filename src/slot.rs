@@ -22,7 +22,7 @@
 //! | 28-34 | `n` | packed: pages in the group object (1..=64) |
 //! | 35 | `idle` | marked idle (`Store::mark_idle`); any access clears it |
 //! | 36-59 | `atime` | last access, seconds of the store's clock (`crate::clock`), wrapping at 2^24 (194 days) |
-//! | 60-62 | kind | [`Kind`]: 0-5 as listed (5: written back to the backing store); 6-7 reserved |
+//! | 60-62 | kind | [`Kind`]: 0-6 as listed (5: a per-page object written back to the backing store, 6: a page of a packed group written back); 7 reserved |
 //! | 63 | lock | the slot lock |
 //!
 //! A written-back page (kind 5, [`Kind::Backed`]) has no RAM object; its
@@ -35,6 +35,22 @@
 //! | `n` | bits 6-11 of that offset (objects never cross a block) |
 //! | `val` bits 0-31 | CRC-32 of the page number and the object: a read that finds other bytes fails (EIO), never returns a wrong page |
 //! | `val` bits 32-63 | the backing block (16 TiB of backing store at most) |
+//!
+//! A page of a written-back packed group (kind 6, [`Kind::BackedGroup`])
+//! names the group's place on the backing store and its own position in
+//! the group's blob; the rest (the group's mask of pages, its first page,
+//! the whole CRC) is in the group's header on the backing store
+//! (`crate::packed`, "Packed groups on the backing store"):
+//!
+//! | field | kind 6 holds |
+//! | --- | --- |
+//! | `len` | the group's compressed blob, in bytes (the group's header not included) |
+//! | `idx` | the page's position in the blob (0..`n`), not its offset in the group |
+//! | `n` | pages in the blob |
+//! | `algo` | the algorithm that compressed the blob |
+//! | `val` bits 0-23 | the low 24 bits of the group's CRC-32, whose whole value its header holds: a slot naming a place another group took fails its read |
+//! | `val` bits 24-31 | the byte offset of the group's header in its first block, in units of 16 bytes (groups start 16-byte aligned, and may cross blocks) |
+//! | `val` bits 32-63 | the group's first block |
 //!
 //! A huge page (kind 2) uses `n` as a mark: 1 when recompression could not
 //! compress it either (zram's `ZRAM_INCOMPRESSIBLE`), which `writeback
@@ -64,6 +80,10 @@ pub enum Kind {
     /// Written back: an object of `len` bytes in the backing store, where
     /// [`Entry::backed_at`] says.
     Backed,
+    /// Written back packed: position `idx` of a group's blob of `n` pages
+    /// and `len` bytes in the backing store, where [`Entry::group_at`]
+    /// says.
+    BackedGroup,
 }
 
 /// Where a written-back page's object lies in the backing store.
@@ -76,6 +96,25 @@ pub struct BackedAt {
     /// CRC-32 of the page number and the object.
     pub crc: u32,
 }
+
+/// Where a written-back packed group lies in the backing store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GroupAt {
+    /// The group's first 4 KB block.
+    pub block: u32,
+    /// Byte offset of the group's header in that block (a multiple of
+    /// [`GROUP_ALIGN`]).
+    pub off: u16,
+    /// The low 24 bits of the group's CRC-32.
+    pub tag: u32,
+}
+
+/// Alignment of a written-back group's header in its first block.
+pub const GROUP_ALIGN: usize = 16;
+/// Bits of a group's CRC-32 its slots keep ([`GroupAt::tag`]).
+const TAG_BITS: u32 = 24;
+/// The mask of [`GroupAt::tag`].
+pub const TAG_MASK: u32 = (1 << TAG_BITS) - 1;
 
 const LOCK: u64 = 1 << 63;
 const KIND_SHIFT: u32 = 60;
@@ -181,7 +220,7 @@ impl Entry {
     pub fn handle(&self) -> Option<Handle> {
         match self.kind {
             Kind::Huge | Kind::Compressed | Kind::Packed => Some(self.val),
-            Kind::Empty | Kind::Same | Kind::Backed => None,
+            Kind::Empty | Kind::Same | Kind::Backed | Kind::BackedGroup => None,
         }
     }
 
@@ -210,6 +249,32 @@ impl Entry {
         }
     }
 
+    /// Page `pos` of a written-back packed group at `at` whose blob of `n`
+    /// pages is `len` bytes, compressed by `algo`.
+    pub fn backed_group(at: GroupAt, len: u32, n: u8, pos: u8, algo: u8) -> Entry {
+        let off = u64::from(at.off) / GROUP_ALIGN as u64;
+        Entry {
+            kind: Kind::BackedGroup,
+            len,
+            val: (u64::from(at.block) << 32) | (off << TAG_BITS) | u64::from(at.tag & TAG_MASK),
+            idx: pos,
+            n,
+            algo,
+            idle: false,
+            atime: 0,
+        }
+    }
+
+    /// Where a written-back packed group lies (meaningful for
+    /// [`Kind::BackedGroup`] only).
+    pub fn group_at(&self) -> GroupAt {
+        GroupAt {
+            block: (self.val >> 32) as u32,
+            off: ((self.val >> TAG_BITS) & 0xff) as u16 * GROUP_ALIGN as u16,
+            tag: self.val as u32 & TAG_MASK,
+        }
+    }
+
     fn encode(&self) -> u64 {
         let k: u64 = match self.kind {
             Kind::Empty => 0,
@@ -218,6 +283,7 @@ impl Entry {
             Kind::Compressed => 3,
             Kind::Packed => 4,
             Kind::Backed => 5,
+            Kind::BackedGroup => 6,
         };
         (k << KIND_SHIFT)
             | (self.len as u64 & LEN_MASK)
@@ -235,6 +301,7 @@ impl Entry {
             3 => Kind::Compressed,
             4 => Kind::Packed,
             5 => Kind::Backed,
+            6 => Kind::BackedGroup,
             _ => Kind::Empty,
         };
         Entry {
@@ -468,6 +535,7 @@ mod tests {
             Kind::Compressed,
             Kind::Packed,
             Kind::Backed,
+            Kind::BackedGroup,
         ] {
             let e = Entry { kind, ..full };
             assert_eq!(Entry::decode(e.encode(), e.val).kind, kind);
@@ -509,6 +577,51 @@ mod tests {
             assert_eq!(d.backed_at(), at);
             assert_eq!((d.len, d.algo, d.idle, d.atime), (4000, 1, true, 99));
             assert_eq!(d.handle(), None, "a written-back page owns no RAM object");
+        }
+    }
+
+    #[test]
+    fn group_places_round_trip_at_their_extremes() {
+        for (at, pos, n) in [
+            (
+                GroupAt {
+                    block: 0,
+                    off: 0,
+                    tag: 0,
+                },
+                0,
+                1,
+            ),
+            (
+                GroupAt {
+                    block: u32::MAX,
+                    off: 4080,
+                    tag: TAG_MASK,
+                },
+                63,
+                64,
+            ),
+            (
+                GroupAt {
+                    block: 9,
+                    off: 16,
+                    tag: 0x00ab_cdef,
+                },
+                3,
+                8,
+            ),
+        ] {
+            let e = Entry {
+                idle: true,
+                atime: 7,
+                ..Entry::backed_group(at, 30_000, n, pos, 2)
+            };
+            let d = Entry::decode(e.encode(), e.val);
+            assert_eq!(d, e);
+            assert_eq!(d.kind, Kind::BackedGroup);
+            assert_eq!(d.group_at(), at);
+            assert_eq!((d.len, d.n, d.idx, d.algo), (30_000, n, pos, 2));
+            assert_eq!(d.handle(), None, "a written-back group is not in RAM");
         }
     }
 

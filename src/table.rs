@@ -17,7 +17,7 @@
 //! whoever holds more than one slot lock takes them in ascending order.
 
 use crate::alloc::{Handle, ObjAllocator, Relocate};
-use crate::backing::Backing;
+use crate::backing::{Backing, Extent};
 use crate::crash_point;
 use crate::ctx::CtxState;
 use crate::error::{Error, Result};
@@ -310,10 +310,8 @@ impl SlotTable {
     fn release(&self, st: &mut CtxState, r: Released) {
         let old = &r.old;
         account(&st.shard, old, r.pos, -1);
-        if old.kind == Kind::Backed {
-            if let Some(b) = &self.backing {
-                b.release(old.backed_at().block);
-            }
+        if let (Some(b), Some(place)) = (&self.backing, backed_extent(old)) {
+            b.release_blocks(place.blocks());
         }
         if old.kind == Kind::Packed {
             let mine = packed::share(old.len, old.n, r.pos);
@@ -386,6 +384,11 @@ pub(crate) fn account(shard: &StatsShard, e: &Entry, pos: usize, sign: i64) {
             shard.add(Counter::BdCount, sign);
             shard.add(Counter::BdBytes, sign * e.len as i64);
         }
+        Kind::BackedGroup => {
+            shard.add(Counter::BdCount, sign);
+            let share = packed::share(e.len, e.n, usize::from(e.idx));
+            shard.add(Counter::BdBytes, sign * share);
+        }
         Kind::Packed => {
             shard.add(
                 Counter::ComprDataSize,
@@ -400,6 +403,37 @@ pub(crate) fn account(shard: &StatsShard, e: &Entry, pos: usize, sign: i64) {
     if e.algo != 0 {
         shard.add(Counter::RecompressedPages, sign);
     }
+}
+
+/// Where the object of a written-back page (kind 5 or 6) lies in the
+/// backing store, or `None` for any other entry and for a place no
+/// writeback makes (an empty object, one crossing its block, a group
+/// position past its pages, blocks past the 32-bit block numbers).
+pub(crate) fn backed_extent(e: &Entry) -> Option<Extent> {
+    let place = match e.kind {
+        Kind::Backed => {
+            let at = e.backed_at();
+            let len = e.len as usize;
+            let fits = (1..=PAGE_SIZE).contains(&len) && usize::from(at.off) + len <= PAGE_SIZE;
+            fits.then_some(Extent {
+                block: at.block,
+                off: usize::from(at.off),
+                len,
+            })?
+        }
+        Kind::BackedGroup => {
+            let at = e.group_at();
+            let fits = e.len > 0 && e.n >= 1 && e.idx < e.n;
+            fits.then_some(Extent {
+                block: at.block,
+                off: usize::from(at.off),
+                len: packed::GROUP_HEADER + e.len as usize,
+            })?
+        }
+        _ => return None,
+    };
+    let blocks = (place.off + place.len).div_ceil(PAGE_SIZE) as u64;
+    (u64::from(place.block) + blocks <= u64::from(u32::MAX)).then_some(place)
 }
 
 /// Allocates a zeroed slot table without touching it: the OS hands out zero

@@ -141,7 +141,7 @@ pub(crate) fn copy_objects(
         let src = match e.kind {
             Kind::Compressed => &compressed[area..area + e.len as usize],
             Kind::Huge => &data[i * PAGE_SIZE..(i + 1) * PAGE_SIZE],
-            Kind::Empty | Kind::Same | Kind::Packed | Kind::Backed => continue,
+            Kind::Empty | Kind::Same | Kind::Packed | Kind::Backed | Kind::BackedGroup => continue,
         };
         j += 1;
         let Some(&h) = handles.next() else {

@@ -6,9 +6,11 @@
 //! file system that refuses `O_DIRECT` (tmpfs) gets buffered I/O, with a
 //! log line. Writeback (`crate::writeback`) packs many compressed objects
 //! into each block and writes whole runs of blocks with one `pwrite`; a
-//! read of a written-back page reads its one block with one `pread`. The
-//! free map (`map`) counts the objects each block holds; the buffers the
-//! I/O needs are made here, when the store is built (`buf`).
+//! read of a written-back page reads its one block (a packed group's
+//! blocks) with one `pread`, or its caller reads it (the daemon, through
+//! its queue's io_uring). The free map (`map`) counts the live pages each
+//! block holds; the buffers the I/O needs are made here, when the store
+//! is built (`buf`).
 
 mod buf;
 mod map;
@@ -32,6 +34,29 @@ pub(crate) const BATCH_BLOCKS: usize = 64;
 /// few bytes, so cap what the preallocated list must hold.
 pub(crate) const BATCH_OBJECTS: usize = BATCH_BLOCKS * 64;
 
+/// Where a written-back object lies: `len` bytes from byte `off` of
+/// block `block`, on as many blocks as that takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Extent {
+    /// Its first block.
+    pub(crate) block: u32,
+    /// Its offset in that block.
+    pub(crate) off: usize,
+    /// Its length.
+    pub(crate) len: usize,
+}
+
+impl Extent {
+    /// The blocks it touches.
+    pub(crate) fn blocks(&self) -> std::ops::Range<u32> {
+        let n = (self.off + self.len).div_ceil(PAGE_SIZE) as u32;
+        self.block..self.block.saturating_add(n)
+    }
+}
+
+/// A batch block no file block was reserved for.
+pub(crate) const NO_BLOCK: u32 = u32::MAX;
+
 /// Bytes of backing store needed at least: one block.
 pub(crate) const MIN_BYTES: u64 = PAGE_SIZE_U64;
 
@@ -47,6 +72,27 @@ pub(crate) struct Pending {
     pub(crate) blk: usize,
     /// Its offset in that block.
     pub(crate) off: u16,
+    /// Bytes it takes from there: a per-page object's length, or a packed
+    /// group's header and blob (which may cross blocks).
+    pub(crate) bytes: u32,
+    /// A packed group's page: its object's id, and its position in the
+    /// blob (`None`: a per-page object).
+    pub(crate) group: Option<(u64, u8)>,
+    /// A packed group's CRC-32 (its header holds it too).
+    pub(crate) crc: u32,
+}
+
+impl Pending {
+    /// The batch blocks it touches.
+    pub(crate) fn blks(&self) -> std::ops::Range<usize> {
+        let at = Extent {
+            block: self.blk as u32,
+            off: usize::from(self.off),
+            len: self.bytes as usize,
+        };
+        let b = at.blocks();
+        b.start as usize..b.end as usize
+    }
 }
 
 /// What a writeback batch is built in: made once with the store, reused.
@@ -55,7 +101,8 @@ pub(crate) struct Batch {
     pub(crate) buf: AlignedBuf,
     /// The objects in `buf`, in order.
     pub(crate) items: Vec<Pending>,
-    /// Per batch block: the file block reserved for it.
+    /// Per batch block: the file block reserved for it ([`NO_BLOCK`]:
+    /// none, its pages stay in RAM).
     pub(crate) blocks: Vec<u32>,
 }
 
@@ -141,15 +188,23 @@ impl Backing {
         self.map.used() * PAGE_SIZE_U64
     }
 
-    /// Reserves a free block for `objects` objects (`None`: full).
-    pub(crate) fn reserve(&self, objects: u16) -> Option<u32> {
-        self.map.reserve(objects)
+    /// Reserves a run of contiguous free blocks, block `i` for `counts[i]`
+    /// live pages; returns its first block (`None`: no such run).
+    pub(crate) fn reserve_run(&self, counts: &[u16]) -> Option<u32> {
+        self.map.reserve_run(counts)
     }
 
     /// One object of `block` is gone.
     pub(crate) fn release(&self, block: u32) {
         if !self.map.release(block) {
             log::error!("backing block {block} released with no object in it");
+        }
+    }
+
+    /// One live page of an object on blocks `blocks` is gone.
+    pub(crate) fn release_blocks(&self, blocks: std::ops::Range<u32>) {
+        for b in blocks {
+            self.release(b);
         }
     }
 
@@ -163,17 +218,31 @@ impl Backing {
         block < self.map.blocks()
     }
 
-    /// Reads block `block` into `buf` (one block, aligned); a short read
-    /// (the file was truncated) is an error.
-    pub(crate) fn read_block(
+    /// The file, for a caller reading blocks itself.
+    pub(crate) fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.file.as_fd()
+    }
+
+    /// Reads blocks `blocks` into the front of `buf` (aligned, one `pread`
+    /// unless the kernel returns less); a short read (the file was
+    /// truncated) or a buffer too small is an error.
+    pub(crate) fn read_blocks(
         &self,
-        block: u32,
+        blocks: std::ops::Range<u32>,
         buf: &mut AlignedBuf,
     ) -> std::result::Result<(), String> {
-        let dst = &mut buf.as_mut_slice()[..PAGE_SIZE];
+        let block = blocks.start;
+        let len = blocks.len() * PAGE_SIZE;
+        let Some(dst) = buf.as_mut_slice().get_mut(..len) else {
+            return Err(format!(
+                "{} backing blocks do not fit this queue's read buffer",
+                blocks.len()
+            ));
+        };
         let at = u64::from(block) * PAGE_SIZE_U64;
         let mut done = 0;
-        while done < PAGE_SIZE {
+        while done < len {
             match self.file.read_at(&mut dst[done..], at + done as u64) {
                 Ok(0) => return Err(format!("backing block {block} is past the end of the file")),
                 Ok(n) => done += n,
@@ -231,10 +300,16 @@ mod tests {
         let mut src = AlignedBuf::new(2, false).unwrap();
         src.as_mut_slice().copy_from_slice(&data);
         b.write_blocks(3, src.as_slice()).unwrap();
-        let mut out = AlignedBuf::new(1, false).unwrap();
-        b.read_block(4, &mut out).unwrap();
+        let mut out = AlignedBuf::new(2, false).unwrap();
+        b.read_blocks(4..5, &mut out).unwrap();
         assert_eq!(out.as_slice()[9], 0xab);
-        assert!(b.read_block(8, &mut out).is_err(), "past the end");
+        b.read_blocks(3..5, &mut out).unwrap();
+        assert_eq!(out.as_slice()[PAGE_SIZE + 9], 0xab);
+        assert!(b.read_blocks(8..9, &mut out).is_err(), "past the end");
+        assert!(
+            b.read_blocks(0..3, &mut out).is_err(),
+            "bigger than the buffer"
+        );
     }
 
     #[test]

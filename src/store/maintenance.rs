@@ -119,19 +119,14 @@ impl Store {
     /// `writeback`): their compressed objects are packed into 4 KB blocks
     /// of the backing store and their RAM is freed. At most `p.limit`
     /// pages (0: any number), and no more than the device's writeback
-    /// limit allows, which it consumes. Per-page stores with a backing
-    /// device only.
+    /// limit allows, which it consumes. A packed store writes back whole
+    /// groups, each of whose live pages is selected.
     pub fn writeback(&self, p: &Writeback) -> Result<WritebackReport> {
         let Some(backing) = self.table.backing() else {
             return Err(Error::InvalidConfig(
                 "this device has no backing device: create it with --backing-dev PATH".into(),
             ));
         };
-        if self.cfg.mode == Mode::Packed {
-            return Err(Error::InvalidConfig(
-                "writeback of packed stores is not supported yet: use a per-page device".into(),
-            ));
-        }
         self.with_maintenance(|st| {
             let allowed = self.wb_limit.load(Relaxed);
             let asked = if p.limit == 0 { u64::MAX } else { p.limit };

@@ -13,8 +13,8 @@
 //! Every function goes down, never back up: a request goes
 //! [`QueueCtx::write`] -> `write::write_group` (per group) ->
 //! `packed::pack_group` or `write::plan_per_page` -> `alloc_bulk` ->
-//! `SlotTable::install_group`; [`QueueCtx::read`] -> `read::read_page`
-//! (per page, under its lock) -> the codec; [`QueueCtx::discard`] ->
+//! `SlotTable::install_group`; [`QueueCtx::read_begin`] ->
+//! `read::read_page_or_backed` (per page, under its lock) -> the codec; [`QueueCtx::discard`] ->
 //! `SlotTable::install` of an empty entry -> `SlotTable::release` -> the
 //! queue's free batch.
 
@@ -22,7 +22,7 @@ mod maintenance;
 mod ops;
 mod stats;
 
-pub use ops::QueueCtx;
+pub use ops::{BackingWait, QueueCtx, ReadStep};
 pub use stats::StoreStats;
 
 use crate::alloc::ObjAllocator;
@@ -277,6 +277,14 @@ impl Store {
     /// the store is in shared memory.
     pub fn memory_fd(&self) -> Option<BorrowedFd<'_>> {
         self.table.shared().map(|shm| shm.fd())
+    }
+
+    /// The backing store's file, which the blocks of a read's
+    /// [`ReadStep::Wait`] are read from (`O_DIRECT` unless its file system
+    /// refuses it: read whole aligned blocks into aligned memory); `None`
+    /// without one.
+    pub fn backing_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.table.backing().map(|b| b.fd())
     }
 
     /// Thread state with a shard of its own, and the shard's index.

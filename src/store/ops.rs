@@ -5,8 +5,12 @@
 //! - write: [`QueueCtx::write`] -> `write::write_group` (per compression
 //!   group) -> `packed::pack_group` or `write::plan_per_page` ->
 //!   `alloc_bulk` -> `SlotTable::install_group`;
-//! - read: [`QueueCtx::read`] -> `read::read_page` (per page, under its
-//!   lock) -> the codec;
+//! - read: [`QueueCtx::read_begin`] -> `read::read_page_or_backed` (per
+//!   page, under its lock) -> the codec; a written-back page stops the
+//!   request as a [`ReadStep::Wait`] for its block, which the caller reads
+//!   (the daemon through its queue's io_uring; [`QueueCtx::read`] with
+//!   `pread`) before [`QueueCtx::read_resume`] -> `read::finish_backed`
+//!   goes on from that page;
 //! - discard and write-zeroes: [`QueueCtx::discard`] ->
 //!   `SlotTable::install` of an empty entry -> `SlotTable::release` -> the
 //!   queue's free batch.
@@ -18,11 +22,56 @@ use super::Store;
 use crate::ctx::CtxState;
 use crate::error::{Error, Result};
 use crate::page::{PAGE_SIZE, PAGE_SIZE_U64};
+use crate::read::{self, BackedRead, PageRead};
 use crate::slot::Entry;
 use crate::stats::{Counter, Op, Phase};
 use crate::workers::{Job, JobOp};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// A read request in progress: its pages, the next one to read, when it
+/// began.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ReadReq {
+    first: u64,
+    pages: usize,
+    next: usize,
+    t0: Instant,
+}
+
+/// A read request waiting for one block of the backing store: the block
+/// holding its next page, which is written back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BackingWait {
+    req: ReadReq,
+    backed: BackedRead,
+    /// Reads of this block so far beyond the first (one more is made when
+    /// the first fails its checksum).
+    tries: u8,
+}
+
+impl BackingWait {
+    /// Where the block is in the backing store, in bytes.
+    pub fn offset(&self) -> u64 {
+        self.backed.block_offset()
+    }
+
+    /// How many bytes to read: one block.
+    pub fn bytes(&self) -> usize {
+        PAGE_SIZE
+    }
+}
+
+/// Where a read request stands after [`QueueCtx::read_begin`] or
+/// [`QueueCtx::read_resume`]: done (the request's result is the call's),
+/// or waiting for a block of the backing store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadStep {
+    /// Every page is in the buffer.
+    Done,
+    /// The caller reads this block, then resumes.
+    Wait(BackingWait),
+}
 
 /// The per-thread context every store operation runs with: one per queue
 /// thread, holding its codec, scratch, statistics shard and free batch.
@@ -86,30 +135,114 @@ impl QueueCtx {
         r
     }
 
-    /// Reads `buf.len()` bytes (a multiple of 4 KB) at byte `offset`.
+    /// Reads `buf.len()` bytes (a multiple of 4 KB) at byte `offset`,
+    /// written-back pages' blocks read here, with `pread`.
     pub fn read(&mut self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let mut step = self.read_begin(offset, buf)?;
+        while let ReadStep::Wait(w) = step {
+            step = self.read_block_here(w, buf)?;
+        }
+        Ok(())
+    }
+
+    /// Starts reading `buf.len()` bytes (a multiple of 4 KB) at byte
+    /// `offset`, as far as the first written-back page: its block is the
+    /// caller's to read (from [`Store::backing_fd`], at
+    /// [`BackingWait::offset`], into an aligned buffer) before it calls
+    /// [`QueueCtx::read_resume`] with the same `buf`. A store without a
+    /// backing store always answers [`ReadStep::Done`].
+    pub fn read_begin(&mut self, offset: u64, buf: &mut [u8]) -> Result<ReadStep> {
         let (store, st) = (&*self.store, &mut self.st);
         let t0 = Instant::now();
-        let r = 'request: {
-            let (first, pages) = match check_range(store, st, offset, buf.len() as u64) {
-                Ok(range) => range,
-                Err(e) => break 'request Err(e),
-            };
-            st.now = store.now();
-            keep_heap_room(store, st);
-            if let Err(e) = read_pages(store, st, self.job.as_ref(), first, buf) {
-                // Reported by the caller (the daemon logs it rate-limited):
-                // a corrupt page read over and over must not flood the log.
-                st.shard.add(Counter::FailedReads, 1);
-                charge_total(st, Phase::Read, t0.elapsed());
-                break 'request Err(e);
-            }
-            st.shard.add(Counter::NumReads, 1);
-            st.shard.add(Counter::PagesRead, pages as i64);
-            record_latency(st, Op::Read, t0, pages);
-            Ok(())
+        let (first, pages) = check_range(store, st, offset, buf.len() as u64)?;
+        st.now = store.now();
+        keep_heap_room(store, st);
+        let req = ReadReq {
+            first,
+            pages,
+            next: 0,
+            t0,
         };
-        st.count_accel_events();
+        // With a backing store a read runs here alone, so that a
+        // written-back page stops it rather than a worker's group.
+        if store.table.backing().is_none() {
+            let r = read_pages(store, st, self.job.as_ref(), first, buf);
+            return end_read(st, &req, r).map(|()| ReadStep::Done);
+        }
+        self.read_on(req, buf)
+    }
+
+    /// Goes on with the read `w` once its block has landed (`block`: its
+    /// bytes, or why they could not be read, which fails the request).
+    pub fn read_resume(
+        &mut self,
+        mut w: BackingWait,
+        buf: &mut [u8],
+        block: std::io::Result<&[u8]>,
+    ) -> Result<ReadStep> {
+        let (store, st) = (&*self.store, &mut self.st);
+        let at = w.req.next * PAGE_SIZE;
+        let Some(out) = buf.get_mut(at..at + PAGE_SIZE) else {
+            let e = Error::Backing(format!("a read resumed with {} bytes", buf.len()));
+            return end_read(st, &w.req, Err(e)).map(|()| ReadStep::Done);
+        };
+        let r = block
+            .map_err(|e| {
+                let block = w.backed.entry.backed_at().block;
+                Error::Backing(format!("reading backing block {block}: {e}"))
+            })
+            .and_then(|bytes| read::finish_backed(&store.table, st, &w.backed, bytes, out));
+        match r {
+            Ok(true) => {
+                w.req.next += 1;
+                self.read_on(w.req, buf)
+            }
+            Ok(false) => self.read_on(w.req, buf),
+            // Once more: the block may have been freed and reused between
+            // its read and the slot's check (see `read::finish_backed`).
+            Err(Error::Corrupt { .. }) if w.tries == 0 => {
+                w.tries += 1;
+                Ok(ReadStep::Wait(w))
+            }
+            Err(e) => end_read(st, &w.req, Err(e)).map(|()| ReadStep::Done),
+        }
+    }
+
+    /// Reads the pages of `req` from its next one on, in this thread, as
+    /// far as the next written-back page.
+    fn read_on(&mut self, mut req: ReadReq, buf: &mut [u8]) -> Result<ReadStep> {
+        let (table, st) = (&self.store.table, &mut self.st);
+        let pages = buf.chunks_exact_mut(PAGE_SIZE).enumerate().skip(req.next);
+        for (i, out) in pages {
+            match read::read_page_or_backed(table, st, req.first + i as u64, out) {
+                Ok(PageRead::Done) => {}
+                Ok(PageRead::Backed(backed)) => {
+                    req.next = i;
+                    let tries = 0;
+                    return Ok(ReadStep::Wait(BackingWait { req, backed, tries }));
+                }
+                Err(e) => return end_read(st, &req, Err(e)).map(|()| ReadStep::Done),
+            }
+        }
+        end_read(st, &req, Ok(())).map(|()| ReadStep::Done)
+    }
+
+    /// [`QueueCtx::read_resume`] with `w`'s block read here, into this
+    /// thread's backing buffer.
+    fn read_block_here(&mut self, w: BackingWait, buf: &mut [u8]) -> Result<ReadStep> {
+        let Some(mut block) = self.st.bd_buf.take() else {
+            let e = Error::Backing("this queue has no backing read buffer".into());
+            return end_read(&mut self.st, &w.req, Err(e)).map(|()| ReadStep::Done);
+        };
+        let landed = match self.store.table.backing() {
+            Some(b) => b.read_blocks(w.backed.blocks(), &mut block),
+            None => Err("the store has no backing device".into()),
+        };
+        let bytes = landed
+            .map(|()| &block.as_slice()[..PAGE_SIZE])
+            .map_err(std::io::Error::other);
+        let r = self.read_resume(w, buf, bytes);
+        self.st.bd_buf = Some(block);
         r
     }
 
@@ -220,6 +353,26 @@ fn read_pages(
 
 /// Checks a byte range against `store`'s size and returns its first page
 /// and page count; a range that fails counts as an invalid request.
+/// Ends read request `req` with `r`: counted, timed, its codec's
+/// accelerator events taken.
+fn end_read(st: &mut CtxState, req: &ReadReq, r: Result<()>) -> Result<()> {
+    match &r {
+        Ok(()) => {
+            st.shard.add(Counter::NumReads, 1);
+            st.shard.add(Counter::PagesRead, req.pages as i64);
+            record_latency(st, Op::Read, req.t0, req.pages);
+        }
+        Err(_) => {
+            // Reported by the caller (the daemon logs it rate-limited): a
+            // corrupt page read over and over must not flood the log.
+            st.shard.add(Counter::FailedReads, 1);
+            charge_total(st, Phase::Read, req.t0.elapsed());
+        }
+    }
+    st.count_accel_events();
+    r
+}
+
 /// With a memory reserve, keeps heap room for this thread's allocations
 /// while memory is short (`CtxState::keep_heap_room`); a store without one
 /// never runs short by its own measure.

@@ -47,7 +47,12 @@
 #                       --by cgroup against two cgroups' memory.swap.current,
 #                       pages shared by a fork, one process's pagemap read
 #                       in the guest against its row, writeback --cgroup;
-#                       give it --data .../realmem-dev.bin.zst))
+#                       give it --data .../realmem-dev.bin.zst)
+#                       and remote (the backing device on another machine:
+#                       a second network namespace in the guest exports a
+#                       file on the scratch disk through the kernel's NVMe
+#                       over TCP target; writeback, swap-in, a dead link,
+#                       latency against RAM and a local file; see its header))
 #   --mem SIZE          guest memory (qemu -m syntax, default 2G)
 #   --cpus N            guest vCPUs (default 2)
 #   --keep              keep the work folder (initramfs, console log) and print it
@@ -60,6 +65,11 @@
 #   --carry PATH        host binary copied into the guest (/usr/local/bin) with the
 #                       shared libraries `ldd` lists (repeatable): fio, stress-ng...
 #   --timeout SECS      limit of each kernel's boot (default 900); a hang is a failure
+#   --disk SIZE         a scratch disk of SIZE (truncate syntax, e.g. 2G): a
+#                       sparse raw image in the work folder, the guest's
+#                       /dev/vda (virtio), for data that must not live in
+#                       guest RAM; given by default (2G) with the remote
+#                       scenario
 #   -h, --help          this text
 #
 # Environment knobs:
@@ -119,7 +129,10 @@ WORK=${ZBLK_VM_WORK:-$REPO/tests/vm/work}
 # swapkill runs last: it leaves a dead swap area the kernel cannot remove.
 DEFAULT_SCENARIOS="swap munmap blockio stat lifecycle recompress exhaust soak filesystem crash upgrade security swapkill"
 # bench measures and is slow: run by name only (tools/scripts/bench-device.sh).
-ALL_SCENARIOS="$DEFAULT_SCENARIOS zram-compare bench recovery-cost transport-ab tiering wholemachine breakdown thp stall attrib"
+ALL_SCENARIOS="$DEFAULT_SCENARIOS zram-compare bench recovery-cost transport-ab tiering wholemachine breakdown thp stall attrib remote"
+# Scenarios that need the scratch disk (--disk): its size when none is given.
+DISK_SCENARIOS="remote"
+DISK_DEFAULT=2G
 SCENARIOS=""
 MEM=2G
 CPUS=2
@@ -128,9 +141,13 @@ EXTRA=""
 CARRY=()
 DATA=()
 TIMEOUT=900
+DISK=""
 TARGET=x86_64-unknown-linux-gnu
 # Host programs the filesystem scenario runs in the guest (/usr/sbin).
 FS_TOOLS="mkfs.ext4 e2fsck mkfs.xfs xfs_repair fstrim"
+# iproute2's ip (/usr/sbin): busybox's has no netns and cannot make a veth
+# pair, which the remote scenario's second network namespace needs.
+NET_TOOLS="ip"
 KNOWN_KERNELS="6.12 7.3"
 # Kernel modules packed into the guest, dependencies first: those every
 # scenario needs (a kernel package without them is refused) and those only
@@ -141,7 +158,10 @@ KNOWN_KERNELS="6.12 7.3"
 # dependency, not in depends=), and the guest has no modprobe to load it.
 NEED_MODULES="ublk_drv zram lz4_compress lz4hc_compress lzo_rle zstd_compress"
 # brd and the crypto API's lz4 and zstd: zswap over a ramdisk (wholemachine).
-OPT_MODULES="crc32c_generic crc32c_intel ext4 xfs loop brd lz4 zstd"
+# virtio_pci and virtio_blk: the scratch disk (--disk); veth, the kernel's
+# NVMe-oF target over TCP (nvmet_tcp, with nvmet and configfs) and its
+# initiator (nvme_tcp, with nvme_core and nvme_fabrics): the remote tier.
+OPT_MODULES="crc32c_generic crc32c_intel ext4 xfs loop brd lz4 zstd virtio_pci virtio_blk veth nvmet_tcp nvme_tcp"
 DEFAULT_KERNELS="6.12 7.3"
 KERNELS=""
 
@@ -175,12 +195,17 @@ parse_args() {
         --data) [ $# -ge 2 ] && [ -f "$2" ] || die "--data needs an existing file"
             DATA+=("$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"); shift 2;;
         --timeout) [ $# -ge 2 ] || die "--timeout needs seconds"; TIMEOUT=$2; shift 2;;
+        --disk) [ $# -ge 2 ] || die "--disk needs a size"; DISK=$2; shift 2;;
         -h|--help) usage; exit 0;;
         *) die "unknown option '$1' (see --help)";;
         esac
     done
     SCENARIOS=${SCENARIOS:-$DEFAULT_SCENARIOS}
     SCENARIOS=$(echo $SCENARIOS)
+    local s
+    for s in $SCENARIOS; do
+        case " $DISK_SCENARIOS " in *" $s "*) DISK=${DISK:-$DISK_DEFAULT};; esac
+    done
     KERNELS=$(printf '%s\n' ${KERNELS:-$DEFAULT_KERNELS} | awk '!seen[$0]++' | tr '\n' ' ')
     KERNELS=$(echo $KERNELS)
 }
@@ -462,6 +487,10 @@ pack_initramfs() {
         local p; p=$(command -v "$b" || true)
         if [ -n "$p" ]; then carry_program "$p" "$root" "/usr/sbin/$b"; else log "note: no $b on this host; the filesystem scenario will miss it"; fi
     done
+    for b in $NET_TOOLS; do
+        local p; p=$(command -v "$b" || true)
+        if [ -n "$p" ]; then carry_program "$p" "$root" "/usr/sbin/$b"; else log "note: no $b (iproute2) on this host; the remote scenario will miss it"; fi
+    done
     for b in "${CARRY[@]+"${CARRY[@]}"}"; do carry_program "$b" "$root"; done
     if [ ${#DATA[@]} -gt 0 ]; then
         mkdir -p "$root/lib/zblk-vm/data"
@@ -477,7 +506,14 @@ boot() {
     local scen params
     scen=$(echo $SCENARIOS | tr ' ' ',')
     params="console=ttyS0 panic=-1 loglevel=4 zblk.scenarios=$scen ${ZBLK_VM_ARGS:-}"
-    log "booting $(cat "$KDIR/version"): $MEM, $CPUS cpus, scenarios: $SCENARIOS${EXTRA:+ + extra}"
+    log "booting $(cat "$KDIR/version"): $MEM, $CPUS cpus, scenarios: $SCENARIOS${EXTRA:+ + extra}${DISK:+, scratch disk $DISK}"
+    local disk=()
+    if [ -n "$DISK" ]; then
+        # Sparse and new each boot: the guest makes its own file system.
+        rm -f "$WORK/scratch.img"
+        truncate -s "$DISK" "$WORK/scratch.img" || die "cannot make a $DISK scratch disk in $WORK"
+        disk=(-drive "file=$WORK/scratch.img,format=raw,if=virtio")
+    fi
     set +e
     local accel=(-accel tcg -cpu max)
     [ "${ZBLK_VM_ACCEL:-tcg}" = kvm ] && accel=(-accel kvm -cpu host)
@@ -499,7 +535,7 @@ boot() {
     fi
     timeout -k 10 "$TIMEOUT" qemu-system-x86_64 "${accel[@]}" -m "$MEM" -smp "$CPUS" \
         -nographic -no-reboot -kernel "$KDIR/vmlinuz" -initrd "$WORK/initrd.img" \
-        -append "$params" </dev/null 2>&1 | tee "$WORK/console.log" | sed -u 's/\r$//'
+        -append "$params" "${disk[@]+"${disk[@]}"}" </dev/null 2>&1 | tee "$WORK/console.log" | sed -u 's/\r$//'
     QEMU_RC=${PIPESTATUS[0]}
     [ -n "$watch" ] && kill "$watch" 2>/dev/null
     set -e

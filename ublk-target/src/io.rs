@@ -1,4 +1,7 @@
-//! Request decoding and dispatch: one ublk I/O descriptor in, one result out.
+//! Request decoding and dispatch: one ublk I/O descriptor in, one result
+//! out, or a read waiting for a block of the backing store
+//! ([`Served::Wait`]), which the queue reads through its ring and hands to
+//! [`resume`].
 //!
 //! Everything here is pure (no kernel, no io_uring), so that tests can feed
 //! synthetic descriptors (every op, bad ranges, the garbage start sector of
@@ -9,7 +12,7 @@ use libublk::sys::{
     UBLK_IO_OP_WRITE_ZEROES,
 };
 use std::time::{Duration, Instant};
-use zblk::{Error, QueueCtx};
+use zblk::{BackingWait, Error, QueueCtx, ReadStep};
 
 /// Sector size of ublk descriptors (always 512 bytes, whatever the
 /// device's logical block size).
@@ -87,18 +90,31 @@ impl std::fmt::Display for IoFailure {
     }
 }
 
+/// What became of a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Served {
+    /// Its ublk result: bytes transferred for READ and WRITE, 0 for
+    /// FLUSH, DISCARD and WRITE_ZEROES, or a negative errno.
+    Done(i32),
+    /// A read waiting for this block of the backing store: read it, then
+    /// [`resume`] the request with it.
+    Wait(BackingWait),
+}
+
+/// The result of a request or its failure: a negative errno and its cause.
+pub type Outcome = Result<Served, (i32, IoFailure)>;
+
 /// Executes one request against the queue's context.
 ///
-/// Returns the ublk result: bytes transferred for READ and WRITE, 0 for
-/// FLUSH, DISCARD and WRITE_ZEROES, or a negative errno with its cause.
-/// READ and WRITE move data through `buf` (the tag's I/O buffer).
-pub fn dispatch(ctx: &mut QueueCtx, iod: &IoDesc, buf: &mut [u8]) -> Result<i32, (i32, IoFailure)> {
+/// READ and WRITE move data through `buf` (the tag's I/O buffer). A READ
+/// of a written-back page stops there as [`Served::Wait`].
+pub fn dispatch(ctx: &mut QueueCtx, iod: &IoDesc, buf: &mut [u8]) -> Outcome {
     let op = iod.op();
     // FLUSH carries a meaningless start sector: answer before decoding it.
     // Every write is in memory the moment it completes, so there is
     // nothing to flush.
     if op == UBLK_IO_OP_FLUSH {
-        return Ok(0);
+        return Ok(Served::Done(0));
     }
     if !matches!(
         op,
@@ -109,34 +125,90 @@ pub fn dispatch(ctx: &mut QueueCtx, iod: &IoDesc, buf: &mut [u8]) -> Result<i32,
     let Some((offset, len)) = iod.byte_range() else {
         return Err((-libc::EINVAL, IoFailure::SectorOverflow));
     };
-    let engine = |r: zblk::Result<()>| r.map_err(|e| (e.errno(), IoFailure::Engine(e)));
     match op {
-        UBLK_IO_OP_READ | UBLK_IO_OP_WRITE => {
-            let data = match usize::try_from(len) {
-                Ok(n) if n <= buf.len() => &mut buf[..n],
-                _ => {
-                    let buf = buf.len();
-                    return Err((-libc::EINVAL, IoFailure::TooLong { len, buf }));
-                }
-            };
-            if op == UBLK_IO_OP_READ {
-                engine(ctx.read(offset, data))?;
-            } else {
-                engine(ctx.write(offset, data))?;
-            }
-            // len <= buf.len() <= the 32 MB ublk maximum, so it fits an i32.
-            Ok(i32::try_from(len).unwrap_or(i32::MAX))
+        UBLK_IO_OP_READ => {
+            let data = data_of(buf, len)?;
+            read_step(ctx.read_begin(offset, data), len)
         }
-        UBLK_IO_OP_DISCARD => engine(ctx.discard(offset, len)).map(|()| 0),
-        _ => engine(ctx.write_zeroes(offset, len)).map(|()| 0),
+        UBLK_IO_OP_WRITE => {
+            let data = data_of(buf, len)?;
+            engine(ctx.write(offset, data))?;
+            Ok(Served::Done(done_len(len)))
+        }
+        UBLK_IO_OP_DISCARD => engine(ctx.discard(offset, len)).map(|()| Served::Done(0)),
+        _ => engine(ctx.write_zeroes(offset, len)).map(|()| Served::Done(0)),
     }
+}
+
+/// Goes on with the READ `iod` that waited for block `w`, now landed
+/// (`block`: its bytes, or why it could not be read).
+pub fn resume(
+    ctx: &mut QueueCtx,
+    iod: &IoDesc,
+    buf: &mut [u8],
+    w: BackingWait,
+    block: std::io::Result<&[u8]>,
+) -> Outcome {
+    let Some((_, len)) = iod.byte_range() else {
+        return Err((-libc::EINVAL, IoFailure::SectorOverflow));
+    };
+    let data = data_of(buf, len)?;
+    read_step(ctx.read_resume(w, data, block), len)
+}
+
+/// The first `len` bytes of `buf`, the request's data.
+fn data_of(buf: &mut [u8], len: u64) -> Result<&mut [u8], (i32, IoFailure)> {
+    match usize::try_from(len) {
+        Ok(n) if n <= buf.len() => Ok(&mut buf[..n]),
+        _ => {
+            let buf = buf.len();
+            Err((-libc::EINVAL, IoFailure::TooLong { len, buf }))
+        }
+    }
+}
+
+/// A READ's [`Served`], from where the engine says it stands.
+fn read_step(r: zblk::Result<ReadStep>, len: u64) -> Outcome {
+    match engine(r)? {
+        ReadStep::Done => Ok(Served::Done(done_len(len))),
+        ReadStep::Wait(w) => Ok(Served::Wait(w)),
+    }
+}
+
+/// The engine's failure as an errno and its cause.
+fn engine<T>(r: zblk::Result<T>) -> Result<T, (i32, IoFailure)> {
+    r.map_err(|e| (e.errno(), IoFailure::Engine(e)))
+}
+
+/// The result of a READ or WRITE of `len` bytes: `len` <= the I/O
+/// buffer <= the 32 MB ublk maximum, so it fits an i32.
+fn done_len(len: u64) -> i32 {
+    i32::try_from(len).unwrap_or(i32::MAX)
 }
 
 /// [`dispatch`], with failures logged through `log` (rate-limited):
 /// the function a queue calls for every request.
-pub fn handle_io(ctx: &mut QueueCtx, iod: &IoDesc, buf: &mut [u8], log: &mut RateLimit) -> i32 {
-    match dispatch(ctx, iod, buf) {
-        Ok(res) => res,
+pub fn handle_io(ctx: &mut QueueCtx, iod: &IoDesc, buf: &mut [u8], log: &mut RateLimit) -> Served {
+    let r = dispatch(ctx, iod, buf);
+    logged(ctx, iod, r, log)
+}
+
+/// [`resume`], with failures logged as [`handle_io`] logs them.
+pub fn handle_resume(
+    ctx: &mut QueueCtx,
+    iod: &IoDesc,
+    buf: &mut [u8],
+    (w, block): (BackingWait, std::io::Result<&[u8]>),
+    log: &mut RateLimit,
+) -> Served {
+    let r = resume(ctx, iod, buf, w, block);
+    logged(ctx, iod, r, log)
+}
+
+/// `r`, its failure logged (rate-limited) and answered with its errno.
+fn logged(ctx: &QueueCtx, iod: &IoDesc, r: Outcome, log: &mut RateLimit) -> Served {
+    match r {
+        Ok(s) => s,
         Err((errno, why)) => {
             if log.allow(Instant::now()) {
                 log::error!(
@@ -148,7 +220,7 @@ pub fn handle_io(ctx: &mut QueueCtx, iod: &IoDesc, buf: &mut [u8], log: &mut Rat
                     -errno
                 );
             }
-            errno
+            Served::Done(errno)
         }
     }
 }
@@ -257,7 +329,7 @@ mod tests {
         let w = iod(UBLK_IO_OP_WRITE, 5 * u64::from(SPP), 2 * SPP);
         assert_eq!(
             handle_io(&mut ctx, &w, &mut buf, &mut log),
-            2 * PAGE_SIZE as i32
+            Served::Done(2 * PAGE_SIZE as i32)
         );
         assert_eq!(read_back(&mut ctx, 5, 1), page(3));
         assert_eq!(read_back(&mut ctx, 6, 1), page(7));
@@ -266,7 +338,7 @@ mod tests {
         let r = iod(UBLK_IO_OP_READ, 5 * u64::from(SPP), 2 * SPP);
         assert_eq!(
             handle_io(&mut ctx, &r, &mut rbuf, &mut log),
-            2 * PAGE_SIZE as i32
+            Served::Done(2 * PAGE_SIZE as i32)
         );
         assert_eq!(&rbuf[..PAGE_SIZE], &page(3)[..]);
         assert_eq!(&rbuf[PAGE_SIZE..2 * PAGE_SIZE], &page(7)[..]);
@@ -282,12 +354,18 @@ mod tests {
         let mut ctx = s.new_ctx();
         let mut buf: Vec<u8> = (0..8u8).flat_map(page).collect();
         let w = iod(UBLK_IO_OP_WRITE, 8 * u64::from(SPP), 8 * SPP);
-        assert_eq!(dispatch(&mut ctx, &w, &mut buf), Ok(8 * PAGE_SIZE as i32));
+        assert_eq!(
+            dispatch(&mut ctx, &w, &mut buf),
+            Ok(Served::Done(8 * PAGE_SIZE as i32))
+        );
         let d = iod(UBLK_IO_OP_DISCARD, 10 * u64::from(SPP), SPP);
-        assert_eq!(dispatch(&mut ctx, &d, &mut []), Ok(0));
+        assert_eq!(dispatch(&mut ctx, &d, &mut []), Ok(Served::Done(0)));
         let mut rbuf = vec![0x77u8; 8 * PAGE_SIZE];
         let r = iod(UBLK_IO_OP_READ, 8 * u64::from(SPP), 8 * SPP);
-        assert_eq!(dispatch(&mut ctx, &r, &mut rbuf), Ok(8 * PAGE_SIZE as i32));
+        assert_eq!(
+            dispatch(&mut ctx, &r, &mut rbuf),
+            Ok(Served::Done(8 * PAGE_SIZE as i32))
+        );
         for (i, got) in rbuf.chunks(PAGE_SIZE).enumerate() {
             let want = if i == 2 {
                 vec![0u8; PAGE_SIZE]
@@ -305,7 +383,10 @@ mod tests {
         let mut buf = page(9);
         let mut w = iod(UBLK_IO_OP_WRITE, 0, SPP);
         w.op_flags |= libublk::sys::UBLK_IO_F_SWAP | libublk::sys::UBLK_IO_F_FUA;
-        assert_eq!(dispatch(&mut ctx, &w, &mut buf), Ok(PAGE_SIZE as i32));
+        assert_eq!(
+            dispatch(&mut ctx, &w, &mut buf),
+            Ok(Served::Done(PAGE_SIZE as i32))
+        );
         assert_eq!(read_back(&mut ctx, 0, 1), page(9));
     }
 
@@ -318,7 +399,7 @@ mod tests {
             for n in [0, 1, u32::MAX] {
                 assert_eq!(
                     dispatch(&mut ctx, &iod(UBLK_IO_OP_FLUSH, start, n), &mut buf),
-                    Ok(0)
+                    Ok(Served::Done(0))
                 );
             }
         }
@@ -335,18 +416,18 @@ mod tests {
         }
         assert_eq!(
             dispatch(&mut ctx, &iod(UBLK_IO_OP_WRITE, 0, 4 * SPP), &mut buf),
-            Ok(4 * PAGE_SIZE as i32)
+            Ok(Served::Done(4 * PAGE_SIZE as i32))
         );
         assert_eq!(s.stats().counters.stored_pages, 4);
 
         let mut empty: [u8; 0] = [];
         assert_eq!(
             dispatch(&mut ctx, &iod(UBLK_IO_OP_DISCARD, 0, SPP), &mut empty),
-            Ok(0)
+            Ok(Served::Done(0))
         );
         let mut wz = iod(UBLK_IO_OP_WRITE_ZEROES, 2 * u64::from(SPP), SPP);
         wz.op_flags |= libublk::sys::UBLK_IO_F_NOUNMAP;
-        assert_eq!(dispatch(&mut ctx, &wz, &mut empty), Ok(0));
+        assert_eq!(dispatch(&mut ctx, &wz, &mut empty), Ok(Served::Done(0)));
 
         assert_eq!(read_back(&mut ctx, 0, 1), vec![0u8; PAGE_SIZE]);
         assert_eq!(read_back(&mut ctx, 1, 1), page(12));
@@ -371,7 +452,7 @@ mod tests {
         let all = (DEV >> 9) as u32;
         assert_eq!(
             dispatch(&mut ctx, &iod(UBLK_IO_OP_DISCARD, 0, all), &mut []),
-            Ok(0)
+            Ok(Served::Done(0))
         );
         assert_eq!(s.stats().counters.stored_pages, 0);
     }
@@ -466,7 +547,7 @@ mod tests {
         let mut zeros = vec![0u8; PAGE_SIZE];
         assert_eq!(
             dispatch(&mut ctx, &iod(UBLK_IO_OP_WRITE, 0, SPP), &mut zeros),
-            Ok(PAGE_SIZE as i32)
+            Ok(Served::Done(PAGE_SIZE as i32))
         );
     }
 
@@ -484,10 +565,59 @@ mod tests {
                     &mut buf,
                     &mut log
                 ),
-                -libc::EINVAL
+                Served::Done(-libc::EINVAL)
             );
         }
         assert_eq!(log.suppressed(), 7);
+    }
+
+    #[test]
+    fn a_read_of_written_back_pages_waits_for_each_block_then_resumes() {
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir().unwrap();
+        let bd = dir.path().join("backing");
+        std::fs::File::create(&bd)
+            .unwrap()
+            .set_len(16 * PAGE_SIZE as u64)
+            .unwrap();
+        let mut cfg = StoreConfig::new(DEV);
+        cfg.backing = Some(bd.clone());
+        let s = Store::new(cfg).unwrap();
+        let mut ctx = s.new_ctx();
+        let mut data: Vec<u8> = (1..3u8).flat_map(page).collect();
+        let w = iod(UBLK_IO_OP_WRITE, 0, 2 * SPP);
+        dispatch(&mut ctx, &w, &mut data).unwrap();
+        s.mark_idle(None).unwrap();
+        let wb = zblk::Writeback {
+            select: zblk::WritebackType::Idle.into(),
+            limit: 0,
+        };
+        assert_eq!(s.writeback(&wb).unwrap().written, 2);
+        let file = std::fs::File::open(&bd).unwrap();
+        let block = |w: &BackingWait| {
+            let mut b = vec![0u8; w.bytes()];
+            file.read_exact_at(&mut b, w.offset()).unwrap();
+            b
+        };
+        let r = iod(UBLK_IO_OP_READ, 0, 2 * SPP);
+        let mut buf = vec![0u8; 4 * PAGE_SIZE];
+        let mut served = dispatch(&mut ctx, &r, &mut buf).unwrap();
+        let mut waits = 0;
+        while let Served::Wait(w) = served {
+            waits += 1;
+            served = resume(&mut ctx, &r, &mut buf, w, Ok(&block(&w))).unwrap();
+        }
+        assert_eq!((served, waits), (Served::Done(2 * PAGE_SIZE as i32), 2));
+        assert_eq!(&buf[..2 * PAGE_SIZE], &data[..]);
+        // A block that cannot be read fails that request with EIO.
+        let mut log = RateLimit::default();
+        let Served::Wait(w) = handle_io(&mut ctx, &r, &mut buf, &mut log) else {
+            panic!("the read did not wait for its block");
+        };
+        let dead = Err(std::io::Error::from_raw_os_error(libc::ENOTCONN));
+        let served = handle_resume(&mut ctx, &r, &mut buf, (w, dead), &mut log);
+        assert_eq!(served, Served::Done(-libc::EIO));
+        assert_eq!(s.stats().counters.failed_reads, 1);
     }
 
     #[test]

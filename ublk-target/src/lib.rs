@@ -42,6 +42,7 @@
 #![warn(missing_docs)]
 
 pub mod algo_params;
+pub mod backing_read;
 pub mod config;
 pub mod control;
 pub mod daemon;

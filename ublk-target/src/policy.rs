@@ -33,7 +33,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
-use zblk::{Algo, AlgoList, Mode, Recompress, RecompressType, Store, Writeback, WritebackType};
+use zblk::{Algo, AlgoList, Recompress, RecompressType, Store, Writeback, WritebackType};
 
 /// The oldest idle age slots can tell (access times are kept in 24 bits
 /// of seconds, `src/slot.rs`: 194 days).
@@ -230,11 +230,6 @@ impl Settings {
     /// Checks the settings against `store`; says in one line why not.
     pub fn check(&self, store: &Store) -> Result<(), String> {
         let cfg = store.config();
-        if self.writeback_idle_after > 0 && cfg.mode == Mode::Packed {
-            return Err("--writeback-idle-after needs a per-page device: packed \
-                        stores cannot be written back yet (recompression works)"
-                .into());
-        }
         for (name, age) in [
             ("recompress-idle-after", self.recompress_idle_after),
             ("writeback-idle-after", self.writeback_idle_after),
@@ -541,6 +536,7 @@ fn run(queues: &Queues, policy: &Policy, stop: &AtomicBool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use zblk::Mode;
 
     #[test]
     fn busy_is_requests_per_second_over_the_tick() {
@@ -593,9 +589,15 @@ mod tests {
     }
 
     #[test]
-    fn a_packed_device_takes_the_recompression_policy_not_writeback() {
+    fn a_packed_device_takes_the_recompression_and_writeback_policies() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let bd = dir.path().join("backing");
+        std::fs::File::create(&bd)
+            .and_then(|f| f.set_len(1 << 20))
+            .expect("a backing file");
         let mut cfg = zblk::StoreConfig::new(1 << 20);
         cfg.mode = Mode::Packed;
+        cfg.backing = Some(bd);
         let store = Store::new(cfg).expect("a small heap store");
         let recompress = Settings {
             recompress_idle_after: 60,
@@ -607,7 +609,6 @@ mod tests {
             writeback_idle_after: 60,
             ..recompress
         };
-        let e = writeback.check(&store).expect_err("packed: no writeback");
-        assert!(e.contains("per-page"), "{e}");
+        assert_eq!(writeback.check(&store), Ok(()), "packed groups write back");
     }
 }

@@ -20,12 +20,14 @@
 //! submitted, and the process may exit (the driver cancels the parked
 //! commands; anything it still held is reissued to the next daemon).
 
+use crate::backing_read::{BackingReads, BlockBufs, BACKING_OP};
 use crate::config::DeviceConfig;
 use crate::error::{Error, Result, Step, UblkCause};
-use crate::io::{handle_io, IoDesc, RateLimit};
+use crate::io::{handle_io, handle_resume, IoDesc, RateLimit, Served};
 use crate::io_threads;
 use crate::poll::PollWindow;
 use crate::transport::Transport;
+use libublk::helpers::IoBuf;
 use libublk::io::{
     UblkBatchBuffers, UblkBatchCompletion, UblkBatchConfig, UblkBatchQueue, UblkDev, UblkIOCtx,
     UblkQueue,
@@ -71,10 +73,14 @@ struct QueueShared {
     /// The queue thread's id (`gettid`; 0 until it starts), for
     /// [`crate::placement`].
     tid: AtomicI32,
+    /// With a backing device: the blocks its reads land in, one per tag
+    /// ([`crate::backing_read`]); here, not on the queue thread, so that
+    /// a read in flight when the thread ends lands in live memory.
+    blocks: Option<BlockBufs>,
 }
 
 impl QueueShared {
-    fn new() -> Result<Self> {
+    fn new(blocks: Option<BlockBufs>) -> Result<Self> {
         // SAFETY: eventfd has no memory preconditions; a valid result is a
         // new descriptor we own.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
@@ -89,6 +95,7 @@ impl QueueShared {
             pending: AtomicU64::new(0),
             kick_buf: AtomicU64::new(0),
             tid: AtomicI32::new(0),
+            blocks,
         })
     }
 
@@ -142,8 +149,9 @@ impl Queues {
     pub fn with_store(cfg: &DeviceConfig, store: Arc<Store>) -> Result<Self> {
         let per_queue = cfg.io_threads.max(1);
         let n = usize::from(cfg.queue_count()) * usize::from(per_queue);
+        let backing = store.backing_fd().is_some();
         let threads = (0..n)
-            .map(|_| QueueShared::new())
+            .map(|_| QueueShared::new(backing.then(|| BlockBufs::new(cfg.depth))))
             .collect::<Result<Vec<_>>>()?;
         // Created in slot order so that stats list I/O thread i as
         // context i.
@@ -357,23 +365,39 @@ impl Queues {
             Err(e) => return setup_failed(qid, dev, &e),
         };
         submit_tick_read(&q, qs);
+        let mut reads =
+            BackingReads::new(&self.store, qs.blocks.as_ref(), dev.dev_info.queue_depth);
         let mut rl = RateLimit::default();
         let mut poll = PollWindow::new(self.poll_us);
         loop {
             let mut served = 0;
             let r = q.flush_and_wake_io_tasks(
                 |data, cqe, _| {
-                    if data & UblkUringData::Target as u64 != 0 {
-                        let own = (data, cqe.result());
-                        self.on_target_cqe(&q, qs, &mut ctx, own, q.is_stopping());
-                    } else if cqe.result() == libublk::sys::UBLK_IO_RES_OK as i32 {
+                    let tag = UblkIOCtx::user_data_to_tag(data) as u16;
+                    let mut io = TagIo {
+                        q: &q,
+                        ctx: &mut ctx,
+                        rl: &mut rl,
+                        reads: &mut reads,
+                    };
+                    let done = if data & UblkUringData::Target as u64 == 0 {
                         // Any other result is the driver aborting the
                         // command: nothing to serve (as libublk's
                         // `wait_and_handle_io`).
-                        let tag = UblkIOCtx::user_data_to_tag(data) as u16;
-                        serve_request(&q, tag, &mut ctx, &mut bufs, &mut rl);
-                        self.served(qs, qid);
+                        (cqe.result() == libublk::sys::UBLK_IO_RES_OK as i32)
+                            .then(|| io.serve_request(tag, &mut bufs))
+                    } else if UblkIOCtx::user_data_to_op(data) == BACKING_OP {
+                        Some(io.resume_request(tag, &mut bufs, cqe.result()))
+                    } else {
+                        let own = (data, cqe.result());
+                        self.on_target_cqe(&q, qs, io.ctx, own, q.is_stopping());
+                        None
+                    };
+                    if let Some(completed) = done {
                         served += 1;
+                        if completed {
+                            self.served(qs, qid);
+                        }
                     }
                 },
                 poll.to_wait(Instant::now),
@@ -383,6 +407,12 @@ impl Queues {
                 break;
             }
             poll.after(served, Instant::now);
+        }
+        if reads.in_flight() > 0 {
+            log::warn!(
+                "queue {qid}: ended with {} backing reads in flight",
+                reads.in_flight()
+            );
         }
         finish(qs, &mut ctx, qid);
     }
@@ -403,34 +433,57 @@ impl Queues {
             }
         };
         submit_tick_read(&q, qs);
+        let mut reads =
+            BackingReads::new(&self.store, qs.blocks.as_ref(), dev.dev_info.queue_depth);
         let mut rl = RateLimit::default();
         let mut done: Vec<UblkBatchCompletion> =
             Vec::with_capacity(usize::from(dev.dev_info.queue_depth));
         let mut poll = PollWindow::new(self.poll_us);
         loop {
             let mut failed = None;
+            let mut resumed = 0;
             // Completions a full commit left for the next pass are no
             // new request: only this pass's may keep the window open.
             let carried = done.len();
             let r = q.flush_and_wake_io_tasks(
                 |_, cqe, _| {
+                    let mut io = TagIo {
+                        q: &q,
+                        ctx: &mut ctx,
+                        rl: &mut rl,
+                        reads: &mut reads,
+                    };
                     let mine = batch.handle_cqe(cqe, |b, tags| {
                         for &tag in tags {
                             let iod = IoDesc::from(q.get_iod(tag));
-                            let res = match b.io_buf_mut(tag) {
-                                Some(buf) => handle_io(&mut ctx, &iod, buf.as_mut_slice(), &mut rl),
-                                None => -libc::EIO,
+                            let served = match b.io_buf_mut(tag) {
+                                Some(buf) => {
+                                    let s = handle_io(io.ctx, &iod, buf.as_mut_slice(), io.rl);
+                                    io.result_or_wait(tag, &iod, buf.as_mut_slice(), s)
+                                }
+                                None => Some(-libc::EIO),
                             };
-                            done.push(UblkBatchCompletion::new(tag, res));
-                            self.served(qs, qid);
+                            if let Some(res) = served {
+                                done.push(UblkBatchCompletion::new(tag, res));
+                                self.served(qs, qid);
+                            }
                         }
                         Ok(())
                     });
+                    let data = cqe.user_data();
                     match mine {
                         Ok(true) => {}
+                        Ok(false) if UblkIOCtx::user_data_to_op(data) == BACKING_OP => {
+                            resumed += 1;
+                            let tag = UblkIOCtx::user_data_to_tag(data) as u16;
+                            if let Some(res) = io.resume_batch(tag, &mut batch, cqe.result()) {
+                                done.push(UblkBatchCompletion::new(tag, res));
+                                self.served(qs, qid);
+                            }
+                        }
                         Ok(false) => {
-                            let own = (cqe.user_data(), cqe.result());
-                            self.on_target_cqe(&q, qs, &mut ctx, own, batch.all_fetches_stopped());
+                            let own = (data, cqe.result());
+                            self.on_target_cqe(&q, qs, io.ctx, own, batch.all_fetches_stopped());
                         }
                         Err(e) => failed = Some(e),
                     }
@@ -441,7 +494,7 @@ impl Queues {
                 queue_ended(qid, &e);
                 break;
             }
-            poll.after(done.len() - carried, Instant::now);
+            poll.after(done.len() - carried + resumed, Instant::now);
             if !commit_round(&mut batch, &mut done, qid) {
                 break;
             }
@@ -537,7 +590,7 @@ fn setup_failed(qid: u16, dev: &UblkDev, e: &UblkError) {
 /// touched). The other I/O threads' tags keep buffers never touched, so
 /// never backed by memory. A buffer that cannot be locked is logged once
 /// and used as is.
-fn locked_io_bufs(q: &UblkQueue, dev: &UblkDev) -> Vec<libublk::helpers::IoBuf<u8>> {
+fn locked_io_bufs(q: &UblkQueue, dev: &UblkDev) -> Vec<IoBuf<u8>> {
     let bufs = dev.alloc_queue_io_bufs();
     let failed = q
         .tags()
@@ -587,31 +640,99 @@ impl Drop for AliveGuard<'_> {
     }
 }
 
-/// Handles the request in `tag` and completes it.
-fn serve_request(
-    q: &UblkQueue,
-    tag: u16,
-    ctx: &mut QueueCtx,
-    bufs: &mut [libublk::helpers::IoBuf<u8>],
-    rl: &mut RateLimit,
-) {
-    let iod = IoDesc::from(q.get_iod(tag));
-    let Some(buf) = bufs.get_mut(usize::from(tag)) else {
-        log::error!("queue {}: tag {tag} out of range", q.get_qid());
-        return;
-    };
-    let res = handle_io(ctx, &iod, buf.as_mut_slice(), rl);
-    let done = q.complete_io_cmd_unified(
-        tag,
-        BufDesc::Slice(buf.as_slice()),
-        Ok(UblkIORes::Result(res)),
-    );
-    if let Err(e) = done {
-        log::error!(
-            "queue {}: completing tag {tag}: {}",
-            q.get_qid(),
-            UblkCause(&e)
+/// What serving one tag needs of its queue thread: the ring, the engine
+/// context, the log's rate limit, the backing reads out.
+struct TagIo<'t, 'q, 'a> {
+    q: &'t UblkQueue<'q>,
+    ctx: &'t mut QueueCtx,
+    rl: &'t mut RateLimit,
+    reads: &'t mut BackingReads<'a>,
+}
+
+impl TagIo<'_, '_, '_> {
+    /// Handles the request in `tag`; true when it is completed, false
+    /// while it waits for a backing read (or the tag has no buffer).
+    fn serve_request(&mut self, tag: u16, bufs: &mut [IoBuf<u8>]) -> bool {
+        let iod = IoDesc::from(self.q.get_iod(tag));
+        let Some(buf) = bufs.get_mut(usize::from(tag)) else {
+            log::error!("queue {}: tag {tag} out of range", self.q.get_qid());
+            return false;
+        };
+        let served = handle_io(self.ctx, &iod, buf.as_mut_slice(), self.rl);
+        self.complete_or_wait(tag, &iod, buf, served)
+    }
+
+    /// Goes on with the request in `tag` whose backing read landed with
+    /// `res`; true when it is completed.
+    fn resume_request(&mut self, tag: u16, bufs: &mut [IoBuf<u8>], res: i32) -> bool {
+        let (Some(landed), Some(buf)) =
+            (self.reads.landed(tag, res), bufs.get_mut(usize::from(tag)))
+        else {
+            return false;
+        };
+        let iod = IoDesc::from(self.q.get_iod(tag));
+        let served = handle_resume(self.ctx, &iod, buf.as_mut_slice(), landed, self.rl);
+        self.complete_or_wait(tag, &iod, buf, served)
+    }
+
+    /// A batch queue's [`TagIo::resume_request`]: the request's result
+    /// once it has one.
+    fn resume_batch(&mut self, tag: u16, batch: &mut UblkBatchQueue, res: i32) -> Option<i32> {
+        let landed = self.reads.landed(tag, res)?;
+        let Some(buf) = batch.io_buf_mut(tag) else {
+            return Some(-libc::EIO);
+        };
+        let iod = IoDesc::from(self.q.get_iod(tag));
+        let served = handle_resume(self.ctx, &iod, buf.as_mut_slice(), landed, self.rl);
+        self.result_or_wait(tag, &iod, buf.as_mut_slice(), served)
+    }
+
+    /// Completes the request in `tag` when `served` has its result; true
+    /// then.
+    fn complete_or_wait(
+        &mut self,
+        tag: u16,
+        iod: &IoDesc,
+        buf: &mut IoBuf<u8>,
+        served: Served,
+    ) -> bool {
+        let Some(res) = self.result_or_wait(tag, iod, buf.as_mut_slice(), served) else {
+            return false;
+        };
+        let done = self.q.complete_io_cmd_unified(
+            tag,
+            BufDesc::Slice(buf.as_slice()),
+            Ok(UblkIORes::Result(res)),
         );
+        if let Err(e) = done {
+            log::error!(
+                "queue {}: completing tag {tag}: {}",
+                self.q.get_qid(),
+                UblkCause(&e)
+            );
+        }
+        true
+    }
+
+    /// The result of the request in `tag` once `served` has one; `None`
+    /// while it waits for the backing read queued here (a read that
+    /// cannot be queued fails the request with EIO).
+    fn result_or_wait(
+        &mut self,
+        tag: u16,
+        iod: &IoDesc,
+        buf: &mut [u8],
+        mut served: Served,
+    ) -> Option<i32> {
+        loop {
+            match served {
+                Served::Done(res) => return Some(res),
+                Served::Wait(w) => match self.reads.submit(self.q, tag, w) {
+                    Ok(()) => return None,
+                    Err((w, e)) => served = handle_resume(self.ctx, iod, buf, (w, Err(e)), self.rl),
+                },
+            }
+        }
     }
 }
 

@@ -18,8 +18,9 @@ ZBLK_MUNMAP_SIZES=$(echo "$ZBLK_MUNMAP_SIZES" | tr '+,' '  ')
 PAGE=4096
 
 # util-linux's tools when carried in /usr/sbin: busybox sh would otherwise
-# run its own applets first, and those lack --priority and -z.
-for t in swapon swapoff mkswap blkdiscard; do
+# run its own applets first, and those lack --priority and -z (and
+# iproute2's ip: busybox's has no netns and no veth).
+for t in swapon swapoff mkswap blkdiscard ip; do
     [ -x /usr/sbin/$t ] && eval "$t() { /usr/sbin/$t \"\$@\"; }"
 done
 
@@ -402,6 +403,35 @@ cg_make() {
 
 # Runs "$@" inside cgroup directory $CG (exec keeps the pid).
 in_cg() { sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$CG" "$@"; }
+
+# The hot/cold load of the writeback scenarios, in cgroup $CG: a cold
+# usemem of ZBLK_USEMEM_MB that holds its pages until hold_end before
+# verifying them, and a hot one of a quarter of that verifying them $1
+# times (its pages keep swapping in and out). Sets COLD and HOT (pids);
+# their output goes to /tmp/zblk-vm.cold and /tmp/zblk-vm.hot. Then
+# waits for the hold: the cold one has written everything and stored
+# pages of device $ZID stop growing (within 200); sets ST (stored pages
+# then), returns 1 if they never pass 20000.
+hot_cold_hold() {
+    rm -f /tmp/zblk-vm.cold.mark /tmp/zblk-vm.cold.go
+    in_cg usemem --mb "$ZBLK_USEMEM_MB" --mark /tmp/zblk-vm.cold.mark --hold-file /tmp/zblk-vm.cold.go >/tmp/zblk-vm.cold 2>&1 &
+    COLD=$!
+    track $COLD
+    in_cg usemem --mb $(( ZBLK_USEMEM_MB / 4 )) --passes "$1" --seed 7 >/tmp/zblk-vm.hot 2>&1 &
+    HOT=$!
+    track $HOT
+    local last=-1 i=0
+    while [ $i -lt 600 ]; do
+        sleep 0.5
+        ST=$(zstat | jnum stored_pages)
+        grep -q written /tmp/zblk-vm.cold.mark 2>/dev/null &&
+            [ "$ST" -gt 20000 ] && [ "$ST" -le $(( last + 200 )) ] && [ "$ST" -ge $(( last - 200 )) ] && return 0
+        last=$ST i=$((i + 1))
+    done
+    [ "$ST" -gt 20000 ]
+}
+# Ends hot_cold_hold's hold: the cold usemem goes on to verify its pages.
+hold_end() { touch /tmp/zblk-vm.cold.go; }
 
 # Samples device stats every second while pid $1 lives; keeps in
 # /tmp/zblk-vm.peak the sample with the most stored pages ("$2" says how to

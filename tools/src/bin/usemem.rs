@@ -4,7 +4,8 @@
 //! memory, write every page with a pattern unique to (seed, worker, page)
 //! that compresses about 2.8:1, hold it for a while (so that a memory cgroup
 //! limit or `memory.reclaim` pushes it out to swap), then read every page
-//! back and compare it with the pattern. It prints one JSON object with the
+//! back and compare it with the pattern (`--hold-file` holds until a
+//! file appears instead). It prints one JSON object with the
 //! throughput of both phases and the number of bad pages, and exits 1 when
 //! any page differs, 2 on any other failure.
 //!
@@ -83,6 +84,11 @@ struct Args {
     /// swapped page is mapped by two processes.
     #[arg(long)]
     fork: bool,
+    /// After writing (and `--sleep`), hold until this file exists: what a
+    /// scenario ends the hold with once it has done its work on the held
+    /// pages, however long that took.
+    #[arg(long)]
+    hold_file: Option<PathBuf>,
     /// Internal: run as worker process number N and print its JSON line.
     #[arg(long, hide = true)]
     worker: Option<u32>,
@@ -192,6 +198,11 @@ fn run_thread(args: &Args, pat: &Pattern, stream: u64) -> std::io::Result<Thread
         None
     };
     std::thread::sleep(Duration::from_secs_f64(args.sleep.max(0.0)));
+    if let Some(path) = &args.hold_file {
+        while !path.exists() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
     let t = Instant::now();
     for _ in 0..args.passes {
         let (bad, first) = verify(map.bytes(), pat, stream, args.scatter);
@@ -353,6 +364,11 @@ fn run_procs(args: &Args) -> Result<Vec<Value>, String> {
                 args.mark
                     .iter()
                     .flat_map(|m| [std::ffi::OsStr::new("--mark"), m.as_os_str()]),
+            )
+            .args(
+                args.hold_file
+                    .iter()
+                    .flat_map(|m| [std::ffi::OsStr::new("--hold-file"), m.as_os_str()]),
             )
             .args(args.scatter.then_some("--scatter"))
             .args(args.thp.then_some("--thp"))

@@ -1,6 +1,7 @@
 # recompress: zram's idle marking and recompression on a live swap device.
 # usemem writes 2 x 192 MB through a 1 GB lz4 zblk swap device under a
-# memory cgroup and holds it; while it holds (stored pages steady), `zblk
+# memory cgroup and holds it until the scenario is done with the held
+# pages; once every process has written and stored pages are steady, `zblk
 # idle --all` marks every stored page idle, `zblk set --recompress-algos
 # "none zstd:3"` gives the device a list of two whose first never fits
 # (none stores nothing smaller), and `zblk recompress --type idle` stores
@@ -16,15 +17,20 @@ SCEN=recompress
 DMESG_FROM=$(( $(dmesg | wc -l) + 1 ))
 zadd --size "${ZBLK_DEV_MB}M" --algo "$ZBLK_ALGO" --swap
 CG=$(cg_make "$SCEN" "$ZBLK_LIMIT_MB")
-in_cg usemem --mb "$ZBLK_USEMEM_MB" --procs "$ZBLK_USEMEM_PROCS" --sleep 20 >/tmp/zblk-vm.usemem 2>&1 &
+MARK=/tmp/zblk-vm.recompress.mark GO=/tmp/zblk-vm.recompress.go
+rm -f "$MARK" "$GO"
+in_cg usemem --mb "$ZBLK_USEMEM_MB" --procs "$ZBLK_USEMEM_PROCS" --mark "$MARK" --hold-file "$GO" >/tmp/zblk-vm.usemem 2>&1 &
 U=$!
 track $U
-# The hold: stored pages stop growing once every page is written.
+# The hold: usemem holds its pages until $GO exists, so no swap-in or
+# swap-out runs while the pages are marked, recompressed and measured.
+# Stored pages stop growing once every process has written its pages.
 last=-1 i=0
 while [ $i -lt 600 ]; do
     sleep 0.5
     st=$(zstat | jnum stored_pages)
-    [ "$st" -gt 20000 ] && [ "$st" = "$last" ] && break
+    written=$(grep -c written "$MARK" 2>/dev/null)
+    [ "${written:-0}" -ge "$ZBLK_USEMEM_PROCS" ] && [ "$st" -gt 20000 ] && [ "$st" = "$last" ] && break
     last=$st i=$((i + 1))
 done
 [ "$st" -gt 20000 ] || fail "only $st pages stored before the hold"
@@ -42,9 +48,12 @@ rec=$(echo "$j1" | jnum recompressed_pages) saved=$(echo "$j1" | jnum recompress
 mem1=$(echo "$j1" | jnum mem_used_total) compr1=$(echo "$j1" | jnum compr_data_size)
 [ "$rec" -gt 0 ] || fail "nothing recompressed: $out"
 [ "$(echo "$j1" | jget recompress_algorithm)" = "none zstd:3" ] || fail "recompress_algorithm is '$(echo "$j1" | jget recompress_algorithm)'"
-[ "$compr1" -lt "$compr0" ] || fail "compr_data_size did not drop: $compr0 -> $compr1"
+st1=$(echo "$j1" | jnum stored_pages)
+orig0=$(echo "$j0" | jnum orig_data_size) orig1=$(echo "$j1" | jnum orig_data_size)
+[ "$compr1" -lt "$compr0" ] || fail "compr_data_size did not drop: $compr0 -> $compr1 (stored $st -> $st1, orig $orig0 -> $orig1, idle $idle, recompressed $rec: $out)"
 # The recompression compacts after itself: the memory drops with the data.
 [ "$mem1" -lt "$mem0" ] || fail "mem_used_total did not drop: $mem0 -> $mem1 ($out)"
+touch "$GO"
 log "stored=$st idle=$idle recompressed=$rec saved=$saved compr $compr0 -> $compr1 mem $mem0 -> $mem1 ($out)"
 wait $U
 urc=$?

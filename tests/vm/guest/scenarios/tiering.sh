@@ -71,23 +71,8 @@ zadd --size "${ZBLK_DEV_MB}M" --algo "$ZBLK_ALGO" --backing-dev "$BD" --swap
 j=$(zstat)
 [ "$(echo "$j" | jget backing_dev)" = "$BD" ] || { cleanup_bd; fail "stat's backing_dev is '$(echo "$j" | jget backing_dev)', not $BD"; }
 CG=$(cg_make "$SCEN" "$ZBLK_LIMIT_MB")
-in_cg usemem --mb "$ZBLK_USEMEM_MB" --sleep 25 >/tmp/zblk-vm.cold 2>&1 &
-COLD=$!
-track $COLD
-HOT_MB=$(( ZBLK_USEMEM_MB / 4 ))
-in_cg usemem --mb "$HOT_MB" --passes 400 --seed 7 >/tmp/zblk-vm.hot 2>&1 &
-HOT=$!
-track $HOT
-# The hold: stored pages stop growing once the cold workload has written
-# everything (the hot one keeps swapping its quarter in and out).
-last=-1 i=0
-while [ $i -lt 600 ]; do
-    sleep 0.5
-    st=$(zstat | jnum stored_pages)
-    [ "$st" -gt 20000 ] && [ "$st" -le $(( last + 200 )) ] && [ "$st" -ge $(( last - 200 )) ] && break
-    last=$st i=$((i + 1))
-done
-[ "$st" -gt 20000 ] || { cleanup_bd; fail "only $st pages stored before the hold"; }
+hot_cold_hold 400 || { cleanup_bd; fail "only $ST pages stored before the hold"; }
+st=$ST
 j0=$(zstat)
 mem0=$(echo "$j0" | jnum mem_used_total) compr0=$(echo "$j0" | jnum compr_data_size)
 must zblk idle -n "$ZID" --all >/dev/null
@@ -107,6 +92,7 @@ log "stored=$st writeback: $wb; recompress: $rc; bd_count=$bdc bd_writes=$bdw bd
 # RAM used drops by (about) what was written back: at least half of it,
 # after the compaction writeback and recompression end with.
 [ $(( mem0 - mem1 )) -ge $(( wbytes / 2 )) ] || { cleanup_bd; fail "mem_used_total dropped $(( mem0 - mem1 )) bytes for $wbytes written back"; }
+hold_end
 wait $COLD
 crc=$?
 wait $HOT
