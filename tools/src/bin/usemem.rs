@@ -197,12 +197,7 @@ fn run_thread(args: &Args, pat: &Pattern, stream: u64) -> std::io::Result<Thread
     } else {
         None
     };
-    std::thread::sleep(Duration::from_secs_f64(args.sleep.max(0.0)));
-    if let Some(path) = &args.hold_file {
-        while !path.exists() {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
+    hold(args);
     let t = Instant::now();
     for _ in 0..args.passes {
         let (bad, first) = verify(map.bytes(), pat, stream, args.scatter);
@@ -217,12 +212,24 @@ fn run_thread(args: &Args, pat: &Pattern, stream: u64) -> std::io::Result<Thread
     Ok(res)
 }
 
+/// Holds the written pages: `--sleep` seconds, then until the
+/// `--hold-file` exists.
+fn hold(args: &Args) {
+    std::thread::sleep(Duration::from_secs_f64(args.sleep.max(0.0)));
+    if let Some(path) = &args.hold_file {
+        while !path.exists() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
 /// Forks a child that holds `mem` as it is (the same pages, shared
-/// copy-on-write), sleeps as long as the parent and verifies every page;
+/// copy-on-write), holds as long as the parent and verifies every page;
 /// its exit status says whether all matched. Returns its pid.
 fn fork_verifier(args: &Args, mem: &[u8], pat: &Pattern, stream: u64) -> std::io::Result<i32> {
     // SAFETY: fork(2) has no memory preconditions. The child runs only
-    // code that takes no lock and allocates nothing (sleep, the page
+    // code that takes no lock and allocates nothing (sleep, stat(2) of
+    // the hold file through std's on-stack path buffer, the page
     // comparison, _exit), so the other threads' state it inherits does
     // not matter.
     let pid = unsafe { libc::fork() };
@@ -232,7 +239,7 @@ fn fork_verifier(args: &Args, mem: &[u8], pat: &Pattern, stream: u64) -> std::io
     if pid > 0 {
         return Ok(pid);
     }
-    std::thread::sleep(Duration::from_secs_f64(args.sleep.max(0.0)));
+    hold(args);
     let mut bad = 0;
     for _ in 0..args.passes {
         bad += verify(mem, pat, stream, args.scatter).0;

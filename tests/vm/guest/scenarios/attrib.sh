@@ -24,7 +24,11 @@
 # then every process (the forked ones too) verifies every page. Opt-in:
 #   tests/vm/run.sh --scenario attrib --data .../realmem-dev.bin.zst
 CORPUS=/lib/zblk-vm/data/realmem-dev.bin.zst
-HOLD=180
+# The workloads hold their pages until $GO exists (usemem --hold-file):
+# the scans below take minutes under TCG.
+GO=/tmp/zblk-vm.attrib.go
+rm -f "$GO"
+SETTLE=90
 BD_FILE=/tmp/zblk-attrib.img
 truncate -s 512M "$BD_FILE" || fail "cannot make $BD_FILE"
 if command -v losetup >/dev/null 2>&1; then
@@ -34,7 +38,7 @@ else
 fi
 zadd --size "${ZBLK_DEV_MB}M" --algo "$ZBLK_ALGO" --backing-dev "$BD" --swap
 # On any way out, the workloads go (their swapped pages with them): a
-# failure must not leave them holding the console until their HOLD ends.
+# failure must not leave them holding the console until they are told to verify.
 stop_all() {
     for c in a b c; do
         kill -9 $(cat "/sys/fs/cgroup/zblk-attrib-$c/cgroup.procs" 2>/dev/null) 2>/dev/null
@@ -43,20 +47,20 @@ stop_all() {
 trap stop_all EXIT
 LIMIT=$((ZBLK_LIMIT_MB / 2))
 CGA=$(cg_make attrib-a "$LIMIT")
-CG=$CGA in_cg usemem --mb "$ZBLK_USEMEM_MB" --procs 1 --sleep $HOLD --fork >/tmp/zblk-vm.usemem-a 2>&1 &
+CG=$CGA in_cg usemem --mb "$ZBLK_USEMEM_MB" --procs 1 --hold-file "$GO" --fork >/tmp/zblk-vm.usemem-a 2>&1 &
 pa=$!
 track $pa
 CGB=$(cg_make attrib-b "$LIMIT")
 if [ -f "$CORPUS" ]; then
-    CG=$CGB in_cg usemem --mb "$ZBLK_USEMEM_MB" --procs 1 --sleep $HOLD --corpus "$CORPUS" >/tmp/zblk-vm.usemem-b 2>&1 &
+    CG=$CGB in_cg usemem --mb "$ZBLK_USEMEM_MB" --procs 1 --hold-file "$GO" --corpus "$CORPUS" >/tmp/zblk-vm.usemem-b 2>&1 &
 else
     log "no $CORPUS: cgroup b gets usemem's pages of another seed"
-    CG=$CGB in_cg usemem --mb "$ZBLK_USEMEM_MB" --procs 1 --sleep $HOLD --seed 7 >/tmp/zblk-vm.usemem-b 2>&1 &
+    CG=$CGB in_cg usemem --mb "$ZBLK_USEMEM_MB" --procs 1 --hold-file "$GO" --seed 7 >/tmp/zblk-vm.usemem-b 2>&1 &
 fi
 pb=$!
 track $pb
 CGC=$(cg_make attrib-c 4096)
-CG=$CGC in_cg usemem --mb 16 --procs 1 --sleep $HOLD --seed 3 >/tmp/zblk-vm.usemem-c 2>&1 &
+CG=$CGC in_cg usemem --mb 16 --procs 1 --hold-file "$GO" --seed 3 >/tmp/zblk-vm.usemem-c 2>&1 &
 pc=$!
 track $pc
 
@@ -67,7 +71,7 @@ swap_of() { cat "$1/memory.swap.current"; }
 want=$((ZBLK_USEMEM_MB * 1048576 / 4))
 last="" steady=0 waited=0
 while [ "$steady" -lt 2 ]; do
-    [ "$waited" -lt $((HOLD / 2)) ] || fail "cgroup swap never settled: a $(swap_of "$CGA") b $(swap_of "$CGB")"
+    [ "$waited" -lt "$SETTLE" ] || fail "cgroup swap never settled: a $(swap_of "$CGA") b $(swap_of "$CGB")"
     sleep 1
     waited=$((waited + 1))
     cur="$(swap_of "$CGA") $(swap_of "$CGB")"
@@ -184,6 +188,7 @@ bd_count=$(zstat_store bd_count)
 [ "$back_a" = "$written" ] && [ "$back_b" = 0 ] && [ "$back_c" = 0 ] && [ "$bd_count" = "$written" ] ||
     fail "after writeback --cgroup a: written back a $back_a b $back_b c $back_c, bd_count $bd_count, written $written"
 
+touch "$GO"
 for p in $pa $pb $pc; do
     wait "$p" || fail "usemem $p failed: $(tail -c 300 /tmp/zblk-vm.usemem-a /tmp/zblk-vm.usemem-b /tmp/zblk-vm.usemem-c)"
 done
