@@ -116,6 +116,19 @@ fn value(j: &J, depth: u32) -> Value {
 }
 
 /// What the protocol says `v` is for a daemon: a request, or not.
+/// A request's list of page ranges as the model reads it: absent, an
+/// empty list; otherwise an array of strings (None: anything else).
+fn page_ranges(v: Option<&Value>) -> Option<Vec<String>> {
+    match v {
+        None => Some(Vec::new()),
+        Some(p) => p
+            .as_array()?
+            .iter()
+            .map(|r| r.as_str().map(str::to_string))
+            .collect(),
+    }
+}
+
 fn model(v: &Value) -> Option<Request> {
     let o = v.as_object()?;
     let u64_or_0 = |k: &str| match o.get(k) {
@@ -131,6 +144,10 @@ fn model(v: &Value) -> Option<Request> {
             age: match o.get("age") {
                 None | Some(Value::Null) => None,
                 Some(a) => Some(a.as_u64()?),
+            },
+            exact: match o.get("exact") {
+                None => false,
+                Some(e) => e.as_bool()?,
             },
         }),
         "recompress" => Some(Request::Recompress {
@@ -148,20 +165,14 @@ fn model(v: &Value) -> Option<Request> {
             },
             threshold: u64_or_0("threshold")?,
             max_pages: u64_or_0("max_pages")?,
+            pages: page_ranges(o.get("pages"))?,
         }),
         "writeback" => Some(Request::Writeback {
             kind: match o.get("kind") {
                 None | Some(Value::Null) => None,
                 Some(k) => Some(k.as_str()?.to_string()),
             },
-            pages: match o.get("pages") {
-                None => Vec::new(),
-                Some(p) => p
-                    .as_array()?
-                    .iter()
-                    .map(|r| r.as_str().map(str::to_string))
-                    .collect::<Option<_>>()?,
-            },
+            pages: page_ranges(o.get("pages"))?,
             limit: u64_or_0("limit")?,
         }),
         "dump" => Some(Request::Dump {
@@ -231,10 +242,13 @@ fn wire(r: &Request) -> Value {
         Request::Stats => put("cmd", "stats".into()),
         Request::Compact => put("cmd", "compact".into()),
         Request::Handover => put("cmd", "handover".into()),
-        Request::Idle { age } => {
+        Request::Idle { age, exact } => {
             put("cmd", "idle".into());
             if let Some(a) = age {
                 put("age", (*a).into());
+            }
+            if *exact {
+                put("exact", true.into());
             }
         }
         Request::Recompress {
@@ -243,6 +257,7 @@ fn wire(r: &Request) -> Value {
             kind,
             threshold,
             max_pages,
+            pages,
         } => {
             put("cmd", "recompress".into());
             if !algo.is_empty() {
@@ -254,6 +269,9 @@ fn wire(r: &Request) -> Value {
             put("kind", kind.as_str().into());
             put("threshold", (*threshold).into());
             put("max_pages", (*max_pages).into());
+            if !pages.is_empty() {
+                put("pages", pages.clone().into());
+            }
         }
         Request::Writeback { kind, pages, limit } => {
             put("cmd", "writeback".into());
@@ -356,13 +374,14 @@ enum Typed {
     Info,
     Stats,
     Compact,
-    Idle(Option<u64>),
+    Idle(Option<u64>, bool),
     Recompress {
         algo: String,
         priority: Option<u8>,
         kind: String,
         threshold: u64,
         max_pages: u64,
+        pages: Vec<String>,
     },
     Writeback {
         kind: Option<String>,
@@ -394,19 +413,24 @@ impl Typed {
             Typed::Info => Request::Info,
             Typed::Stats => Request::Stats,
             Typed::Compact => Request::Compact,
-            Typed::Idle(age) => Request::Idle { age: *age },
+            Typed::Idle(age, exact) => Request::Idle {
+                age: *age,
+                exact: *exact,
+            },
             Typed::Recompress {
                 algo,
                 priority,
                 kind,
                 threshold,
                 max_pages,
+                pages,
             } => Request::Recompress {
                 algo: algo.clone(),
                 priority: *priority,
                 kind: kind.clone(),
                 threshold: *threshold,
                 max_pages: *max_pages,
+                pages: pages.clone(),
             },
             Typed::Writeback { kind, pages, limit } => Request::Writeback {
                 kind: kind.clone(),

@@ -44,7 +44,10 @@
 #                       and stall (one process of 1.5x RAM, no cgroup, run
 #                       after run under a watchdog that captures a stall:
 #                       see the scenario's header) and attrib (zblk stat
-#                       --by cgroup against two cgroups' memory.swap.current)
+#                       --by cgroup against two cgroups' memory.swap.current,
+#                       pages shared by a fork, one process's pagemap read
+#                       in the guest against its row, writeback --cgroup;
+#                       give it --data .../realmem-dev.bin.zst)
 #                       and remote (the backing device on another machine:
 #                       a second network namespace in the guest exports a
 #                       file on the scratch disk through the kernel's NVMe
