@@ -45,6 +45,7 @@ mod free;
 mod keyword;
 mod packed;
 mod page;
+mod page_range;
 mod provision;
 mod read;
 mod recompress;
@@ -84,9 +85,10 @@ pub use stats::{Counters, Latencies, Latency, PhaseTimes};
 pub use store::{BackingWait, QueueCtx, ReadStep, Store, StoreStats};
 pub use tmpfs::huge_mapped_bytes;
 // Hooks for tests: corrupting objects, crashing, older layouts.
+pub use page_range::PageRange;
 #[cfg(feature = "test-support")]
 pub use testing::{
     debug_as_layout3, debug_as_layout4, debug_as_layout5, debug_corrupt_object, debug_crash,
     debug_flip_object_byte,
 };
-pub use writeback::{PageRange, Writeback, WritebackReport, WritebackSelect, WritebackType};
+pub use writeback::{Writeback, WritebackReport, WritebackSelect, WritebackType};

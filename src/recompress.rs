@@ -39,6 +39,7 @@ use crate::ctx::CtxState;
 use crate::error::{Error, Result};
 use crate::packed;
 use crate::page::PAGE_SIZE;
+use crate::page_range::{spans, PageRange};
 use crate::read::read_entry;
 use crate::secondary::MAX_SECONDARIES;
 use crate::slot::{Entry, Kind, SlotGuard, ATIME_MASK, INCOMPRESSIBLE};
@@ -46,6 +47,7 @@ use crate::stats::Counter;
 use crate::table::{Held, MovePoints, SlotTable};
 use crate::write::{allocate_group, copy_objects};
 use serde::Serialize;
+use std::ops::Range;
 
 /// A recompressed page is kept only if it is at least this share (percent)
 /// smaller than before.
@@ -84,6 +86,21 @@ pub struct Recompress {
     pub threshold: usize,
     /// Try at most this many pages (0: no limit).
     pub max_pages: u64,
+    /// Only pages in these ranges (none: the whole device), as
+    /// `Writeback`'s `WritebackSelect::Pages` names them: the pages of a
+    /// cgroup (`zblk recompress --cgroup`).
+    pub pages: Vec<PageRange>,
+}
+
+impl Recompress {
+    /// The pages to look at, of a device of `pages` pages: ascending,
+    /// disjoint ranges; an error names a range past the device's end.
+    fn spans(&self, pages: u64) -> Result<Vec<Range<u64>>> {
+        match self.pages.is_empty() {
+            true => Ok(std::iter::once(0..pages).collect()),
+            false => spans(&self.pages, pages),
+        }
+    }
 }
 
 /// What a recompression did.
@@ -133,7 +150,9 @@ fn top(codecs: &Codecs) -> u8 {
 
 /// Recompresses the pages `p` selects with `codecs` (of `p.algos`), with
 /// the maintenance thread state `st` (its codec is the primary); a packed
-/// store (`mode`) into packed groups of at most `span` pages.
+/// store (`mode`) into packed groups of at most `span` pages. An error
+/// (a page range past the device's end) comes before any page is looked
+/// at.
 pub(crate) fn run(
     table: &SlotTable,
     st: &mut CtxState,
@@ -141,15 +160,16 @@ pub(crate) fn run(
     p: &Recompress,
     mode: Mode,
     span: u64,
-) -> RecompressReport {
+) -> Result<RecompressReport> {
+    let pages = p.spans(table.pages())?.into_iter().flatten();
     if mode == Mode::Packed {
         debug_assert!(codecs.len() <= MAX_SECONDARIES);
-        return run_packed(table, st, codecs, p, span);
+        return Ok(run_packed(table, st, codecs, p, pages, span));
     }
     let mut r = RecompressReport::default();
     let mut page_buf = vec![0u8; PAGE_SIZE];
     let mut dst = vec![0u8; PAGE_SIZE];
-    for page in 0..table.pages() {
+    for page in pages {
         if p.max_pages != 0 && r.tried >= p.max_pages {
             break;
         }
@@ -165,7 +185,7 @@ pub(crate) fn run(
             Err(e) => log::warn!("recompression left page {page} as it was: {e}"),
         }
     }
-    r
+    Ok(r)
 }
 
 /// What became of one page.
@@ -306,6 +326,7 @@ fn run_packed(
     st: &mut CtxState,
     codecs: &mut Codecs,
     p: &Recompress,
+    selected_pages: impl Iterator<Item = u64>,
     span: u64,
 ) -> RecompressReport {
     let mut r = RecompressReport::default();
@@ -315,7 +336,7 @@ fn run_packed(
     // known whether it joins the window.
     let mut pages = vec![0u8; (span as usize + 1) * PAGE_SIZE];
     let mut dst = vec![0u8; span as usize * PAGE_SIZE];
-    for page in 0..table.pages() {
+    for page in selected_pages {
         if p.max_pages != 0 && r.tried + group.len() as u64 >= p.max_pages {
             break;
         }

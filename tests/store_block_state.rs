@@ -114,6 +114,7 @@ fn recompressed_pages_name_the_secondary() {
             kind: RecompressType::All,
             threshold: 0,
             max_pages: 0,
+            pages: Vec::new(),
         })
         .unwrap();
     assert!(r.recompressed > 0, "{r:?}");

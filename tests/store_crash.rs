@@ -176,6 +176,7 @@ fn crash_child() {
                     kind: zblk::RecompressType::Idle,
                     threshold: 0,
                     max_pages: 6,
+                    pages: Vec::new(),
                 });
                 assert!(r.is_ok(), "{mode}: {r:?}");
             }

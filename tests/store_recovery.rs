@@ -71,6 +71,7 @@ fn recompress(store: &Store, algos: Vec<Algo>, kind: RecompressType, max_pages: 
             kind,
             threshold: 0,
             max_pages,
+            pages: Vec::new(),
         })
         .unwrap();
     assert!(r.recompressed > 0, "{r:?}");

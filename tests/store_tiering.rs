@@ -84,6 +84,7 @@ fn apply(
             kind,
             threshold,
             max_pages,
+            pages: Vec::new(),
         })
         .unwrap();
     let after = store.stats().counters;
@@ -172,6 +173,7 @@ fn recompression_refuses_the_primary_and_a_fourth_secondary() {
         kind: RecompressType::All,
         threshold: 0,
         max_pages: 0,
+        pages: Vec::new(),
     };
     let store = Store::new(config(Algo::Lz4, false)).unwrap();
     let e = store.recompress(&p(Algo::Lz4)).unwrap_err();
@@ -214,6 +216,7 @@ fn recompression_of_real_pages_saves_memory() {
         kind: RecompressType::Idle,
         threshold: 0,
         max_pages: 0,
+        pages: Vec::new(),
     };
     assert_eq!(store.recompress(&idle_only).unwrap().tried, 0);
     store.debug_advance_clock(600);
@@ -302,6 +305,7 @@ fn the_secondary_algorithm_is_known_once_chosen() {
         kind: RecompressType::All,
         threshold: 0,
         max_pages: 0,
+        pages: Vec::new(),
     };
     store.recompress(&p).unwrap();
     assert_eq!(store.secondary_algos(), vec![Algo::Zstd(9)]);
@@ -335,6 +339,7 @@ fn a_list_falls_through_to_the_algorithm_that_fits() {
             kind: RecompressType::All,
             threshold: 0,
             max_pages: 0,
+            pages: Vec::new(),
         };
         let r = store.recompress(&only_first).unwrap();
         assert_eq!(r.recompressed, 0, "{r:?}");
@@ -368,6 +373,7 @@ fn a_later_secondary_recompresses_what_an_earlier_one_holds() {
         kind: RecompressType::All,
         threshold: 0,
         max_pages: 0,
+        pages: Vec::new(),
     };
     let r1 = store.recompress(&first).unwrap();
     assert!(r1.recompressed > 0, "{r1:?}");
@@ -406,6 +412,7 @@ fn zstd9(kind: RecompressType) -> Recompress {
         kind,
         threshold: 0,
         max_pages: 0,
+        pages: Vec::new(),
     }
 }
 
@@ -518,4 +525,51 @@ fn packed_recompression_moves_whole_groups_only() {
     let mut back = vec![0u8; (pages * P) as usize];
     ctx.read(0, &mut back).unwrap();
     assert!(back[..] == real[..back.len()]);
+}
+
+/// A recompression within page ranges (`zblk recompress --cgroup`) looks
+/// at their pages only: in a per-page and in a packed store of real
+/// pages, every page a secondary holds afterwards is in the ranges, the
+/// per-page store's ranges are recompressed, every page reads back, and a
+/// range past the device's end is refused before anything moves.
+#[test]
+fn recompression_within_page_ranges_touches_only_their_pages() {
+    let real = real_pages();
+    let n = (real.len() / PAGE_SIZE) as u64;
+    let ranges = ["10-19", "40", "60-62"];
+    let inside = |i: u64| (10..=19).contains(&i) || i == 40 || (60..=62).contains(&i);
+    for mode in [Mode::PerPage, Mode::Packed] {
+        let mut cfg = StoreConfig::new(n * P);
+        cfg.algo = Algo::Lz4;
+        cfg.mode = mode;
+        let store = Store::new(cfg).unwrap();
+        let mut ctx = store.new_ctx();
+        ctx.write(0, &real).unwrap();
+        let p = Recompress {
+            pages: ranges.iter().map(|r| r.parse().unwrap()).collect(),
+            ..zstd9(RecompressType::All)
+        };
+        let past = Recompress {
+            pages: vec![format!("5-{n}").parse().unwrap()],
+            ..zstd9(RecompressType::All)
+        };
+        let e = store.recompress(&past).unwrap_err().to_string();
+        assert!(e.contains("past the device's end"), "{e}");
+        let r = store.recompress(&p).unwrap();
+        assert!(r.tried <= 14, "{mode:?}: {r:?}");
+        let moved: Vec<u64> = store
+            .slot_states(0..n)
+            .iter()
+            .filter(|s| s.algo.as_deref() == Some("zstd:9"))
+            .map(|s| s.index)
+            .collect();
+        assert_eq!(moved.len() as u64, r.recompressed, "{mode:?}: {moved:?}");
+        assert!(moved.iter().all(|&i| inside(i)), "{mode:?}: {moved:?}");
+        if mode == Mode::PerPage {
+            assert!(r.tried > 0 && r.recompressed > 0, "{r:?}");
+        }
+        let mut back = vec![0u8; real.len()];
+        ctx.read(0, &mut back).unwrap();
+        assert!(back == real, "{mode:?}: pages differ");
+    }
 }

@@ -150,6 +150,7 @@ fn apply(
                     kind,
                     threshold: 0,
                     max_pages: 0,
+                    pages: Vec::new(),
                 })
                 .unwrap();
         }
@@ -564,6 +565,7 @@ fn incompressible_selects_huge_pages_recompression_could_not_shrink() {
             kind: RecompressType::Huge,
             threshold: 0,
             max_pages: 0,
+            pages: Vec::new(),
         })
         .unwrap();
     let r = store.writeback(&inc).unwrap();
@@ -704,6 +706,7 @@ fn recompression_racing_writes_reads_and_discards_loses_nothing() {
         kind: RecompressType::All,
         threshold: 0,
         max_pages: 0,
+        pages: Vec::new(),
     };
     let kept = race_maintenance(&store, N, |store| {
         store.recompress(&rc).unwrap().recompressed
@@ -806,6 +809,7 @@ fn recompression_keeps_a_page_overwritten_with_the_same_handle_meanwhile() {
         kind: RecompressType::All,
         threshold: 0,
         max_pages: 0,
+        pages: Vec::new(),
     };
     let r = store.recompress(&rc).unwrap();
     zblk::testing::on_crash_point(None);

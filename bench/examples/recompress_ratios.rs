@@ -47,6 +47,7 @@ fn row(data: &[u8], mode: Mode, primary: Algo, secondary: Algo) -> Result<String
             kind: RecompressType::All,
             threshold: 0,
             max_pages: 0,
+            pages: Vec::new(),
         })
         .map_err(|e| e.to_string())?;
     let secs = t0.elapsed().as_secs_f64();

@@ -118,6 +118,19 @@ fn value(j: &J, depth: u32) -> Value {
 }
 
 /// What the protocol says `v` is for a daemon: a request, or not.
+/// A request's list of page ranges as the model reads it: absent, an
+/// empty list; otherwise an array of strings (None: anything else).
+fn page_ranges(v: Option<&Value>) -> Option<Vec<String>> {
+    match v {
+        None => Some(Vec::new()),
+        Some(p) => p
+            .as_array()?
+            .iter()
+            .map(|r| r.as_str().map(str::to_string))
+            .collect(),
+    }
+}
+
 fn model(v: &Value) -> Option<Request> {
     let o = v.as_object()?;
     let u64_or_0 = |k: &str| match o.get(k) {
@@ -137,6 +150,10 @@ fn model(v: &Value) -> Option<Request> {
                 None | Some(Value::Null) => None,
                 Some(a) => Some(a.as_u64()?),
             },
+            exact: match o.get("exact") {
+                None => false,
+                Some(e) => e.as_bool()?,
+            },
         }),
         "recompress" => Some(Request::Recompress {
             algo: match o.get("algo") {
@@ -153,20 +170,14 @@ fn model(v: &Value) -> Option<Request> {
             },
             threshold: u64_or_0("threshold")?,
             max_pages: u64_or_0("max_pages")?,
+            pages: page_ranges(o.get("pages"))?,
         }),
         "writeback" => Some(Request::Writeback {
             kind: match o.get("kind") {
                 None | Some(Value::Null) => None,
                 Some(k) => Some(k.as_str()?.to_string()),
             },
-            pages: match o.get("pages") {
-                None => Vec::new(),
-                Some(p) => p
-                    .as_array()?
-                    .iter()
-                    .map(|r| r.as_str().map(str::to_string))
-                    .collect::<Option<_>>()?,
-            },
+            pages: page_ranges(o.get("pages"))?,
             limit: u64_or_0("limit")?,
         }),
         "dump" => Some(Request::Dump {
@@ -240,10 +251,13 @@ fn wire(r: &Request) -> Value {
             put("max_blocks", (*max_blocks).into());
         }
         Request::Handover => put("cmd", "handover".into()),
-        Request::Idle { age } => {
+        Request::Idle { age, exact } => {
             put("cmd", "idle".into());
             if let Some(a) = age {
                 put("age", (*a).into());
+            }
+            if *exact {
+                put("exact", true.into());
             }
         }
         Request::Recompress {
@@ -252,6 +266,7 @@ fn wire(r: &Request) -> Value {
             kind,
             threshold,
             max_pages,
+            pages,
         } => {
             put("cmd", "recompress".into());
             if !algo.is_empty() {
@@ -263,6 +278,9 @@ fn wire(r: &Request) -> Value {
             put("kind", kind.as_str().into());
             put("threshold", (*threshold).into());
             put("max_pages", (*max_pages).into());
+            if !pages.is_empty() {
+                put("pages", pages.clone().into());
+            }
         }
         Request::Writeback { kind, pages, limit } => {
             put("cmd", "writeback".into());
@@ -366,13 +384,14 @@ enum Typed {
     Stats,
     Compact,
     CompactBacking(u64),
-    Idle(Option<u64>),
+    Idle(Option<u64>, bool),
     Recompress {
         algo: String,
         priority: Option<u8>,
         kind: String,
         threshold: u64,
         max_pages: u64,
+        pages: Vec<String>,
     },
     Writeback {
         kind: Option<String>,
@@ -407,19 +426,24 @@ impl Typed {
             Typed::CompactBacking(max_blocks) => Request::CompactBacking {
                 max_blocks: *max_blocks,
             },
-            Typed::Idle(age) => Request::Idle { age: *age },
+            Typed::Idle(age, exact) => Request::Idle {
+                age: *age,
+                exact: *exact,
+            },
             Typed::Recompress {
                 algo,
                 priority,
                 kind,
                 threshold,
                 max_pages,
+                pages,
             } => Request::Recompress {
                 algo: algo.clone(),
                 priority: *priority,
                 kind: kind.clone(),
                 threshold: *threshold,
                 max_pages: *max_pages,
+                pages: pages.clone(),
             },
             Typed::Writeback { kind, pages, limit } => Request::Writeback {
                 kind: kind.clone(),

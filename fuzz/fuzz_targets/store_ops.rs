@@ -295,6 +295,7 @@ fuzz_target!(|input: Input| {
                     kind,
                     threshold: usize::from(*threshold) * 16,
                     max_pages: u64::from(*max_pages),
+                    pages: Vec::new(),
                 };
                 // Pages that cannot be stored again (a mem_limit) keep what
                 // they had: the reads after it check that.

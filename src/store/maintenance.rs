@@ -88,14 +88,7 @@ impl Store {
                 })
                 .collect();
             let (mode, span) = (self.cfg.mode, self.cfg.object_span());
-            Ok(crate::recompress::run(
-                &self.table,
-                st,
-                &mut codecs,
-                p,
-                mode,
-                span,
-            ))
+            crate::recompress::run(&self.table, st, &mut codecs, p, mode, span)
         })
     }
 

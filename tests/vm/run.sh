@@ -44,7 +44,12 @@
 #                       and stall (one process of 1.5x RAM, no cgroup, run
 #                       after run under a watchdog that captures a stall:
 #                       see the scenario's header) and attrib (zblk stat
-#                       --by cgroup against two cgroups' memory.swap.current)
+#                       --by cgroup against two cgroups' memory.swap.current,
+#                       pages shared by a fork, one process's pagemap read
+#                       in the guest against its row, writeback --cgroup;
+#                       give it --data .../realmem-dev.bin.zst)
+#                       and attrib-cost (the device's latency under swap,
+#                       rounds alone and with zblk stat --by cgroup looping)
 #                       and remote (the backing device on another machine:
 #                       a second network namespace in the guest exports a
 #                       file on the scratch disk through the kernel's NVMe
@@ -126,7 +131,7 @@ WORK=${ZBLK_VM_WORK:-$REPO/tests/vm/work}
 # swapkill runs last: it leaves a dead swap area the kernel cannot remove.
 DEFAULT_SCENARIOS="swap munmap blockio stat lifecycle recompress exhaust soak filesystem crash upgrade security swapkill"
 # bench measures and is slow: run by name only (tools/scripts/bench-device.sh).
-ALL_SCENARIOS="$DEFAULT_SCENARIOS zram-compare bench recovery-cost transport-ab tiering wholemachine breakdown thp stall attrib remote"
+ALL_SCENARIOS="$DEFAULT_SCENARIOS zram-compare bench recovery-cost transport-ab tiering wholemachine breakdown thp stall attrib attrib-cost remote"
 # Scenarios that need the scratch disk (--disk): its size when none is given.
 DISK_SCENARIOS="remote"
 DISK_DEFAULT=2G

@@ -460,6 +460,7 @@ impl Policy {
                 kind: RecompressType::Idle,
                 threshold: 0,
                 max_pages: budget,
+                pages: Vec::new(),
             })?;
             used += r.tried;
             changed |= r.recompressed > 0;

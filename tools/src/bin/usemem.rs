@@ -20,6 +20,11 @@
 //! address order: swap-ins at random, where readahead mostly fetches pages
 //! nobody asked for.
 //!
+//! With `--fork` each thread forks once its pages are written: the child
+//! holds the same pages (copy-on-write, never written), sleeps and
+//! verifies them as the parent does, so that every page is mapped by two
+//! processes, and a bad page in either fails the run.
+//!
 //! `usemem --mb 128 --procs 2 --sleep 2 --passes 1`
 //! `usemem --mb 128 --corpus /lib/zblk-vm/data/realmem-dev.bin.zst`
 
@@ -74,6 +79,11 @@ struct Args {
     /// as large folios, and are swapped out as such.
     #[arg(long)]
     thp: bool,
+    /// Fork after writing: the child holds the same pages (shared
+    /// copy-on-write, never written) and verifies them too, so that every
+    /// swapped page is mapped by two processes.
+    #[arg(long)]
+    fork: bool,
     /// After writing (and `--sleep`), hold until this file exists: what a
     /// scenario ends the hold with once it has done its work on the held
     /// pages, however long that took.
@@ -182,12 +192,12 @@ fn run_thread(args: &Args, pat: &Pattern, stream: u64) -> std::io::Result<Thread
     }
     res.write = t.elapsed();
     mark(args, "written")?;
-    std::thread::sleep(Duration::from_secs_f64(args.sleep.max(0.0)));
-    if let Some(path) = &args.hold_file {
-        while !path.exists() {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
+    let child = if args.fork {
+        Some(fork_verifier(args, map.bytes(), pat, stream)?)
+    } else {
+        None
+    };
+    hold(args);
     let t = Instant::now();
     for _ in 0..args.passes {
         let (bad, first) = verify(map.bytes(), pat, stream, args.scatter);
@@ -195,8 +205,64 @@ fn run_thread(args: &Args, pat: &Pattern, stream: u64) -> std::io::Result<Thread
         res.first_bad = res.first_bad.or(first);
     }
     res.verify = t.elapsed();
+    if let Some(pid) = child {
+        wait_verifier(pid)?;
+    }
     mark(args, "verified")?;
     Ok(res)
+}
+
+/// Holds the written pages: `--sleep` seconds, then until the
+/// `--hold-file` exists.
+fn hold(args: &Args) {
+    std::thread::sleep(Duration::from_secs_f64(args.sleep.max(0.0)));
+    if let Some(path) = &args.hold_file {
+        while !path.exists() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// Forks a child that holds `mem` as it is (the same pages, shared
+/// copy-on-write), holds as long as the parent and verifies every page;
+/// its exit status says whether all matched. Returns its pid.
+fn fork_verifier(args: &Args, mem: &[u8], pat: &Pattern, stream: u64) -> std::io::Result<i32> {
+    // SAFETY: fork(2) has no memory preconditions. The child runs only
+    // code that takes no lock and allocates nothing (sleep, stat(2) of
+    // the hold file through std's on-stack path buffer, the page
+    // comparison, _exit), so the other threads' state it inherits does
+    // not matter.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if pid > 0 {
+        return Ok(pid);
+    }
+    hold(args);
+    let mut bad = 0;
+    for _ in 0..args.passes {
+        bad += verify(mem, pat, stream, args.scatter).0;
+    }
+    // SAFETY: _exit(2) ends the child without running the parent's exit
+    // handlers or flushing its buffers.
+    unsafe { libc::_exit(i32::from(bad > 0)) }
+}
+
+/// Waits for the child of [`fork_verifier`]: an error unless it found
+/// every page intact.
+fn wait_verifier(pid: i32) -> std::io::Result<()> {
+    let mut status = 0;
+    // SAFETY: `status` is a valid out-pointer for the call's duration.
+    if unsafe { libc::waitpid(pid, &mut status, 0) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
+        return Ok(());
+    }
+    Err(std::io::Error::other(format!(
+        "the forked copy (pid {pid}) found bad pages or died (wait status {status})"
+    )))
 }
 
 /// Appends `what` as a line to the `--mark` file, if there is one.
@@ -313,6 +379,7 @@ fn run_procs(args: &Args) -> Result<Vec<Value>, String> {
             )
             .args(args.scatter.then_some("--scatter"))
             .args(args.thp.then_some("--thp"))
+            .args(args.fork.then_some("--fork"))
             .stdout(Stdio::piped())
             .spawn()
             .map_err(|e| format!("spawn worker {p}: {e}"))?;

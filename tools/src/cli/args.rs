@@ -157,6 +157,11 @@ pub struct SetupArgs {
     /// (what zblk-setup.service runs).
     #[arg(long, conflicts_with_all = ["foreground", "stop"])]
     pub swap_only: bool,
+    /// One round of that device's idle policy limited to or excluding
+    /// cgroups (policy-cgroups, policy-exclude-cgroups): what the timer
+    /// zblk's systemd generator writes for it runs (root).
+    #[arg(long, requires = "id", conflicts_with_all = ["dry_run", "foreground", "stop", "swap_only"])]
+    pub policy: bool,
 }
 
 impl SetupArgs {
@@ -255,6 +260,14 @@ pub struct ExporterArgs {
     #[arg(short, long, value_name = "SECS", default_value_t = super::scrape::DEFAULT_TIMEOUT_SECS,
           value_parser = clap::value_parser!(u64).range(1..=60))]
     pub timeout: u64,
+    /// Add the series of `zblk stat --by WHO --format prometheus` to each
+    /// scrape: a pass over every process's page tables per scrape (root).
+    #[arg(long, value_enum, value_name = "WHO")]
+    pub by: Option<By>,
+    /// With --by: the N rows of each zblk device with the most compressed
+    /// bytes get series of their own, the rest are summed as "other".
+    #[arg(long, value_name = "N", default_value_t = 10, requires = "by")]
+    pub top: usize,
     /// Directory of the control sockets (tests point it elsewhere).
     #[arg(long, hide = true, default_value = zblk_ublk::paths::RUN_DIR)]
     pub run_dir: PathBuf,
@@ -509,6 +522,16 @@ pub struct RecompressArgs {
     /// Try at most this many pages (0: no limit).
     #[arg(long, default_value_t = 0)]
     pub max_pages: u64,
+    /// Only the pages of these, of the type asked for: a page index N or
+    /// an inclusive range LOW-HIGH (repeatable; as `zblk writeback
+    /// --pages`).
+    #[arg(long, value_name = "LOW-HIGH", value_parser = parse_page_range, action = clap::ArgAction::Append, conflicts_with = "cgroup")]
+    pub pages: Vec<PageRange>,
+    /// Only the pages, of the type asked for, that a process of this
+    /// cgroup (v2 path, its descendants included) maps, found by the scan
+    /// of `zblk stat --by` (root).
+    #[arg(long, value_name = "PATH")]
+    pub cgroup: Option<String>,
 }
 
 /// `zblk bench`.
@@ -962,6 +985,51 @@ mod tests {
         assert!(e.to_string().contains("prometheus"), "{e}");
         let e = parse(&["stat", "--json", "--format", "text"]).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::ArgumentConflict);
+    }
+
+    #[test]
+    fn recompress_by_type_within_pages_or_a_cgroup() {
+        let rc = |args: &[&str]| {
+            let mut all = vec!["recompress", "-n", "0"];
+            all.extend(args);
+            match parse(&all).map(|c| c.cmd) {
+                Ok(Cmd::Recompress(r)) => Ok(r),
+                Ok(_) => panic!("not recompress"),
+                Err(e) => Err(e),
+            }
+        };
+        let r = rc(&["--type", "idle", "--cgroup", "/a/b"]).unwrap();
+        assert_eq!(
+            (r.kind.as_str(), r.cgroup.as_deref()),
+            ("idle", Some("/a/b"))
+        );
+        assert!(r.pages.is_empty());
+        let r = rc(&["--pages", "3-9", "--pages", "12"]).unwrap();
+        let range = |first, last| PageRange { first, last };
+        assert_eq!(r.pages, [range(3, 9), range(12, 12)]);
+        assert_eq!((r.kind.as_str(), r.cgroup), ("all", None));
+        let e = rc(&["--pages", "1", "--cgroup", "/a"]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::ArgumentConflict);
+        assert!(rc(&["--pages", "9-3"]).is_err());
+    }
+
+    #[test]
+    fn the_exporter_adds_the_series_by_cgroup_on_request() {
+        let Cmd::Exporter(e) = parse(&["exporter", "--by", "cgroup", "--top", "3"])
+            .unwrap()
+            .cmd
+        else {
+            panic!()
+        };
+        assert_eq!((e.by, e.top), (Some(By::Cgroup), 3));
+        let Cmd::Exporter(e) = parse(&["exporter"]).unwrap().cmd else {
+            panic!()
+        };
+        assert_eq!(e.by, None);
+        assert!(
+            parse(&["exporter", "--top", "3"]).is_err(),
+            "--top needs --by"
+        );
     }
 
     #[test]

@@ -65,6 +65,14 @@ pub fn stat(a: &StatArgs, by: By) -> CliResult {
     Ok(())
 }
 
+/// The series of one pass in Prometheus's text format, the `top` rows of
+/// each zblk device with the most compressed bytes on their own
+/// (`zblk exporter --by`).
+pub fn prometheus(by: By, top: usize) -> Result<String, CliError> {
+    check_root("zblk exporter --by")?;
+    Ok(attribute(by, None)?.prometheus(by, top))
+}
+
 /// One screen of `zblk top --by WHO`: a title line, the rows of one
 /// pass and its notes.
 pub fn screen(by: By, interval: Duration) -> Result<String, CliError> {
@@ -315,30 +323,92 @@ fn read_areas() -> Result<Vec<Area>, CliError> {
         .collect())
 }
 
+/// Whose pages an action takes: a process of one of these cgroups maps
+/// them, or none of these cgroups' processes does (v2 paths without a
+/// trailing slash, each with the cgroups below it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CgroupFilter {
+    /// Pages a process of one of these maps (shared or not).
+    Only(Vec<String>),
+    /// Pages processes map, none of them a process of one of these.
+    Except(Vec<String>),
+}
+
+impl CgroupFilter {
+    /// Whether a page mapped by processes of these cgroups is taken.
+    fn takes<'a>(&self, mut cgroups: impl Iterator<Item = &'a str>) -> bool {
+        let listed = |list: &[String], cg: &str| list.iter().any(|p| in_cgroup(cg, p));
+        match self {
+            CgroupFilter::Only(list) => cgroups.any(|cg| listed(list, cg)),
+            CgroupFilter::Except(list) => cgroups.all(|cg| !listed(list, cg)),
+        }
+    }
+}
+
 /// The pages of device `id` that a process of cgroup `path` (or of a
 /// cgroup below it) maps, as merged index ranges (`zblk writeback
-/// --cgroup`): a page it shares with another cgroup is among them.
-pub fn cgroup_pages(id: u32, path: &str) -> Result<Vec<PageRange>, CliError> {
-    check_root("zblk writeback --cgroup")?;
-    let path = path.trim_end_matches('/');
+/// --cgroup`, `zblk recompress --cgroup`; `cmd` names it in a refusal): a
+/// page it shares with another cgroup is among them.
+pub fn cgroup_pages(id: u32, path: &str, cmd: &str) -> Result<Vec<PageRange>, CliError> {
+    let only = CgroupFilter::Only(vec![path.trim_end_matches('/').to_string()]);
+    Ok(ranges(&cgroup_offsets(id, &only, cmd)?))
+}
+
+/// The pages of device `id` that `filter` takes, sorted and distinct:
+/// the offsets every process's page tables say (a scan, as root; `cmd`
+/// names the command in a refusal).
+pub fn cgroup_offsets(id: u32, filter: &CgroupFilter, cmd: &str) -> Result<Vec<u64>, CliError> {
+    check_root(cmd)?;
     let areas = read_areas()?;
     let Some(ty) = areas.iter().position(|a| a.zblk == Some(id)) else {
         return Err(CliError(format!(
             "zblk {id} is not active swap (not in /proc/swaps)"
         )));
     };
-    let scan = scan_all()?;
-    let mut offsets: Vec<u64> = scan
-        .seen
+    let mut scan = scan_all()?;
+    Ok(taken(&mut scan, ty, filter))
+}
+
+/// The offsets of swap type `ty` in `scan` that `filter` takes, sorted
+/// and distinct.
+fn taken(scan: &mut Scan, ty: usize, filter: &CgroupFilter) -> Vec<u64> {
+    let (pages, owners) = group(&mut scan.seen);
+    pages
         .iter()
-        .filter(|(s, p)| {
-            usize::from(s.swap_type()) == ty && in_cgroup(&scan.procs[*p as usize].cgroup, path)
+        .zip(&owners)
+        .filter(|(p, _)| usize::from(p.swap_type()) == ty)
+        .filter(|(_, o)| {
+            let cgroups = scan.seen[(*o).clone()]
+                .iter()
+                .map(|&(_, p)| scan.procs[p as usize].cgroup.as_str());
+            filter.takes(cgroups)
         })
-        .map(|(s, _)| s.offset())
-        .collect();
-    offsets.sort_unstable();
-    offsets.dedup();
-    Ok(ranges(&offsets))
+        .map(|(p, _)| p.offset())
+        .collect()
+}
+
+/// Those of `offsets` (sorted, distinct) that device `id` stores in RAM
+/// with an idle mark, as its slots say now, asked a batch at a time.
+pub fn idle_offsets(id: u32, offsets: &[u64]) -> Result<Vec<u64>, CliError> {
+    let mut idle = Vec::new();
+    for batch in offsets.chunks(SLOTS_BATCH) {
+        let slots = ask_slots(id, batch.to_vec())?;
+        let mut facts = vec![Fact::Unknown; batch.len()];
+        fill(batch, &slots, &mut facts)
+            .map_err(|why| CliError(format!("device {id}: bad slots reply: {why}")))?;
+        idle.extend(batch.iter().zip(&facts).filter_map(|(&off, f)| {
+            matches!(
+                f,
+                Fact::Stored {
+                    idle: true,
+                    back: false,
+                    ..
+                }
+            )
+            .then_some(off)
+        }));
+    }
+    Ok(idle)
 }
 
 /// Whether cgroup `cg` is `path` or below it (`path` without a trailing
@@ -349,7 +419,7 @@ fn in_cgroup(cg: &str, path: &str) -> bool {
 }
 
 /// Sorted, distinct page indexes as the fewest inclusive ranges.
-fn ranges(sorted: &[u64]) -> Vec<PageRange> {
+pub fn ranges(sorted: &[u64]) -> Vec<PageRange> {
     let mut out: Vec<PageRange> = Vec::new();
     for &p in sorted {
         match out.last_mut() {
@@ -1082,6 +1152,25 @@ mod tests {
         assert_eq!(text.lines().filter(|l| !l.starts_with('#')).count(), 6 * 2);
         // Enough room: every row its own series, no "other".
         assert!(!r.prometheus(By::Cgroup, 10).contains("other"));
+    }
+
+    #[test]
+    fn a_filter_takes_the_pages_of_its_cgroups_or_of_all_others() {
+        // /a's two processes share page 7; /a and /b share page 9; type 0
+        // is another area.
+        let only = |l: &[&str]| CgroupFilter::Only(l.iter().map(|s| s.to_string()).collect());
+        let except = |l: &[&str]| CgroupFilter::Except(l.iter().map(|s| s.to_string()).collect());
+        let taken_of = |f: &CgroupFilter| taken(&mut example().0, 1, f);
+        assert_eq!(taken_of(&only(&["/a"])), [7, 8, 9]);
+        assert_eq!(taken_of(&only(&["/b"])), [9, 10]);
+        assert_eq!(taken_of(&only(&["/a", "/b"])), [7, 8, 9, 10]);
+        assert_eq!(taken_of(&only(&[""])), [7, 8, 9, 10], "the root holds all");
+        assert!(taken_of(&only(&["/c"])).is_empty());
+        // A page an excluded cgroup maps is left, shared or not.
+        assert_eq!(taken_of(&except(&["/a"])), [10]);
+        assert_eq!(taken_of(&except(&["/b"])), [7, 8]);
+        assert_eq!(taken_of(&except(&["/c"])), [7, 8, 9, 10]);
+        assert_eq!(taken(&mut example().0, 0, &only(&["/b"])), [7]);
     }
 
     #[test]

@@ -11,6 +11,9 @@
 //! recompress-idle-after = 600     # optional: seconds; the idle policy
 //! recompress-algorithm = "lz4hc zstd:9" #   tries these in turn
 //! writeback-idle-after = 3600     # optional: needs backing-dev
+//! policy-cgroups = ["/batch.slice"] # optional: the policy acts on these
+//!                                 #   cgroups' pages only (or
+//!                                 #   policy-exclude-cgroups: all others')
 //! algorithm-params = "dict=/etc/zblk/swap.dict" # optional: zram's algorithm_params
 //!
 //! [ublkb1]
@@ -37,6 +40,7 @@
 //! swap, its `options` mount options.
 
 use super::args::AddArgs;
+use super::attrib::CgroupFilter;
 use super::fs::{self, FsType, Mount};
 use clap::{Args, FromArgMatches};
 use serde::Deserialize;
@@ -82,6 +86,12 @@ struct Section {
     recompress_algorithm: Option<Spanned<String>>,
     /// Like `--writeback-idle-after`: seconds (the idle policy).
     writeback_idle_after: Option<Spanned<i64>>,
+    /// The idle policy acts only on the pages these cgroups' processes
+    /// map (v2 paths): a timer's `zblk policy` does it, not the daemon.
+    policy_cgroups: Option<Spanned<Vec<String>>>,
+    /// The idle policy acts on the pages no process of these cgroups
+    /// maps.
+    policy_exclude_cgroups: Option<Spanned<Vec<String>>>,
     /// Like `--algo-params` (zram's `algorithm_params`): `dict=PATH`,
     /// with `priority=N` or `algo=NAME` for a recompression algorithm;
     /// several separated by `;`.
@@ -118,6 +128,21 @@ pub struct Entry {
     pub mount: Option<Mount>,
     /// `host-memory-limit` in MB: none for `"none"` or no key.
     pub host_memory_limit: Option<u64>,
+    /// The idle policy limited to or excluding cgroups: `zblk policy`'s,
+    /// run by a timer; the daemon's own is off then.
+    pub policy: Option<CgroupPolicy>,
+}
+
+/// The idle policy of a section with `policy-cgroups` or
+/// `policy-exclude-cgroups`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CgroupPolicy {
+    /// Whose pages.
+    pub filter: CgroupFilter,
+    /// Recompress its pages not accessed for this many seconds (0: no).
+    pub recompress_after: u64,
+    /// Write back its pages not accessed for this many seconds (0: no).
+    pub writeback_after: u64,
 }
 
 impl Entry {
@@ -490,6 +515,28 @@ impl Doc<'_> {
                 .map_err(|e| self.error_at(t.span(), &key("fs-type"), &e))?;
             keys.push(("fs-type", Setting::FsType(fs)));
         }
+        for (k, v, except) in [
+            ("policy-cgroups", s.policy_cgroups, false),
+            ("policy-exclude-cgroups", s.policy_exclude_cgroups, true),
+        ] {
+            let Some(v) = v else { continue };
+            let span = v.span();
+            let list = v
+                .into_inner()
+                .iter()
+                .map(|p| cgroup_path(p))
+                .collect::<Result<Vec<_>, _>>()
+                .and_then(|l| match l.is_empty() {
+                    true => Err("names no cgroup".to_string()),
+                    false => Ok(l),
+                })
+                .map_err(|e| self.error_at(span, &key(k), &e))?;
+            let f = match except {
+                true => CgroupFilter::Except(list),
+                false => CgroupFilter::Only(list),
+            };
+            keys.push((k, Setting::Cgroups(f)));
+        }
         if let Some(r) = s.recovery {
             // Written either way: true in a drop-in undoes an earlier false.
             let words = if r {
@@ -572,6 +619,8 @@ enum Setting {
     FsType(FsType),
     /// `host-memory-limit` in MB (`None`: `"none"`).
     HostLimit(Option<u64>),
+    /// `policy-cgroups` or `policy-exclude-cgroups`, checked.
+    Cgroups(CgroupFilter),
 }
 
 impl Part {
@@ -588,6 +637,10 @@ impl Part {
         let (mut host_memory_limit, mut mem_limit_expr) = (None, None);
         let (mut options, mut point, mut fs_type) = (None, None, None);
         let swap_priority = keys.contains_key("swap-priority");
+        if keys.contains_key("policy-cgroups") && keys.contains_key("policy-exclude-cgroups") {
+            return Err(format!("{at}: [{sect}]: {BOTH_FILTERS}"));
+        }
+        let mut filter = None;
         for (k, setting) in keys {
             match setting {
                 Setting::Flag(w, expr) => {
@@ -600,6 +653,7 @@ impl Part {
                 Setting::MountPoint(p) => point = Some(p),
                 Setting::FsType(t) => fs_type = Some(t),
                 Setting::HostLimit(h) => host_memory_limit = h,
+                Setting::Cgroups(f) => filter = Some(f),
             }
         }
         let words: Vec<&str> = words.iter().map(String::as_str).collect();
@@ -634,6 +688,12 @@ impl Part {
                 }
             }
         }
+        let policy = match filter {
+            Some(filter) => {
+                Some(cgroup_policy(&mut add, filter).map_err(|e| format!("{at}: [{sect}]: {e}"))?)
+            }
+            None => None,
+        };
         Ok(Entry {
             name: sect,
             size_expr,
@@ -642,8 +702,44 @@ impl Part {
             discard,
             mount,
             host_memory_limit,
+            policy,
         })
     }
+}
+
+/// The idle policy of a section with the cgroup filter `filter`: its
+/// ages, taken out of the daemon's settings (`add`), which cannot read
+/// page tables.
+fn cgroup_policy(add: &mut AddArgs, filter: CgroupFilter) -> Result<CgroupPolicy, &'static str> {
+    let p = CgroupPolicy {
+        filter,
+        recompress_after: std::mem::take(&mut add.dev.recompress_idle_after),
+        writeback_after: std::mem::take(&mut add.dev.writeback_idle_after),
+    };
+    if p.recompress_after == 0 && p.writeback_after == 0 {
+        return Err(FILTER_WITHOUT_POLICY);
+    }
+    Ok(p)
+}
+
+/// A section with both cgroup keys.
+const BOTH_FILTERS: &str = "policy-cgroups and policy-exclude-cgroups exclude each other";
+
+/// A section with a cgroup key and no policy.
+const FILTER_WITHOUT_POLICY: &str = "policy-cgroups and policy-exclude-cgroups need \
+    recompress-idle-after or writeback-idle-after: they limit the idle policy";
+
+/// A cgroup of `policy-cgroups` as written: a v2 path from the root
+/// (`/` alone is every cgroup), its trailing slash dropped.
+fn cgroup_path(p: &str) -> Result<String, String> {
+    if !p.starts_with('/') || !printable(p) || p.split('/').any(|c| c == "." || c == "..") {
+        return Err(format!(
+            "'{}' is not a cgroup: a v2 path from the root, as /proc/PID/cgroup says it \
+             (\"/system.slice/batch.service\")",
+            super::base::escape_controls(p)
+        ));
+    }
+    Ok(p.trim_end_matches('/').to_string())
 }
 
 /// A section with both.
@@ -1008,6 +1104,62 @@ mod tests {
                 "{bad}: {e}"
             );
         }
+    }
+
+    /// A cgroup filter moves the section's idle policy out of the
+    /// daemon's settings into `policy`; it needs a policy, and one kind
+    /// of list, of absolute paths.
+    #[test]
+    fn a_cgroup_filter_takes_the_idle_policy_from_the_daemon() {
+        let section =
+            |keys: &str| format!("[ublkb0]\nsize = 64\nbacking-dev = \"/dev/vdb\"\n{keys}");
+        let e = parse_ok(
+            &section(
+                "recompress-idle-after = 600\nwriteback-idle-after = 3600\n\
+                 policy-cgroups = [\"/batch.slice/\", \"/system.slice/a.service\"]\n",
+            ),
+            4096.0,
+        )
+        .remove(0);
+        assert_eq!(
+            e.policy,
+            Some(CgroupPolicy {
+                filter: CgroupFilter::Only(vec![
+                    "/batch.slice".into(),
+                    "/system.slice/a.service".into()
+                ]),
+                recompress_after: 600,
+                writeback_after: 3600,
+            })
+        );
+        let d = &e.add.dev;
+        assert_eq!((d.recompress_idle_after, d.writeback_idle_after), (0, 0));
+        let e = parse_ok(
+            &section("writeback-idle-after = 60\npolicy-exclude-cgroups = [\"/user.slice\"]\n"),
+            4096.0,
+        )
+        .remove(0);
+        let p = e.policy.unwrap();
+        assert_eq!(p.filter, CgroupFilter::Except(vec!["/user.slice".into()]));
+        assert_eq!((p.recompress_after, p.writeback_after), (0, 60));
+        // Without a filter the daemon keeps its policy.
+        let e = parse_ok(&section("recompress-idle-after = 600\n"), 4096.0).remove(0);
+        assert_eq!((e.policy, e.add.dev.recompress_idle_after), (None, 600));
+        let e = parse_err(&section(
+            "writeback-idle-after = 60\npolicy-cgroups = [\"/a\"]\npolicy-exclude-cgroups = [\"/b\"]\n",
+        ));
+        assert!(e.ends_with(BOTH_FILTERS), "{e}");
+        let e = parse_err(&section("policy-cgroups = [\"/a\"]\n"));
+        assert!(e.ends_with(FILTER_WITHOUT_POLICY), "{e}");
+        for bad in ["\"a.slice\"", "\"/a/../b\"", "\"\""] {
+            let e = parse_err(&section(&format!(
+                "writeback-idle-after = 60\npolicy-cgroups = [{bad}]\n"
+            )));
+            assert!(e.contains("ublkb0.policy-cgroups: '"), "{bad}: {e}");
+            assert!(e.contains("is not a cgroup"), "{bad}: {e}");
+        }
+        let e = parse_err(&section("writeback-idle-after = 60\npolicy-cgroups = []\n"));
+        assert!(e.contains("ublkb0.policy-cgroups: names no cgroup"), "{e}");
     }
 
     /// A section with mount-point is a filesystem: not swap, its options

@@ -33,6 +33,15 @@
 //! sections get nothing here: `zblk-setup.service` or an enabled
 //! `zblk@N.service` brings them up as before.
 //!
+//! A section whose idle policy is limited to or excludes cgroups
+//! (`policy-cgroups`, `policy-exclude-cgroups`) gets
+//! `zblk-policy-ublkbN.service` (`zblk setup --id N --policy`, a oneshot,
+//! root) and `zblk-policy-ublkbN.timer`, which runs it every
+//! [`POLICY_PERIOD_S`] seconds, pulled in by a link in
+//! `timers.target.wants/`: the daemon cannot read page tables, so its own
+//! policy is off for such a section and this root process acts for it
+//! (`super::cgroup_policy`).
+//!
 //! Sections skipped on this machine (`host-memory-limit`) and a boot with
 //! `zblk.disable` get no units: a mount unit would wait for a device that
 //! never comes.
@@ -84,11 +93,17 @@ pub fn generator(dir: &Path) -> CliResult {
     Ok(())
 }
 
-/// The files for every entry with a mount-point, `source` the file
-/// named as their origin.
+/// Seconds between two rounds of a cgroup-limited idle policy.
+pub const POLICY_PERIOD_S: u64 = 60;
+
+/// The files for every entry with a mount-point or a cgroup-limited
+/// idle policy, `source` the file named as their origin.
 pub fn units(entries: &[&Entry], source: &Path) -> Vec<GenFile> {
     let mut files = Vec::new();
     for e in entries {
+        if e.policy.is_some() {
+            files.extend(policy_units(&e.name, e.add.dev.id.unwrap_or(0), source));
+        }
         let Some(m) = &e.mount else { continue };
         let id = e.add.dev.id.unwrap_or(0);
         let name = mount_unit_name(&m.point);
@@ -110,6 +125,47 @@ pub fn units(entries: &[&Entry], source: &Path) -> Vec<GenFile> {
         });
     }
     files
+}
+
+/// The service, the timer and the timer's link of section `sect`'s
+/// (device `id`'s) cgroup-limited idle policy.
+fn policy_units(sect: &str, id: u32, source: &Path) -> Vec<GenFile> {
+    let name = format!("zblk-policy-ublkb{id}");
+    let service = format!(
+        "# Written by zblk-generator from [{sect}] of {}: its idle policy by cgroup.\n\
+         [Unit]\n\
+         Description=zblk idle policy of /dev/ublkb{id} by cgroup\n\
+         After=zblk@{id}.service zblk-setup.service\n\
+         \n\
+         [Service]\n\
+         Type=oneshot\n\
+         ExecStart=/usr/bin/zblk setup --id {id} --policy\n",
+        specifiers(&source.display().to_string())
+    );
+    let timer = format!(
+        "# Written by zblk-generator from [{sect}] of {}.\n\
+         [Unit]\n\
+         Description=zblk idle policy of /dev/ublkb{id} by cgroup, every {POLICY_PERIOD_S} s\n\
+         \n\
+         [Timer]\n\
+         OnActiveSec={POLICY_PERIOD_S}\n\
+         OnUnitInactiveSec={POLICY_PERIOD_S}\n",
+        specifiers(&source.display().to_string())
+    );
+    vec![
+        GenFile {
+            path: PathBuf::from(format!("{name}.service")),
+            content: Content::Text(service),
+        },
+        GenFile {
+            path: PathBuf::from(format!("{name}.timer")),
+            content: Content::Text(timer),
+        },
+        GenFile {
+            path: Path::new("timers.target.wants").join(format!("{name}.timer")),
+            content: Content::Link(format!("../{name}.timer")),
+        },
+    ]
 }
 
 /// The mount unit of section `sect`'s filesystem.
@@ -292,6 +348,43 @@ mod tests {
         assert!(unit.contains("\nWhere=/var/tmp/50%%\n"), "{unit}");
         assert!(unit.contains("\nType=xfs\nOptions=\n"), "{unit}");
         assert!(unit.contains("Wants=zblk@2.service\n"), "{unit}");
+    }
+
+    #[test]
+    fn a_policy_by_cgroup_gets_a_service_and_a_timer() {
+        let conf = "[ublkb3]\nsize = 64\nbacking-dev = \"/dev/loop0\"\n\
+                    writeback-idle-after = 3600\n\
+                    policy-exclude-cgroups = [\"/user.slice\"]\n";
+        let e = conf::parse(Path::new("/etc/zblk/zblk.conf"), conf, 4096.0).unwrap();
+        let files = units(
+            &e.iter().collect::<Vec<_>>(),
+            Path::new("/etc/zblk/zblk.conf"),
+        );
+        let paths: Vec<String> = files.iter().map(|f| f.path.display().to_string()).collect();
+        assert_eq!(
+            paths,
+            [
+                "zblk-policy-ublkb3.service",
+                "zblk-policy-ublkb3.timer",
+                "timers.target.wants/zblk-policy-ublkb3.timer",
+            ]
+        );
+        let Content::Text(service) = &files[0].content else {
+            panic!()
+        };
+        assert!(service.contains("\nType=oneshot\n"), "{service}");
+        assert!(
+            service.contains("\nExecStart=/usr/bin/zblk setup --id 3 --policy\n"),
+            "{service}"
+        );
+        let Content::Text(timer) = &files[1].content else {
+            panic!()
+        };
+        assert!(timer.contains("\nOnUnitInactiveSec=60\n"), "{timer}");
+        assert_eq!(
+            files[2].content,
+            Content::Link("../zblk-policy-ublkb3.timer".into())
+        );
     }
 
     #[test]

@@ -1,9 +1,7 @@
 //! `zblk del`, `zblk compact`, `zblk set`, `zblk idle`, `zblk recompress`,
 //! `zblk recover`, `zblk restart`.
 
-use super::args::{
-    CompactArgs, DelArgs, IdArgs, IdleArgs, RecompressArgs, RecoverArgs, SetArgs, WritebackArgs,
-};
+use super::args::{CompactArgs, DelArgs, IdArgs, IdleArgs, RecoverArgs, SetArgs};
 use super::{
     base::{CliError, CliResult},
     sys,
@@ -128,12 +126,16 @@ pub fn compact(a: CompactArgs) -> CliResult {
     Ok(())
 }
 
+/// How long `zblk compact --backing` waits for the daemon: it reads and
+/// writes the backing device, as a writeback does.
+const COMPACT_BACKING_TIMEOUT: Duration = Duration::from_secs(600);
+
 /// `zblk compact -n ID --backing [--max-blocks N]` (0: every sparse
 /// block): what it moved, and the backing device's used bytes before and
 /// after against its live bytes.
 fn compact_backing(id: u32, max_blocks: u64) -> CliResult {
     let req = Request::CompactBacking { max_blocks };
-    let r = control::request(id, &req, WRITEBACK_TIMEOUT)?;
+    let r = control::request(id, &req, COMPACT_BACKING_TIMEOUT)?;
     let n = |k: &str| r[k].as_u64().unwrap_or(0);
     println!(
         "blocks_looked {} objects_moved {} bytes_moved {} blocks_written {} blocks_freed {} \
@@ -189,130 +191,15 @@ pub fn set(a: SetArgs) -> CliResult {
     Ok(())
 }
 
-/// `zblk writeback -n ID --type T | --pages LOW-HIGH... [--limit PAGES]`.
-pub fn writeback(a: WritebackArgs) -> CliResult {
-    let Some(cgroup) = &a.cgroup else {
-        let req = Request::Writeback {
-            kind: a.kind,
-            pages: a.pages.iter().map(ToString::to_string).collect(),
-            limit: a.limit,
-        };
-        // A whole device's worth of pages through the backing device's I/O.
-        let r = control::request(a.id, &req, WRITEBACK_TIMEOUT)?;
-        print_writeback(&WritebackSum::of(&r));
-        return Ok(());
-    };
-    let ranges = super::attrib::cgroup_pages(a.id, cgroup)?;
-    let mut sum = WritebackSum::default();
-    // Ranges a request at most: its line stays well under the control
-    // socket's limit (at most 41 bytes a range).
-    for chunk in ranges.chunks(WRITEBACK_RANGES) {
-        let left = match a.limit {
-            0 => 0,
-            limit if sum.n[1] >= limit => break,
-            limit => limit - sum.n[1],
-        };
-        let req = Request::Writeback {
-            kind: None,
-            pages: chunk.iter().map(ToString::to_string).collect(),
-            limit: left,
-        };
-        let r = control::request(a.id, &req, WRITEBACK_TIMEOUT)?;
-        sum.add(&WritebackSum::of(&r));
-        if sum.full || sum.limited {
-            break;
-        }
-    }
-    print_writeback(&sum);
-    Ok(())
-}
-
-/// How long one writeback request may take: a whole device's worth of
-/// pages through the backing device's I/O.
-const WRITEBACK_TIMEOUT: Duration = Duration::from_secs(600);
-
-/// Most page ranges one `writeback --cgroup` request carries.
-const WRITEBACK_RANGES: usize = 8192;
-
-/// The counts of one or more writeback replies.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-struct WritebackSum {
-    /// selected, written, raced, bytes, blocks, pages_compacted.
-    n: [u64; 6],
-    /// The backing device was full.
-    full: bool,
-    /// The writeback limit stopped it.
-    limited: bool,
-}
-
-impl WritebackSum {
-    /// The names of [`WritebackSum::n`], as replies and the output say
-    /// them.
-    const KEYS: [&'static str; 6] = [
-        "selected",
-        "written",
-        "raced",
-        "bytes",
-        "blocks",
-        "pages_compacted",
-    ];
-
-    /// What reply `r` says.
-    fn of(r: &serde_json::Value) -> Self {
-        WritebackSum {
-            n: Self::KEYS.map(|k| r[k].as_u64().unwrap_or(0)),
-            full: r["full"].as_bool().unwrap_or(false),
-            limited: r["limited"].as_bool().unwrap_or(false),
-        }
-    }
-
-    /// Adds another reply's counts.
-    fn add(&mut self, o: &Self) {
-        for (a, b) in self.n.iter_mut().zip(o.n) {
-            *a += b;
-        }
-        self.full |= o.full;
-        self.limited |= o.limited;
-    }
-}
-
-/// Prints a writeback's counts on one line.
-fn print_writeback(s: &WritebackSum) {
-    let [selected, written, raced, bytes, blocks, compacted] = s.n;
-    println!(
-        "selected {selected} written {written} raced {raced} bytes {bytes} blocks {blocks} \
-         full {} limited {} pages_compacted {compacted}",
-        s.full, s.limited
-    );
-}
-
 /// `zblk idle -n ID --age SECS | --all`.
 pub fn idle(a: IdleArgs) -> CliResult {
     let age = if a.all { None } else { a.age };
-    let r = control::request(a.id, &Request::Idle { age }, Duration::from_secs(120))?;
+    let r = control::request(
+        a.id,
+        &Request::Idle { age, exact: false },
+        Duration::from_secs(120),
+    )?;
     println!("marked {}", r["marked"].as_u64().unwrap_or(0));
-    Ok(())
-}
-
-/// `zblk recompress -n ID [--algo ALGO | --priority N] [--type T] [--threshold B] [--max-pages N]`.
-pub fn recompress(a: RecompressArgs) -> CliResult {
-    let req = Request::Recompress {
-        algo: a.algo.unwrap_or_default(),
-        priority: a.priority,
-        kind: a.kind,
-        threshold: a.threshold,
-        max_pages: a.max_pages,
-    };
-    // A whole device through a strong codec takes a while.
-    let r = control::request(a.id, &req, Duration::from_secs(600))?;
-    let n = |k: &str| r[k].as_u64().unwrap_or(0);
-    println!(
-        "tried {} recompressed {} saved_bytes {} pages_compacted {}",
-        n("tried"),
-        n("recompressed"),
-        n("saved_bytes"),
-        n("pages_compacted")
-    );
     Ok(())
 }
 
@@ -396,31 +283,4 @@ pub fn recover(a: RecoverArgs) -> CliResult {
         r["pid"].as_u64().unwrap_or(0)
     );
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn writeback_replies_add_up() {
-        let a = serde_json::json!({"selected": 5, "written": 4, "raced": 1, "bytes": 900,
-            "blocks": 1, "full": false, "limited": false, "pages_compacted": 2});
-        let b = serde_json::json!({"selected": 3, "written": 3, "bytes": 600, "blocks": 1,
-            "full": true, "pages_compacted": 0});
-        let mut sum = WritebackSum::of(&a);
-        sum.add(&WritebackSum::of(&b));
-        assert_eq!(
-            sum,
-            WritebackSum {
-                n: [8, 7, 1, 1500, 2, 2],
-                full: true,
-                limited: false,
-            }
-        );
-        assert_eq!(
-            WritebackSum::of(&serde_json::Value::Null),
-            WritebackSum::default()
-        );
-    }
 }

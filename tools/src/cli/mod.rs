@@ -5,6 +5,7 @@ mod args;
 mod attrib;
 mod base;
 mod bench;
+mod cgroup_policy;
 pub mod columns;
 pub mod conf;
 mod dict;
@@ -22,6 +23,7 @@ mod show;
 mod size;
 mod sys;
 mod term;
+mod tier;
 mod top;
 mod unit;
 
@@ -96,8 +98,8 @@ pub fn run(cli: Cli) -> CliResult {
                 Cmd::Compact(a) => manage::compact(a),
                 Cmd::Set(a) => manage::set(a),
                 Cmd::Idle(a) => manage::idle(a),
-                Cmd::Recompress(a) => manage::recompress(a),
-                Cmd::Writeback(a) => manage::writeback(a),
+                Cmd::Recompress(a) => tier::recompress(a),
+                Cmd::Writeback(a) => tier::writeback(a),
                 Cmd::Dump(a) => dump::dump(a),
                 Cmd::Dict(args::DictCmd::Train(a)) => dict::train(a),
                 Cmd::Bench(a) => bench::bench(a),

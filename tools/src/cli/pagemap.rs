@@ -205,6 +205,11 @@ pub struct ScanCount {
     pub swapped: u64,
 }
 
+/// Whether `e` says the process exited meanwhile.
+fn gone(e: &std::io::Error) -> bool {
+    matches!(e.kind(), ErrorKind::NotFound) || e.raw_os_error() == Some(libc::ESRCH)
+}
+
 /// `PAGEMAP_SCAN` (Linux 6.7+, include/uapi/linux/fs.h):
 /// `_IOWR('f', 16, struct pm_scan_arg)`, on a pagemap file.
 const PAGEMAP_SCAN: libc::Ioctl = 0xc060_6610;
@@ -308,9 +313,6 @@ impl Scanner {
         enough: u64,
         mut found: impl FnMut(SwapEntry),
     ) -> std::io::Result<ScanCount> {
-        let gone = |e: &std::io::Error| {
-            matches!(e.kind(), ErrorKind::NotFound) || e.raw_os_error() == Some(libc::ESRCH)
-        };
         let maps = match std::fs::read_to_string(format!("/proc/{pid}/maps")) {
             Ok(t) => t,
             Err(e) if gone(&e) => return Ok(ScanCount::default()),
@@ -322,17 +324,46 @@ impl Scanner {
             Err(e) => return Err(e),
         };
         let mut count = ScanCount::default();
-        for range in parse_maps(&maps) {
+        let ranges = parse_maps(&maps);
+        self.scan_ranges(&file, &ranges, enough, &mut count, &mut found)?;
+        if self.use_scan && count.swapped < enough {
+            // PAGEMAP_SCAN named fewer swapped pages than the process's
+            // VmSwap (seen on 6.12 with swapped runs interleaved with
+            // resident and swap-cached pages): read every entry again.
+            // A page found twice is one page to the caller, which
+            // deduplicates by process and entry.
+            self.use_scan = false;
+            let mut again = ScanCount::default();
+            let read = self.scan_ranges(&file, &ranges, enough, &mut again, &mut found);
+            self.use_scan = true;
+            read?;
+            count.entries += again.entries;
+            count.swapped = count.swapped.max(again.swapped);
+        }
+        Ok(count)
+    }
+
+    /// Scans `ranges` of an open pagemap until `enough` swapped pages
+    /// are found; a process gone meanwhile ends it, not as an error.
+    fn scan_ranges(
+        &mut self,
+        file: &File,
+        ranges: &[Range<u64>],
+        enough: u64,
+        count: &mut ScanCount,
+        found: &mut impl FnMut(SwapEntry),
+    ) -> std::io::Result<()> {
+        for range in ranges {
             if count.swapped >= enough {
                 break;
             }
-            match self.scan_range(&file, range, &mut count, &mut found) {
+            match self.scan_range(file, range.clone(), count, found) {
                 Ok(()) => {}
                 Err(e) if gone(&e) => break,
                 Err(e) => return Err(e),
             }
         }
-        Ok(count)
+        Ok(())
     }
 
     /// The swapped pages of one address range of an open pagemap: those

@@ -61,12 +61,31 @@ pub fn setup(a: SetupArgs) -> CliResult {
             None => Ok(()),
         };
     }
+    if a.policy {
+        return match entries.first() {
+            Some(e) => policy_round(e),
+            None => Ok(()),
+        };
+    }
     sys::check_driver()?;
     sys::check_root("zblk setup")?;
     if entries.is_empty() {
         println!("{read}: no devices");
     }
     bring_up_all(&entries, ram_mb)
+}
+
+/// `--id N --policy`: a round of the entry's cgroup-limited idle policy.
+fn policy_round(e: &Entry) -> CliResult {
+    let id = e.add.dev.id.unwrap_or(0);
+    match &e.policy {
+        Some(p) => super::cgroup_policy::round(id, p),
+        None => Err(CliError(format!(
+            "[{}] has no policy-cgroups or policy-exclude-cgroups: \
+             its idle policy, if any, is the daemon's",
+            e.name
+        ))),
+    }
 }
 
 /// `--id N --foreground`: serves the one entry, unless it is skipped.

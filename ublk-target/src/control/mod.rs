@@ -44,14 +44,21 @@ pub enum Request {
         max_blocks: u64,
     },
     /// Marks pages idle (zram's `idle` file): every stored page, or those
-    /// not accessed for `age` seconds: `{"marked": N}`.
+    /// not accessed for `age` seconds: `{"marked": N}`; with `exact`,
+    /// exactly those, the marks of younger pages cleared (what the idle
+    /// policy does each round): `{"marked": N, "cleared": N}`.
     Idle {
         /// Only pages not accessed for this many seconds (none: all).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         age: Option<u64>,
+        /// Clear the marks of the pages younger than `age` (which it
+        /// needs).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        exact: bool,
     },
     /// Recompresses pages with a secondary algorithm (zram's
     /// `recompress`): `{"tried": N, "recompressed": N, "saved_bytes": N}`.
+    /// `kind` and `pages` combine: the pages of that type in those ranges.
     Recompress {
         /// One secondary algorithm (`zstd:9`, `deflate:9`, ...); empty:
         /// the device's list (`--recompress-algos`), tried in order.
@@ -69,6 +76,10 @@ pub enum Request {
         /// Try at most this many pages (0: no limit).
         #[serde(default)]
         max_pages: u64,
+        /// Only the pages of these ranges (none: the whole device): `N` or
+        /// `LOW-HIGH`, as `writeback`'s `pages`.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        pages: Vec<String>,
     },
     /// Writes pages back to the device's backing device (zram's
     /// `writeback`): a `zblk::WritebackReport` and `pages_compacted`.
@@ -351,10 +362,26 @@ mod tests {
                 },
                 r#"{"cmd":"set_policy","writeback_idle_after":60}"#,
             ),
-            (Request::Idle { age: None }, r#"{"cmd":"idle"}"#),
             (
-                Request::Idle { age: Some(60) },
+                Request::Idle {
+                    age: None,
+                    exact: false,
+                },
+                r#"{"cmd":"idle"}"#,
+            ),
+            (
+                Request::Idle {
+                    age: Some(60),
+                    exact: false,
+                },
                 r#"{"cmd":"idle","age":60}"#,
+            ),
+            (
+                Request::Idle {
+                    age: Some(60),
+                    exact: true,
+                },
+                r#"{"cmd":"idle","age":60,"exact":true}"#,
             ),
             (
                 Request::Recompress {
@@ -363,8 +390,20 @@ mod tests {
                     kind: "idle".into(),
                     threshold: 1000,
                     max_pages: 5,
+                    pages: vec![],
                 },
                 r#"{"cmd":"recompress","algo":"zstd:9","kind":"idle","threshold":1000,"max_pages":5}"#,
+            ),
+            (
+                Request::Recompress {
+                    algo: String::new(),
+                    priority: None,
+                    kind: "all".into(),
+                    threshold: 0,
+                    max_pages: 0,
+                    pages: vec!["3".into(), "10-20".into()],
+                },
+                r#"{"cmd":"recompress","kind":"all","threshold":0,"max_pages":0,"pages":["3","10-20"]}"#,
             ),
             (
                 Request::Writeback {
@@ -415,7 +454,8 @@ mod tests {
                 priority: None,
                 kind: "all".into(),
                 threshold: 0,
-                max_pages: 0
+                max_pages: 0,
+                pages: vec![],
             }
         );
         assert!(serde_json::from_str::<Request>(r#"{"cmd":"format_disk"}"#).is_err());

@@ -185,19 +185,14 @@ fn answer(queues: &Queues, policy: &Policy, info: &DeviceInfo, req: Request) -> 
             Response::ok(serde_json::json!({ "pages_compacted": n }))
         }
         Request::CompactBacking { max_blocks } => compact_backing(queues, info, max_blocks),
-        Request::Idle { age } => match queues.store().mark_idle(age) {
-            Ok(n) => {
-                log::info!("device {}: {n} pages marked idle", info.id());
-                Response::ok(serde_json::json!({ "marked": n }))
-            }
-            Err(e) => Response::err(e.to_string()),
-        },
+        Request::Idle { age, exact } => idle(queues, info, age, exact),
         Request::Recompress {
             algo,
             priority,
             kind,
             threshold,
             max_pages,
+            pages,
         } => recompress(
             queues,
             policy,
@@ -206,9 +201,12 @@ fn answer(queues: &Queues, policy: &Policy, info: &DeviceInfo, req: Request) -> 
                 algo: &algo,
                 priority,
             },
-            &kind,
-            threshold,
-            max_pages,
+            Which {
+                kind: &kind,
+                threshold,
+                max_pages,
+                pages: &pages,
+            },
         ),
         Request::Writeback { kind, pages, limit } => {
             writeback(queues, info, kind.as_deref(), &pages, limit)
@@ -251,6 +249,28 @@ fn answer(queues: &Queues, policy: &Policy, info: &DeviceInfo, req: Request) -> 
     (reply, Next::Serve)
 }
 
+/// Marks pages idle: those not accessed for `age` seconds (none: all),
+/// and with `exact` clears the marks of the others.
+fn idle(queues: &Queues, info: &DeviceInfo, age: Option<u64>, exact: bool) -> Response {
+    let store = queues.store();
+    let done = match (age, exact) {
+        (Some(age), true) => store
+            .remark_idle(age)
+            .map(|(marked, cleared)| serde_json::json!({ "marked": marked, "cleared": cleared })),
+        (None, true) => return Response::err("idle: exact needs an age"),
+        (age, false) => store
+            .mark_idle(age)
+            .map(|marked| serde_json::json!({ "marked": marked })),
+    };
+    match done {
+        Ok(r) => {
+            log::info!("device {}: idle marks: {r}", info.id());
+            Response::ok(r)
+        }
+        Err(e) => Response::err(e.to_string()),
+    }
+}
+
 /// What a `recompress` request names: one algorithm, an entry of the
 /// device's list, or (neither) the whole list.
 struct Choice<'a> {
@@ -286,6 +306,15 @@ impl Choice<'_> {
     }
 }
 
+/// Which pages a `recompress` request names: a type, a least size, a
+/// most count, page ranges.
+struct Which<'a> {
+    kind: &'a str,
+    threshold: u64,
+    max_pages: u64,
+    pages: &'a [String],
+}
+
 /// Runs a recompression from the control loop, as compaction runs: the
 /// engine works under slot locks, with its own thread state.
 fn recompress(
@@ -293,18 +322,15 @@ fn recompress(
     policy: &Policy,
     info: &DeviceInfo,
     choice: Choice<'_>,
-    kind: &str,
-    threshold: u64,
-    max_pages: u64,
+    which: Which<'_>,
 ) -> Response {
     let parsed = choice.algos(policy, queues.store()).and_then(|algos| {
-        let kind = kind.parse::<zblk::RecompressType>()?;
-        let threshold = usize::try_from(threshold).map_err(|e| e.to_string())?;
         Ok(zblk::Recompress {
             algos,
-            kind,
-            threshold,
-            max_pages,
+            kind: which.kind.parse()?,
+            threshold: usize::try_from(which.threshold).map_err(|e| e.to_string())?,
+            max_pages: which.max_pages,
+            pages: page_ranges(which.pages)?,
         })
     });
     let p = match parsed {
@@ -344,14 +370,13 @@ fn writeback_select(
         (Some(_), false) => Err("writeback: a type and page ranges do not combine".into()),
         (None, true) => Err("writeback: give a type or page ranges".into()),
         (Some(k), true) => Ok(zblk::WritebackSelect::Type(k.parse()?)),
-        (None, false) => {
-            let ranges = pages
-                .iter()
-                .map(|p| p.parse())
-                .collect::<std::result::Result<_, _>>()?;
-            Ok(zblk::WritebackSelect::Pages(ranges))
-        }
+        (None, false) => Ok(zblk::WritebackSelect::Pages(page_ranges(pages)?)),
     }
+}
+
+/// The page ranges of a request (`N` or `LOW-HIGH` each).
+fn page_ranges(pages: &[String]) -> std::result::Result<Vec<zblk::PageRange>, String> {
+    pages.iter().map(|p| p.parse()).collect()
 }
 
 /// Runs a writeback from the control loop, as recompression runs: off the
@@ -601,21 +626,49 @@ mod tests {
             .take(4 * PAGE_SIZE)
             .collect();
         ctx.write(0, &text).unwrap();
-        let (r, _) = ask(&shared, Request::Idle { age: Some(3600) });
+        let (r, _) = ask(
+            &shared,
+            Request::Idle {
+                age: Some(3600),
+                exact: false,
+            },
+        );
         assert!(
             r.ok && r.data["marked"] == 0,
             "nothing is an hour old: {r:?}"
         );
-        let (r, _) = ask(&shared, Request::Idle { age: None });
+        let (r, _) = ask(
+            &shared,
+            Request::Idle {
+                age: None,
+                exact: false,
+            },
+        );
         assert!(r.ok && r.data["marked"] == 4, "{r:?}");
         let (r, _) = ask(&shared, Request::Stats);
         assert_eq!(r.data["stats"]["idle_pages"], 4);
+        // Exact: nothing is an hour old, so every mark is cleared; then
+        // every page is 0 s old or more: all marked again.
+        let exact = |age| Request::Idle { age, exact: true };
+        let (r, _) = ask(&shared, exact(Some(3600)));
+        assert!(
+            r.ok && r.data["marked"] == 0 && r.data["cleared"] == 4,
+            "{r:?}"
+        );
+        let (r, _) = ask(&shared, exact(Some(0)));
+        assert!(
+            r.ok && r.data["marked"] == 4 && r.data["cleared"] == 0,
+            "{r:?}"
+        );
+        let (r, _) = ask(&shared, exact(None));
+        assert!(!r.ok && r.error.unwrap_or_default().contains("exact needs an age"));
         let recompress = |algo: &str, kind: &str| Request::Recompress {
             algo: algo.into(),
             priority: None,
             kind: kind.into(),
             threshold: 0,
             max_pages: 0,
+            pages: vec![],
         };
         let priority = |n| Request::Recompress {
             algo: String::new(),
@@ -623,6 +676,7 @@ mod tests {
             kind: "all".into(),
             threshold: 0,
             max_pages: 0,
+            pages: vec![],
         };
         for bad in [
             recompress("zstd:99", "idle"),
@@ -634,9 +688,30 @@ mod tests {
             let (r, _) = ask(&shared, bad);
             assert!(!r.ok && r.error.is_some(), "{r:?}");
         }
+        // Page ranges: only their pages; one past the end is refused.
+        let ranges = |pages: &[&str]| Request::Recompress {
+            algo: "zstd:19".into(),
+            priority: None,
+            kind: "idle".into(),
+            threshold: 0,
+            max_pages: 0,
+            pages: pages.iter().map(|p| p.to_string()).collect(),
+        };
+        let (r, _) = ask(&shared, ranges(&["2-99999999"]));
+        let e = r.error.unwrap_or_default();
+        assert!(
+            e.contains("page range 2-99999999 is past the device's end"),
+            "{e}"
+        );
+        let (r, _) = ask(&shared, ranges(&["1-2"]));
+        assert!(r.ok, "{r:?}");
+        assert_eq!(r.data["tried"], 2);
+        let kept = r.data["recompressed"].as_u64().unwrap();
+        // The whole device: what the ranges' recompression did not keep
+        // (a page a secondary holds is not tried by it again).
         let (r, _) = ask(&shared, recompress("zstd:19", "idle"));
         assert!(r.ok, "{r:?}");
-        assert_eq!(r.data["tried"], 4);
+        assert_eq!(r.data["tried"], 4 - kept);
         // The store's list is now zstd:19: entry 1 is it, there is no 2.
         let (r, _) = ask(&shared, priority(2));
         assert!(
@@ -700,7 +775,13 @@ mod tests {
         );
         let (r, _) = ask(&shared, wb("idle", 0));
         assert!(r.ok && r.data["written"] == 0, "nothing idle yet: {r:?}");
-        ask(&shared, Request::Idle { age: None });
+        ask(
+            &shared,
+            Request::Idle {
+                age: None,
+                exact: false,
+            },
+        );
         let (r, _) = ask(&shared, Request::SetWritebackLimit { pages: 3 });
         assert!(r.ok);
         let (r, _) = ask(&shared, wb("idle", 0));
@@ -1065,13 +1146,17 @@ mod tests {
             Request::Stats,
             Request::Compact,
             Request::CompactBacking { max_blocks: 0 },
-            Request::Idle { age: None },
+            Request::Idle {
+                age: None,
+                exact: false,
+            },
             Request::Recompress {
                 algo: "zstd:9".into(),
                 priority: None,
                 kind: "all".into(),
                 threshold: 0,
                 max_pages: 0,
+                pages: vec![],
             },
             Request::SetMemLimit { bytes: 4096 },
             Request::Shutdown { force: true },

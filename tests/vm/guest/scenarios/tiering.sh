@@ -18,9 +18,14 @@
 # bd_count say so, and they read back unchanged), and --type with --pages
 # or a range past the end are refused in one line.
 #
+# ZBLK_TIERING_MODE (default per-page) is the swap device's store mode:
+# packed writes back whole packed groups.
+#
 # Opt-in, by name (not in run.sh's default list):
 #   bash tests/vm/run.sh --scenario tiering
+#   ZBLK_VM_ARGS='zblk.tiering_mode=packed' bash tests/vm/run.sh --scenario tiering
 SCEN=tiering
+: "${ZBLK_TIERING_MODE:=per-page}"
 DMESG_FROM=$(( $(dmesg | wc -l) + 1 ))
 BD_FILE=/tmp/zblk-tiering.img
 truncate -s 512M "$BD_FILE" || fail "cannot make $BD_FILE"
@@ -67,7 +72,7 @@ by_index() {
     rm -f /tmp/zblk-vm.pages
     BY_INDEX="by index: 26 of pages 8-40,50 written back, dump and read-back match"
 }
-zadd --size "${ZBLK_DEV_MB}M" --algo "$ZBLK_ALGO" --backing-dev "$BD" --swap
+zadd --size "${ZBLK_DEV_MB}M" --algo "$ZBLK_ALGO" --mode "$ZBLK_TIERING_MODE" --backing-dev "$BD" --swap
 j=$(zstat)
 [ "$(echo "$j" | jget backing_dev)" = "$BD" ] || { cleanup_bd; fail "stat's backing_dev is '$(echo "$j" | jget backing_dev)', not $BD"; }
 CG=$(cg_make "$SCEN" "$ZBLK_LIMIT_MB")
@@ -113,4 +118,4 @@ rmdir "$CG" 2>/dev/null
 must zblk del -n "$ZID" --force >/dev/null
 by_index
 cleanup_bd
-pass "stored=$st written_back=$written ($wbytes bytes in $(( bdu / 4096 )) blocks) bd_reads $bdr0 -> $bdr1, mem_used_total $mem0 -> $mem1 ($(ratio "$mem1" "$mem0")x), compr_data_size $compr0 -> $compr1; both usemem runs verified every page; $BY_INDEX"
+pass "$ZBLK_TIERING_MODE: stored=$st written_back=$written ($wbytes bytes in $(( bdu / 4096 )) blocks) bd_reads $bdr0 -> $bdr1, mem_used_total $mem0 -> $mem1 ($(ratio "$mem1" "$mem0")x), compr_data_size $compr0 -> $compr1; both usemem runs verified every page; $BY_INDEX"
