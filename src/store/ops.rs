@@ -238,12 +238,15 @@ impl QueueCtx {
             Some(b) => b.read_blocks(w.backed.blocks(), &mut block),
             None => Err("the store has no backing device".into()),
         };
-        let bytes = landed
-            .map(|()| &block.as_slice()[..PAGE_SIZE])
-            .map_err(std::io::Error::other);
-        let r = self.read_resume(w, buf, bytes);
+        // The block's bytes are copied out and the buffer given back
+        // before the read goes on: a page further on in the request (of
+        // a written-back packed group) reads its blocks into the same
+        // buffer.
+        let mut copy = [0u8; PAGE_SIZE];
+        let landed = landed.map(|()| copy.copy_from_slice(&block.as_slice()[..PAGE_SIZE]));
         self.st.bd_buf = Some(block);
-        r
+        let bytes = landed.map(|()| &copy[..]).map_err(std::io::Error::other);
+        self.read_resume(w, buf, bytes)
     }
 
     /// Discards `len` bytes at `offset`: the pages read as zeros afterwards
