@@ -248,7 +248,11 @@ proptest! {
             (store, ctx)
         };
         check_gauges(&store, &m, mode)?;
-        verify_all(&store, &mut ctx, &m, mode)?;
+        // A thread of its own, whose group cache is cold: a group the
+        // ops' last read left in `ctx`'s would serve its written-back
+        // pages without a backing read.
+        let mut cold = store.new_ctx();
+        verify_all(&store, &mut cold, &m, mode)?;
         discard_all(&store, &mut ctx)?;
     }
 }
