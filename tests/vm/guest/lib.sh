@@ -287,6 +287,25 @@ dev_verify_rw() {
     rm -f /tmp/zblk-vm.pat /tmp/zblk-vm.rd
 }
 
+# ---- backing devices ------------------------------------------------------------
+
+# A backing device for writeback: a new sparse file $1 of size $2 attached
+# to a free loop device, its name in BD (busybox's losetup has no --show: ask
+# for the free one, then attach). Without losetup, BD is the file itself
+# (buffered I/O on tmpfs, which refuses O_DIRECT: the daemon logs it).
+loop_backing() {
+    BD_FILE=$1
+    truncate -s "$2" "$BD_FILE" || fail "cannot make $BD_FILE"
+    if command -v losetup >/dev/null 2>&1; then
+        BD=$(losetup -f) && losetup "$BD" "$BD_FILE" || fail "losetup of $BD_FILE failed"
+    else
+        BD=$BD_FILE
+        log "no losetup: the backing device is $BD_FILE itself"
+    fi
+}
+# Detaches and removes what loop_backing made.
+loop_backing_release() { [ "$BD" = "$BD_FILE" ] || losetup -d "$BD" 2>/dev/null; rm -f "$BD_FILE"; }
+
 # ---- kernel log and watchdog ----------------------------------------------------
 
 # Marks where this scenario's kernel messages begin: dmesg_new prints those

@@ -31,13 +31,7 @@ CORPUS=/lib/zblk-vm/data/realmem-dev.bin.zst
 GO=/tmp/zblk-vm.attrib.go
 rm -f "$GO"
 SETTLE=90
-BD_FILE=/tmp/zblk-attrib.img
-truncate -s 512M "$BD_FILE" || fail "cannot make $BD_FILE"
-if command -v losetup >/dev/null 2>&1; then
-    BD=$(losetup -f) && losetup "$BD" "$BD_FILE" || fail "losetup of $BD_FILE failed"
-else
-    BD=$BD_FILE
-fi
+loop_backing /tmp/zblk-attrib.img 512M
 zadd --size "${ZBLK_DEV_MB}M" --algo "$ZBLK_ALGO" --backing-dev "$BD" --swap
 # On any way out, the workloads go (their swapped pages with them): a
 # failure must not leave them holding the console until they are told to verify.
@@ -200,7 +194,6 @@ for p in $pa $pb $pc; do
     wait "$p" || fail "usemem $p failed: $(tail -c 300 /tmp/zblk-vm.usemem-a /tmp/zblk-vm.usemem-b /tmp/zblk-vm.usemem-c)"
 done
 must zblk del -n "$ZID" --force >/dev/null
-[ "$BD" = "$BD_FILE" ] || losetup -d "$BD" 2>/dev/null
-rm -f "$BD_FILE"
+loop_backing_release
 rmdir "$CGA" "$CGB" "$CGC" 2>/dev/null
 pass "pages_a_b=$sum_pages shared_a=$shared_a stored=$stored unattributed=$un c=$n_c written_a=$written $scan"

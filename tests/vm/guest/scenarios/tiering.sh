@@ -27,20 +27,9 @@
 SCEN=tiering
 : "${ZBLK_TIERING_MODE:=per-page}"
 DMESG_FROM=$(( $(dmesg | wc -l) + 1 ))
-BD_FILE=/tmp/zblk-tiering.img
-truncate -s 512M "$BD_FILE" || fail "cannot make $BD_FILE"
-if command -v losetup >/dev/null 2>&1; then
-    # busybox's losetup has no --show: ask for the free one, then attach.
-    BD=$(losetup -f) && losetup "$BD" "$BD_FILE" || fail "losetup of $BD_FILE failed"
-else
-    # No losetup in this guest: the regular file itself (buffered I/O on
-    # tmpfs, which refuses O_DIRECT: the daemon logs it).
-    BD=$BD_FILE
-    log "no losetup: the backing device is $BD_FILE itself"
-fi
+loop_backing /tmp/zblk-tiering.img 512M
 # The value after word $2 in `zblk writeback`'s "selected N written N ..." line.
 word_after() { echo "$1" | tr ' ' '\n' | grep -A1 -x "$2" | tail -1; }
-cleanup_bd() { [ "$BD" = "$BD_FILE" ] || losetup -d "$BD" 2>/dev/null; rm -f "$BD_FILE"; }
 # The kinds `zblk dump --json` gives pages $1 to $2, one word each.
 dump_kinds() { zblk dump -n "$ZID" --json | sed -n 's/.*"index":\([0-9]*\),"kind":"\([a-z_]*\)".*/\1 \2/p' | awk -v a="$1" -v b="$2" '$1 >= a && $1 <= b { print $2 }' | sort | uniq -c | tr -s ' \n' ' '; }
 # Writeback by page index and the dump, on a device of 64 known pages over
@@ -51,52 +40,52 @@ by_index() {
     { head -c 65536 /dev/zero; head -c 65536 /dev/urandom; yes "page text, written back by its index;" | head -c 131072; } >/tmp/zblk-vm.pages
     must dd if=/tmp/zblk-vm.pages of="$ZDEV" bs=4096 oflag=direct 2>/dev/null
     k=$(dump_kinds 0 63)
-    [ "$k" = " 32 compressed 16 huge 16 same " ] || { cleanup_bd; fail "dump of the written pages: '$k'"; }
+    [ "$k" = " 32 compressed 16 huge 16 same " ] || { loop_backing_release; fail "dump of the written pages: '$k'"; }
     lines=$(zblk dump -n "$ZID" | wc -l)
-    [ "$lines" = 65 ] || { cleanup_bd; fail "text dump has $lines lines, not a header and 64 pages"; }
-    e=$(zblk writeback -n "$ZID" --type idle --pages 1 2>&1) && { cleanup_bd; fail "--type with --pages was accepted"; }
-    [ "$(echo "$e" | wc -l)" = 1 ] && echo "$e" | grep -q "cannot be used with" || { cleanup_bd; fail "--type with --pages: '$e'"; }
-    e=$(zblk writeback -n "$ZID" --pages 60-4096 2>&1) && { cleanup_bd; fail "a range past the end was accepted"; }
-    echo "$e" | grep -q "past the device's end" || { cleanup_bd; fail "range past the end: '$e'"; }
+    [ "$lines" = 65 ] || { loop_backing_release; fail "text dump has $lines lines, not a header and 64 pages"; }
+    e=$(zblk writeback -n "$ZID" --type idle --pages 1 2>&1) && { loop_backing_release; fail "--type with --pages was accepted"; }
+    [ "$(echo "$e" | wc -l)" = 1 ] && echo "$e" | grep -q "cannot be used with" || { loop_backing_release; fail "--type with --pages: '$e'"; }
+    e=$(zblk writeback -n "$ZID" --pages 60-4096 2>&1) && { loop_backing_release; fail "a range past the end was accepted"; }
+    echo "$e" | grep -q "past the device's end" || { loop_backing_release; fail "range past the end: '$e'"; }
     # 8-15 are same-filled and stay; 16-40 and 50 go.
-    wb=$(zblk writeback -n "$ZID" --pages 8-40 --pages 50 2>&1) || { cleanup_bd; fail "writeback by index failed: $wb"; }
-    [ "$(word_after "$wb" written)" = 26 ] || { cleanup_bd; fail "writeback by index: $wb (26 pages expected)"; }
-    [ "$(zstat | jnum bd_count)" = 26 ] || { cleanup_bd; fail "bd_count $(zstat | jnum bd_count) after writing back 26 pages"; }
+    wb=$(zblk writeback -n "$ZID" --pages 8-40 --pages 50 2>&1) || { loop_backing_release; fail "writeback by index failed: $wb"; }
+    [ "$(word_after "$wb" written)" = 26 ] || { loop_backing_release; fail "writeback by index: $wb (26 pages expected)"; }
+    [ "$(zstat | jnum bd_count)" = 26 ] || { loop_backing_release; fail "bd_count $(zstat | jnum bd_count) after writing back 26 pages"; }
     # 41-63 are compressed but for 50.
     k="$(dump_kinds 16 40)/$(dump_kinds 0 15)/$(dump_kinds 41 63)"
-    [ "$k" = " 25 written_back / 16 same / 22 compressed 1 written_back " ] || { cleanup_bd; fail "dump after writeback by index: '$k'"; }
-    dd if="$ZDEV" bs=4096 count=64 iflag=direct 2>/dev/null | cmp -s - /tmp/zblk-vm.pages || { cleanup_bd; fail "pages written back by index read back changed"; }
+    [ "$k" = " 25 written_back / 16 same / 22 compressed 1 written_back " ] || { loop_backing_release; fail "dump after writeback by index: '$k'"; }
+    dd if="$ZDEV" bs=4096 count=64 iflag=direct 2>/dev/null | cmp -s - /tmp/zblk-vm.pages || { loop_backing_release; fail "pages written back by index read back changed"; }
     bdr=$(zstat | jnum bd_reads)
-    [ "$bdr" -ge 26 ] || { cleanup_bd; fail "bd_reads $bdr after reading 26 written-back pages"; }
+    [ "$bdr" -ge 26 ] || { loop_backing_release; fail "bd_reads $bdr after reading 26 written-back pages"; }
     must zblk del -n "$ZID" >/dev/null
     rm -f /tmp/zblk-vm.pages
     BY_INDEX="by index: 26 of pages 8-40,50 written back, dump and read-back match"
 }
 zadd --size "${ZBLK_DEV_MB}M" --algo "$ZBLK_ALGO" --mode "$ZBLK_TIERING_MODE" --backing-dev "$BD" --swap
 j=$(zstat)
-[ "$(echo "$j" | jget backing_dev)" = "$BD" ] || { cleanup_bd; fail "stat's backing_dev is '$(echo "$j" | jget backing_dev)', not $BD"; }
+[ "$(echo "$j" | jget backing_dev)" = "$BD" ] || { loop_backing_release; fail "stat's backing_dev is '$(echo "$j" | jget backing_dev)', not $BD"; }
 CG=$(cg_make "$SCEN" "$ZBLK_LIMIT_MB")
-hot_cold_hold 400 || { cleanup_bd; fail "only $ST pages stored before the hold"; }
+hot_cold_hold 400 || { loop_backing_release; fail "only $ST pages stored before the hold"; }
 st=$ST
 j0=$(zstat)
 mem0=$(echo "$j0" | jnum mem_used_total) compr0=$(echo "$j0" | jnum compr_data_size)
 must zblk idle -n "$ZID" --all >/dev/null
-wb=$(zblk writeback -n "$ZID" --type idle 2>&1) || { cleanup_bd; fail "writeback failed: $wb"; }
+wb=$(zblk writeback -n "$ZID" --type idle 2>&1) || { loop_backing_release; fail "writeback failed: $wb"; }
 written=$(word_after "$wb" written) wbytes=$(word_after "$wb" bytes)
-rc=$(zblk recompress -n "$ZID" --algo zstd:3 --type idle 2>&1) || { cleanup_bd; fail "recompress failed: $rc"; }
+rc=$(zblk recompress -n "$ZID" --algo zstd:3 --type idle 2>&1) || { loop_backing_release; fail "recompress failed: $rc"; }
 j1=$(zstat)
 bdc=$(echo "$j1" | jnum bd_count) bdw=$(echo "$j1" | jnum bd_writes) bdb=$(echo "$j1" | jnum bd_bytes)
 bdu=$(echo "$j1" | jnum bd_used_bytes) bds=$(echo "$j1" | jnum bd_size) bdr0=$(echo "$j1" | jnum bd_reads)
 mem1=$(echo "$j1" | jnum mem_used_total) compr1=$(echo "$j1" | jnum compr_data_size)
 log "stored=$st writeback: $wb; recompress: $rc; bd_count=$bdc bd_writes=$bdw bd_bytes=$bdb bd_used_bytes=$bdu bd_size=$bds mem $mem0 -> $mem1 compr $compr0 -> $compr1"
-[ "${written:-0}" -gt 0 ] && [ "$bdc" -gt 0 ] || { cleanup_bd; fail "nothing written back: $wb"; }
-[ "$bdw" = "$written" ] || { cleanup_bd; fail "bd_writes $bdw is not what writeback wrote ($written)"; }
-[ "$bdc" -le "$bdw" ] || { cleanup_bd; fail "bd_count $bdc > bd_writes $bdw"; }
-[ "$bdb" -le "$bdu" ] && [ "$bdu" -le "$bds" ] || { cleanup_bd; fail "bd_bytes $bdb, bd_used_bytes $bdu, bd_size $bds out of order"; }
-[ "$compr1" -lt "$compr0" ] || { cleanup_bd; fail "compr_data_size did not drop: $compr0 -> $compr1"; }
+[ "${written:-0}" -gt 0 ] && [ "$bdc" -gt 0 ] || { loop_backing_release; fail "nothing written back: $wb"; }
+[ "$bdw" = "$written" ] || { loop_backing_release; fail "bd_writes $bdw is not what writeback wrote ($written)"; }
+[ "$bdc" -le "$bdw" ] || { loop_backing_release; fail "bd_count $bdc > bd_writes $bdw"; }
+[ "$bdb" -le "$bdu" ] && [ "$bdu" -le "$bds" ] || { loop_backing_release; fail "bd_bytes $bdb, bd_used_bytes $bdu, bd_size $bds out of order"; }
+[ "$compr1" -lt "$compr0" ] || { loop_backing_release; fail "compr_data_size did not drop: $compr0 -> $compr1"; }
 # RAM used drops by (about) what was written back: at least half of it,
 # after the compaction writeback and recompression end with.
-[ $(( mem0 - mem1 )) -ge $(( wbytes / 2 )) ] || { cleanup_bd; fail "mem_used_total dropped $(( mem0 - mem1 )) bytes for $wbytes written back"; }
+[ $(( mem0 - mem1 )) -ge $(( wbytes / 2 )) ] || { loop_backing_release; fail "mem_used_total dropped $(( mem0 - mem1 )) bytes for $wbytes written back"; }
 hold_end
 wait $COLD
 crc=$?
@@ -106,16 +95,16 @@ j2=$(zstat)
 bdr1=$(echo "$j2" | jnum bd_reads)
 for w in cold hot; do
     uj=$(grep '"program":"usemem"' /tmp/zblk-vm.$w | tail -1)
-    [ "$(echo "$uj" | jget ok)" = true ] && [ "$(echo "$uj" | jnum bad_pages)" = 0 ] || { cleanup_bd; fail "usemem ($w): $uj"; }
+    [ "$(echo "$uj" | jget ok)" = true ] && [ "$(echo "$uj" | jnum bad_pages)" = 0 ] || { loop_backing_release; fail "usemem ($w): $uj"; }
 done
-[ "$crc" = 0 ] && [ "$hrc" = 0 ] || { cleanup_bd; fail "usemem exits: cold $crc hot $hrc"; }
-[ "$bdr1" -gt "$bdr0" ] || { cleanup_bd; fail "bd_reads did not grow while the cold pages were verified ($bdr0 -> $bdr1)"; }
+[ "$crc" = 0 ] && [ "$hrc" = 0 ] || { loop_backing_release; fail "usemem exits: cold $crc hot $hrc"; }
+[ "$bdr1" -gt "$bdr0" ] || { loop_backing_release; fail "bd_reads did not grow while the cold pages were verified ($bdr0 -> $bdr1)"; }
 dmesg | tail -n +"$DMESG_FROM" | grep -qiE 'segfault|SIGBUS|I/O error, dev ublkb|(read|write)-error on swap' && {
-    cleanup_bd
+    loop_backing_release
     fail "kernel saw errors: $(dmesg | tail -n +"$DMESG_FROM" | grep -iE 'I/O error|-error on swap' | tail -2 | tr '\n' '|')"
 }
 rmdir "$CG" 2>/dev/null
 must zblk del -n "$ZID" --force >/dev/null
 by_index
-cleanup_bd
+loop_backing_release
 pass "$ZBLK_TIERING_MODE: stored=$st written_back=$written ($wbytes bytes in $(( bdu / 4096 )) blocks) bd_reads $bdr0 -> $bdr1, mem_used_total $mem0 -> $mem1 ($(ratio "$mem1" "$mem0")x), compr_data_size $compr0 -> $compr1; both usemem runs verified every page; $BY_INDEX"
