@@ -543,18 +543,22 @@ boot() {
     set -e
 }
 
-# Boots; if the kernel died before it ever ran /init (its first line is
-# "zblk-vm: kernel ..."), boots again, at most twice more. qemu's
-# multi-threaded TCG occasionally loses a race with the kernel's boot-time
-# code patching (an int3 oops in early init, seen with 6.12); that says
-# nothing about zblk. A guest that reached /init is never retried: whatever
-# happens after that counts.
+# Boots; if the kernel died before the first scenario began (before /init
+# printed "zblk-vm: === <name>"), boots again, at most twice more. qemu's
+# multi-threaded TCG occasionally loses a race with the kernel's code
+# patching (an int3 oops in early init, seen with 6.12); a crash before
+# the first scenario, when only busybox and insmod have run, says nothing
+# about zblk.
+# A guest that began a scenario is never retried: whatever happens after
+# that counts. Each retried boot's console is kept in the cache as
+# early-boot-failure-<K>-<try>.log.
 boot_until_init() {
     local try
     for try in 1 2 3; do
         boot
-        grep -aq 'zblk-vm: kernel ' "$WORK/console.log" && return 0
-        log "boot $try: the kernel died before /init (early boot oops under TCG); booting again"
+        grep -aq 'zblk-vm: === ' "$WORK/console.log" && return 0
+        grep -aq 'zblk-vm: all done' "$WORK/console.log" && return 0
+        log "boot $try: the kernel died before the first scenario (before zblk ran); booting again"
         cp "$WORK/console.log" "$CACHE/early-boot-failure-$KSERIES-$try.log" 2>/dev/null || true
     done
 }
@@ -563,7 +567,7 @@ boot_until_init() {
 # with the kernel's version after the scenario's name; fails when any
 # selected scenario did not pass there.
 summarize() {
-    local log=$WORK/console.log s line failed=0 results tag
+    local log=$WORK/console.log s line failed=0 results tag oops
     tag="[$KVER]"
     results=$(tr -d '\r' <"$log" | grep -aE '^(PASS|FAIL) ' || true)
     for s in $SCENARIOS ${EXTRA:+extra}; do
@@ -586,10 +590,30 @@ summarize() {
         echo "$results" | grep -vE "^(PASS|FAIL) ($(echo $SCENARIOS | tr ' ' '|'))( |\$)" | grep -q '^FAIL' && failed=1
     fi
     if ! tr -d '\r' <"$log" | grep -aq '^zblk-vm: all done'; then
-        SUMMARY="${SUMMARY}FAIL guest $tag did not finish (qemu exit $QEMU_RC; timeout ${TIMEOUT}s)"$'\n'
+        SUMMARY="${SUMMARY}FAIL guest $tag did not finish (qemu exit $QEMU_RC; timeout ${TIMEOUT}s)$(last_step "$log")"$'\n'
+        oops=$(kernel_oops "$log")
+        [ -z "$oops" ] || SUMMARY="$SUMMARY$oops"$'\n'
         failed=1
     fi
     return $failed
+}
+
+# ", last step: <the guest's last zblk-vm: line>" of console log $1.
+last_step() {
+    local l
+    l=$(tr -d '\r' <"$1" | grep -a '^zblk-vm: ' | tail -1)
+    [ -z "$l" ] || printf ', last step: %s' "${l#zblk-vm: }"
+}
+
+# The first kernel oops of console log $1 (from its "BUG:", "Oops:" or
+# "general protection" line through "Kernel panic", at most 60 lines, each
+# indented), so that a crashed guest explains itself in the summary, which
+# is what a CI log keeps.
+kernel_oops() {
+    tr -d '\r' <"$1" | awk '
+        !on && /(BUG:|Oops:|general protection|kernel BUG|Kernel panic)/ { on = 1 }
+        on && n < 60 { print "    " $0; n++ }
+        on && /Kernel panic/ { exit }'
 }
 
 # "PASS name rest" -> "PASS name [version] rest".
