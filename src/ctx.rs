@@ -276,7 +276,7 @@ impl CtxState {
 /// Blocks a read of a written-back page of a store of `cfg` reads at
 /// most: one, or in a packed store a whole group's header and blob
 /// (below a group of pages) starting anywhere in its first block.
-fn backed_read_blocks(cfg: &StoreConfig) -> usize {
+pub(crate) fn backed_read_blocks(cfg: &StoreConfig) -> usize {
     match cfg.mode {
         Mode::Packed => cfg.group_pages + 2,
         Mode::PerPage => 1,

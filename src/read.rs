@@ -22,15 +22,15 @@
 //! A read is an access: it stamps the slot with the request's time and
 //! clears its idle mark, in the guard, so the unlocking store carries it.
 //!
-//! Maintenance (recompression, compaction) reads the block here, under
-//! the slot's lock (so that it cannot be freed and reused meanwhile), as
-//! a request does for a page of a written-back packed group (one `pread`
-//! of up to 16 blocks). A request does not wait for a written-back page's
-//! block under a lock: [`read_page_or_backed`] hands it back as a
-//! [`BackedRead`] (its slot's entry, taken under the lock) and the caller
-//! reads the block however it likes (the daemon through its queue's
-//! io_uring, so a slow or dead link holds up that one request, not the
-//! queue). [`finish_backed`] then locks the slot again and decodes the
+//! Maintenance (recompression, compaction) reads the blocks here, under
+//! the slot's lock (so that they cannot be freed and reused meanwhile).
+//! A request does not wait for a written-back page's blocks under a lock:
+//! [`read_page_or_backed`] hands the page back as a [`BackedRead`] (its
+//! slot's entry, taken under the lock, and its blocks: one for a per-page
+//! object, a packed group's run of up to its pages and two) unless the
+//! thread's group cache holds its group, and the caller reads the blocks
+//! however it likes (the daemon through its queue's io_uring, so a slow
+//! or dead link holds up that one request, not the queue). [`finish_backed`] then locks the slot again and decodes the
 //! block only if the slot still holds that very entry: a page written,
 //! discarded or moved meanwhile is read again from what its slot holds
 //! now, and a block freed and reused meanwhile is never decoded as the
@@ -131,27 +131,34 @@ fn decode_with(
     }
 }
 
-/// A written-back page whose block its reader reads itself: the slot's
-/// entry when it was looked at (under its lock).
+/// A written-back page whose blocks its reader reads itself: the slot's
+/// entry when it was looked at (under its lock), and where its object is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct BackedRead {
     /// The page.
     pub(crate) page: u64,
-    /// Its slot's entry then (`Kind::Backed`).
+    /// Its slot's entry then (`Kind::Backed` or `Kind::BackedGroup`).
     pub(crate) entry: Entry,
+    /// The blocks its object lies in ([`backed_blocks`] of `entry`).
+    place: Extent,
 }
 
 impl BackedRead {
-    /// The block to read: its byte offset in the backing store (one block,
-    /// [`PAGE_SIZE`] bytes: a per-page object never crosses a block).
+    /// The blocks to read: the first one's byte offset in the backing
+    /// store.
     pub(crate) fn block_offset(&self) -> u64 {
-        u64::from(self.entry.backed_at().block) * crate::page::PAGE_SIZE_U64
+        u64::from(self.place.block) * crate::page::PAGE_SIZE_U64
     }
 
-    /// That block, as a range of blocks.
+    /// Those blocks (one for a per-page object, which never crosses a
+    /// block; up to the group's pages and two for a packed group).
     pub(crate) fn blocks(&self) -> std::ops::Range<u32> {
-        let b = self.entry.backed_at().block;
-        b..b.saturating_add(1)
+        self.place.blocks()
+    }
+
+    /// How many bytes they are.
+    pub(crate) fn bytes(&self) -> usize {
+        self.blocks().len() * PAGE_SIZE
     }
 }
 
@@ -164,8 +171,9 @@ pub(crate) enum PageRead {
     Backed(BackedRead),
 }
 
-/// [`read_page`], except that a written-back page is handed back with
-/// its slot's entry instead of being read here.
+/// [`read_page`], except that a written-back page (unless the thread's
+/// group cache holds its group) is handed back with its slot's entry
+/// instead of being read here.
 pub(crate) fn read_page_or_backed(
     table: &SlotTable,
     st: &mut CtxState,
@@ -177,10 +185,21 @@ pub(crate) fn read_page_or_backed(
         st.shard.add(Counter::IdlePages, -1);
     }
     let e = guard.entry();
-    if e.kind == Kind::Backed {
-        return Ok(PageRead::Backed(BackedRead { page, entry: e }));
+    match e.kind {
+        Kind::BackedGroup if crate::packed::cached_backed_page(st, &e, out) => Ok(PageRead::Done),
+        Kind::Backed | Kind::BackedGroup => match backed_blocks(&e) {
+            Ok(place) => Ok(PageRead::Backed(BackedRead {
+                page,
+                entry: e,
+                place,
+            })),
+            Err(detail) => {
+                out.fill(0);
+                Err(Error::Corrupt { page, detail })
+            }
+        },
+        _ => read_entry(table, st, page, &e, out).map(|()| PageRead::Done),
     }
-    read_entry(table, st, page, &e, out).map(|()| PageRead::Done)
 }
 
 /// Decodes `r`'s page out of `block` (the bytes of its block, read since

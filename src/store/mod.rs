@@ -287,6 +287,16 @@ impl Store {
         self.table.backing().map(|b| b.fd())
     }
 
+    /// The most bytes a read's [`ReadStep::Wait`] asks for: one block in
+    /// per-page mode, a written-back group's run (its pages and two
+    /// blocks) in packed mode; 0 without a backing store.
+    pub fn backing_read_bytes(&self) -> usize {
+        match self.table.backing() {
+            Some(_) => crate::ctx::backed_read_blocks(&self.cfg) * crate::page::PAGE_SIZE,
+            None => 0,
+        }
+    }
+
     /// Thread state with a shard of its own, and the shard's index.
     fn new_state(&self) -> (usize, CtxState) {
         let (id, shard) = self.new_shard();

@@ -39,8 +39,9 @@ struct ReadReq {
     t0: Instant,
 }
 
-/// A read request waiting for one block of the backing store: the block
-/// holding its next page, which is written back.
+/// A read request waiting for blocks of the backing store: those holding
+/// its next page, which is written back (one block for a per-page object,
+/// a packed group's run for a page of a group).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BackingWait {
     req: ReadReq,
@@ -51,14 +52,15 @@ pub struct BackingWait {
 }
 
 impl BackingWait {
-    /// Where the block is in the backing store, in bytes.
+    /// Where the blocks begin in the backing store, in bytes.
     pub fn offset(&self) -> u64 {
         self.backed.block_offset()
     }
 
-    /// How many bytes to read: one block.
+    /// How many bytes to read: whole blocks, one for a per-page object, at
+    /// most [`Store::backing_read_bytes`].
     pub fn bytes(&self) -> usize {
-        PAGE_SIZE
+        self.backed.bytes()
     }
 }
 
@@ -140,7 +142,7 @@ impl QueueCtx {
     pub fn read(&mut self, offset: u64, buf: &mut [u8]) -> Result<()> {
         let mut step = self.read_begin(offset, buf)?;
         while let ReadStep::Wait(w) = step {
-            step = self.read_block_here(w, buf)?;
+            step = self.read_here(w, buf)?;
         }
         Ok(())
     }
@@ -188,7 +190,7 @@ impl QueueCtx {
         };
         let r = block
             .map_err(|e| {
-                let block = w.backed.entry.backed_at().block;
+                let block = w.backed.blocks().start;
                 Error::Backing(format!("reading backing block {block}: {e}"))
             })
             .and_then(|bytes| read::finish_backed(&store.table, st, &w.backed, bytes, out));
@@ -227,9 +229,10 @@ impl QueueCtx {
         end_read(st, &req, Ok(())).map(|()| ReadStep::Done)
     }
 
-    /// [`QueueCtx::read_resume`] with `w`'s block read here, into this
-    /// thread's backing buffer.
-    fn read_block_here(&mut self, w: BackingWait, buf: &mut [u8]) -> Result<ReadStep> {
+    /// [`QueueCtx::read_resume`] with `w`'s blocks read here, with
+    /// `pread`, into this thread's backing buffer: for a caller that
+    /// cannot read them itself just now.
+    pub fn read_here(&mut self, w: BackingWait, buf: &mut [u8]) -> Result<ReadStep> {
         let Some(mut block) = self.st.bd_buf.take() else {
             let e = Error::Backing("this queue has no backing read buffer".into());
             return end_read(&mut self.st, &w.req, Err(e)).map(|()| ReadStep::Done);
@@ -238,15 +241,15 @@ impl QueueCtx {
             Some(b) => b.read_blocks(w.backed.blocks(), &mut block),
             None => Err("the store has no backing device".into()),
         };
-        // The block's bytes are copied out and the buffer given back
-        // before the read goes on: a page further on in the request (of
-        // a written-back packed group) reads its blocks into the same
-        // buffer.
-        let mut copy = [0u8; PAGE_SIZE];
-        let landed = landed.map(|()| copy.copy_from_slice(&block.as_slice()[..PAGE_SIZE]));
+        // Every written-back page a request meets comes back as a wait
+        // (`read_on`), so nothing reads into the buffer while the request
+        // goes on with its bytes; it is given back once that returns.
+        let bytes = landed
+            .map(|()| &block.as_slice()[..w.bytes()])
+            .map_err(std::io::Error::other);
+        let r = self.read_resume(w, buf, bytes);
         self.st.bd_buf = Some(block);
-        let bytes = landed.map(|()| &copy[..]).map_err(std::io::Error::other);
-        self.read_resume(w, buf, bytes)
+        r
     }
 
     /// Discards `len` bytes at `offset`: the pages read as zeros afterwards

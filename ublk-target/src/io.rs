@@ -140,20 +140,34 @@ pub fn dispatch(ctx: &mut QueueCtx, iod: &IoDesc, buf: &mut [u8]) -> Outcome {
     }
 }
 
-/// Goes on with the READ `iod` that waited for block `w`, now landed
-/// (`block`: its bytes, or why it could not be read).
+/// The blocks a waiting READ goes on with.
+#[derive(Debug)]
+pub enum Blocks<'b> {
+    /// Read through the ring: their bytes, or why they could not be read.
+    Landed(std::io::Result<&'b [u8]>),
+    /// Not read: read them here, on this thread (no buffer was free to
+    /// read them through the ring).
+    ReadHere,
+}
+
+/// Goes on with the READ `iod` that waited for the blocks of `w`, with
+/// `blocks`.
 pub fn resume(
     ctx: &mut QueueCtx,
     iod: &IoDesc,
     buf: &mut [u8],
     w: BackingWait,
-    block: std::io::Result<&[u8]>,
+    blocks: Blocks<'_>,
 ) -> Outcome {
     let Some((_, len)) = iod.byte_range() else {
         return Err((-libc::EINVAL, IoFailure::SectorOverflow));
     };
     let data = data_of(buf, len)?;
-    read_step(ctx.read_resume(w, data, block), len)
+    let step = match blocks {
+        Blocks::Landed(bytes) => ctx.read_resume(w, data, bytes),
+        Blocks::ReadHere => ctx.read_here(w, data),
+    };
+    read_step(step, len)
 }
 
 /// The first `len` bytes of `buf`, the request's data.
@@ -198,10 +212,10 @@ pub fn handle_resume(
     ctx: &mut QueueCtx,
     iod: &IoDesc,
     buf: &mut [u8],
-    (w, block): (BackingWait, std::io::Result<&[u8]>),
+    (w, blocks): (BackingWait, Blocks<'_>),
     log: &mut RateLimit,
 ) -> Served {
-    let r = resume(ctx, iod, buf, w, block);
+    let r = resume(ctx, iod, buf, w, blocks);
     logged(ctx, iod, r, log)
 }
 
@@ -605,7 +619,7 @@ mod tests {
         let mut waits = 0;
         while let Served::Wait(w) = served {
             waits += 1;
-            served = resume(&mut ctx, &r, &mut buf, w, Ok(&block(&w))).unwrap();
+            served = resume(&mut ctx, &r, &mut buf, w, Blocks::Landed(Ok(&block(&w)))).unwrap();
         }
         assert_eq!((served, waits), (Served::Done(2 * PAGE_SIZE as i32), 2));
         assert_eq!(&buf[..2 * PAGE_SIZE], &data[..]);
@@ -615,9 +629,73 @@ mod tests {
             panic!("the read did not wait for its block");
         };
         let dead = Err(std::io::Error::from_raw_os_error(libc::ENOTCONN));
-        let served = handle_resume(&mut ctx, &r, &mut buf, (w, dead), &mut log);
+        let served = handle_resume(&mut ctx, &r, &mut buf, (w, Blocks::Landed(dead)), &mut log);
         assert_eq!(served, Served::Done(-libc::EIO));
         assert_eq!(s.stats().counters.failed_reads, 1);
+    }
+
+    #[test]
+    fn a_read_of_written_back_groups_waits_once_a_group_or_reads_here() {
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir().unwrap();
+        let bd = dir.path().join("backing");
+        std::fs::File::create(&bd)
+            .unwrap()
+            .set_len(64 * PAGE_SIZE as u64)
+            .unwrap();
+        let mut cfg = StoreConfig::new(DEV);
+        cfg.backing = Some(bd.clone());
+        cfg.mode = zblk::Mode::Packed;
+        let s = Store::new(cfg).unwrap();
+        // A noisy quarter of each page: a group compresses to more than a
+        // block, so its run spans blocks.
+        let mut data: Vec<u8> = (1..17u8).flat_map(page).collect();
+        let mut x = 0x2545_f491u32;
+        for p in data.chunks_mut(PAGE_SIZE) {
+            for b in &mut p[..PAGE_SIZE / 4] {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                *b = x as u8;
+            }
+        }
+        let w = iod(UBLK_IO_OP_WRITE, 0, 16 * SPP);
+        dispatch(&mut s.new_ctx(), &w, &mut data).unwrap();
+        s.mark_idle(None).unwrap();
+        let wb = zblk::Writeback {
+            select: zblk::WritebackType::Idle.into(),
+            limit: 0,
+        };
+        assert_eq!(s.writeback(&wb).unwrap().written, 16);
+        let file = std::fs::File::open(&bd).unwrap();
+        let r = iod(UBLK_IO_OP_READ, 0, 16 * SPP);
+        // Through the caller's own reads: one wait a group, for its run.
+        let (mut ctx, mut buf) = (s.new_ctx(), vec![0u8; 16 * PAGE_SIZE]);
+        let mut served = dispatch(&mut ctx, &r, &mut buf).unwrap();
+        let mut runs = Vec::new();
+        while let Served::Wait(w) = served {
+            let mut b = vec![0u8; w.bytes()];
+            file.read_exact_at(&mut b, w.offset()).unwrap();
+            runs.push(w.bytes());
+            served = resume(&mut ctx, &r, &mut buf, w, Blocks::Landed(Ok(&b))).unwrap();
+        }
+        assert_eq!(served, Served::Done(16 * PAGE_SIZE as i32));
+        assert_eq!(runs.len(), 2, "one read a group: {runs:?}");
+        assert!(runs
+            .iter()
+            .all(|&n| n > PAGE_SIZE && n <= s.backing_read_bytes()));
+        assert_eq!(buf, data);
+        // Read on this thread instead (no buffer free): the same pages.
+        let (mut ctx, mut buf) = (s.new_ctx(), vec![0u8; 16 * PAGE_SIZE]);
+        let mut served = dispatch(&mut ctx, &r, &mut buf).unwrap();
+        let mut here = 0;
+        while let Served::Wait(w) = served {
+            here += 1;
+            served = resume(&mut ctx, &r, &mut buf, w, Blocks::ReadHere).unwrap();
+        }
+        assert_eq!((served, here), (Served::Done(16 * PAGE_SIZE as i32), 2));
+        assert_eq!(buf, data);
+        assert_eq!(s.stats().counters.failed_reads, 0);
     }
 
     #[test]

@@ -20,10 +20,10 @@
 //! submitted, and the process may exit (the driver cancels the parked
 //! commands; anything it still held is reissued to the next daemon).
 
-use crate::backing_read::{BackingReads, BlockBufs, BACKING_OP};
+use crate::backing_read::{BackingReads, BlockBufs, Unqueued, BACKING_OP};
 use crate::config::DeviceConfig;
 use crate::error::{Error, Result, Step, UblkCause};
-use crate::io::{handle_io, handle_resume, IoDesc, RateLimit, Served};
+use crate::io::{handle_io, handle_resume, Blocks, IoDesc, RateLimit, Served};
 use crate::io_threads;
 use crate::poll::PollWindow;
 use crate::transport::Transport;
@@ -150,8 +150,9 @@ impl Queues {
         let per_queue = cfg.io_threads.max(1);
         let n = usize::from(cfg.queue_count()) * usize::from(per_queue);
         let backing = store.backing_fd().is_some();
+        let read_bytes = store.backing_read_bytes();
         let threads = (0..n)
-            .map(|_| QueueShared::new(backing.then(|| BlockBufs::new(cfg.depth))))
+            .map(|_| QueueShared::new(backing.then(|| BlockBufs::new(cfg.depth, read_bytes))))
             .collect::<Result<Vec<_>>>()?;
         // Created in slot order so that stats list I/O thread i as
         // context i.
@@ -665,12 +666,13 @@ impl TagIo<'_, '_, '_> {
     /// Goes on with the request in `tag` whose backing read landed with
     /// `res`; true when it is completed.
     fn resume_request(&mut self, tag: u16, bufs: &mut [IoBuf<u8>], res: i32) -> bool {
-        let (Some(landed), Some(buf)) =
+        let (Some((w, bytes)), Some(buf)) =
             (self.reads.landed(tag, res), bufs.get_mut(usize::from(tag)))
         else {
             return false;
         };
         let iod = IoDesc::from(self.q.get_iod(tag));
+        let landed = (w, Blocks::Landed(bytes));
         let served = handle_resume(self.ctx, &iod, buf.as_mut_slice(), landed, self.rl);
         self.complete_or_wait(tag, &iod, buf, served)
     }
@@ -678,11 +680,12 @@ impl TagIo<'_, '_, '_> {
     /// A batch queue's [`TagIo::resume_request`]: the request's result
     /// once it has one.
     fn resume_batch(&mut self, tag: u16, batch: &mut UblkBatchQueue, res: i32) -> Option<i32> {
-        let landed = self.reads.landed(tag, res)?;
+        let (w, bytes) = self.reads.landed(tag, res)?;
         let Some(buf) = batch.io_buf_mut(tag) else {
             return Some(-libc::EIO);
         };
         let iod = IoDesc::from(self.q.get_iod(tag));
+        let landed = (w, Blocks::Landed(bytes));
         let served = handle_resume(self.ctx, &iod, buf.as_mut_slice(), landed, self.rl);
         self.result_or_wait(tag, &iod, buf.as_mut_slice(), served)
     }
@@ -715,8 +718,9 @@ impl TagIo<'_, '_, '_> {
     }
 
     /// The result of the request in `tag` once `served` has one; `None`
-    /// while it waits for the backing read queued here (a read that
-    /// cannot be queued fails the request with EIO).
+    /// while it waits for the backing read queued here (a read that finds
+    /// every group buffer taken is read here instead; one that cannot be
+    /// queued fails the request with EIO).
     fn result_or_wait(
         &mut self,
         tag: u16,
@@ -727,10 +731,14 @@ impl TagIo<'_, '_, '_> {
         loop {
             match served {
                 Served::Done(res) => return Some(res),
-                Served::Wait(w) => match self.reads.submit(self.q, tag, w) {
-                    Ok(()) => return None,
-                    Err((w, e)) => served = handle_resume(self.ctx, iod, buf, (w, Err(e)), self.rl),
-                },
+                Served::Wait(w) => {
+                    let blocks = match self.reads.submit(self.q, tag, w) {
+                        Ok(()) => return None,
+                        Err(Unqueued::Busy(w)) => (w, Blocks::ReadHere),
+                        Err(Unqueued::Failed(w, e)) => (w, Blocks::Landed(Err(e))),
+                    };
+                    served = handle_resume(self.ctx, iod, buf, blocks, self.rl);
+                }
             }
         }
     }
