@@ -10,7 +10,7 @@
 //! no longer references it is detached and waiting to be freed; it is left
 //! where it is.
 
-use super::{lock, unpack, ClassState, SizeClass, SlabAllocator, FREE};
+use super::{unpack, ClassState, SizeClass, SlabAllocator, FREE};
 use crate::alloc::{Handle, Relocate};
 
 impl SlabAllocator {
@@ -21,12 +21,15 @@ impl SlabAllocator {
             return 0;
         };
         // Compaction is there to give memory back: spares go first.
-        let mut freed = self.trim_spares(class, &mut lock(class));
+        let mut freed = self.trim_spares(class, &mut self.lock_with_room(class));
         // Zspages whose remaining objects are all waiting to be freed: they
         // cannot be emptied now, so later steps look past them.
         let mut pinned: Vec<u64> = Vec::new();
         for _ in 0..max_steps {
-            let mut state = lock(class);
+            // Room first, off the lock: a step's pushes (a zspage per move
+            // changing fullness group, the emptied one retired) then find
+            // it, unless one zspage holds more objects than it keeps.
+            let mut state = self.lock_with_room(class);
             if !state.can_compact(&class.spec) {
                 break;
             }

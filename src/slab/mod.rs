@@ -770,7 +770,7 @@ impl SlabAllocator {
         self.release_runs(class, &state.dead);
         self.uncharge(class.cost * state.dead.len() as u64);
         let ClassState { dead, free_ids, .. } = state;
-        free_ids.append(dead);
+        reserve::append_touched(free_ids, dead);
     }
 
     /// Gives the pages of the zspages `ids` (sorted) back to the OS, one
@@ -969,12 +969,14 @@ impl ObjAllocator for SlabAllocator {
                     log::error!("slab: free of bad handle {:#x}", run[0]);
                     return;
                 };
-                let mut state = lock(class);
-                for &h in run {
-                    let (_, id, idx) = unpack(h);
-                    self.free_obj(class, &mut state, id, idx);
+                for part in run.chunks(reserve::HOLD_PUSHES) {
+                    let mut state = self.lock_with_room(class);
+                    for &h in part {
+                        let (_, id, idx) = unpack(h);
+                        self.free_obj(class, &mut state, id, idx);
+                    }
+                    self.release_dead(class, &mut state);
                 }
-                self.release_dead(class, &mut state);
             },
         );
     }

@@ -55,7 +55,7 @@ use std::sync::atomic::{
     AtomicBool, AtomicU64,
     Ordering::{Relaxed, SeqCst},
 };
-use std::sync::{Condvar, Mutex};
+use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 /// How long an allocation the reserve could not serve waits for the
@@ -71,6 +71,11 @@ const PERIOD: Duration = Duration::from_millis(100);
 const FALLBACK_SLACK: u32 = 256;
 /// Room kept in each bookkeeping vector: this, plus an eighth of its length.
 const HEADROOM: usize = 32;
+/// Items a hold of [`SlabAllocator::lock_with_room`] may push onto one
+/// vector: a freed object adds at most one to a fullness group and one
+/// retired zspage to `dead`, `spare` and `free_ids` each, plus spares
+/// trimmed, so holds of this many frees stay within [`HEADROOM`].
+pub(super) const HOLD_PUSHES: usize = HEADROOM / 2;
 /// Owner tables a class keeps for its next zspages when zspages die (the
 /// provisioner tops them up to what [`SlabAllocator::reserve_want`] asks).
 pub(super) const BOXES_KEPT: usize = 6;
@@ -427,11 +432,36 @@ fn prefaulted<T>(cap: usize) -> Vec<T> {
 /// while memory was plentiful).
 pub(super) fn push_touched<T>(v: &mut Vec<T>, x: T) {
     if v.len() == v.capacity() {
-        let mut bigger = prefaulted::<T>((2 * v.len()).max(HEADROOM));
-        bigger.append(v);
-        *v = bigger;
+        grow_touched(v, 1);
     }
     v.push(x);
+}
+
+/// Moves every item of `from` onto the end of `to`, growing `to` as
+/// [`push_touched`] does when it lacks the room.
+pub(super) fn append_touched<T>(to: &mut Vec<T>, from: &mut Vec<T>) {
+    if to.capacity() - to.len() < from.len() {
+        grow_touched(to, from.len());
+    }
+    to.append(from);
+}
+
+/// Moves `v` to a buffer faulted in now with room for `more` items beyond
+/// its length and at least twice that length (at least [`HEADROOM`]):
+/// the growth every holder of a class lock avoids
+/// ([`SlabAllocator::lock_with_room`]), counted in tests.
+fn grow_touched<T>(v: &mut Vec<T>, more: usize) {
+    #[cfg(test)]
+    GROWN_UNDER_LOCK.with(|n| n.set(n.get() + 1));
+    let mut bigger = prefaulted::<T>((2 * v.len()).max(v.len() + more).max(HEADROOM));
+    bigger.append(v);
+    *v = bigger;
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Tests: how often this thread grew a class's vector under its lock.
+    pub(super) static GROWN_UNDER_LOCK: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
 }
 
 /// Whether `v` lacks the room the provisioner keeps in it.
@@ -691,6 +721,30 @@ impl SlabAllocator {
             r.limited.store(!charged, Relaxed);
         }
         charged
+    }
+
+    /// Locks `class` for a hold that pushes at most [`HOLD_PUSHES`] items
+    /// onto its bookkeeping vectors (frees, a compaction step's moves),
+    /// having given them the room the provisioner keeps first, off the
+    /// lock, when they lack it.
+    ///
+    /// Those pushes never allocate under the lock then. An allocation
+    /// there (`push_touched` growing a vector, malloc growing the thread's
+    /// arena) is a fault that can enter direct reclaim while queue threads
+    /// wait for this very lock to complete the swap writes reclaim waits
+    /// for: the machine's stall (seen in the guest: the free drain in
+    /// `sysmalloc`, in direct reclaim, holding a class lock a queue thread
+    /// and the provisioner waited on, kswapd and the workload throttled
+    /// on the device's writes). Without a reserve (a private store) the
+    /// class is simply locked.
+    pub(super) fn lock_with_room<'a>(&self, class: &'a SizeClass) -> MutexGuard<'a, ClassState> {
+        let state = lock(class);
+        if self.reserve.is_none() || !lacks_room(&state) {
+            return state;
+        }
+        drop(state);
+        self.make_room(class);
+        lock(class)
     }
 
     /// Gives every bookkeeping vector of `class` the room the provisioner

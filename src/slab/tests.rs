@@ -541,3 +541,33 @@ fn provisioned_class_has_room_and_boxes() {
     drop(state);
     a.free_bulk(&hs);
 }
+
+/// Frees in a class whose vectors lack room (the provisioner behind) give
+/// them room off the lock first: no hold grows one under the class lock,
+/// where a fault could enter reclaim while queue threads wait on the lock.
+#[test]
+fn frees_grow_no_vector_under_the_class_lock() {
+    let a = reserve_slab();
+    let mut hs = Vec::new();
+    while hs.len() < 3000 {
+        let mut got = Vec::new();
+        if a.alloc_bulk(&[500; 64], &[7; 64], &mut got).is_err() {
+            provision_all(&a);
+            continue;
+        }
+        hs.extend(got);
+    }
+    let c = a.class_of(500).unwrap();
+    {
+        let mut st = lock(&a.classes[c]);
+        assert!(st.live_zspages > 64, "{} zspages", st.live_zspages);
+        st.free_ids.shrink_to_fit();
+        st.dead.shrink_to_fit();
+        st.spare.shrink_to_fit();
+        st.groups.iter_mut().for_each(|g| g.shrink_to_fit());
+    }
+    reserve::GROWN_UNDER_LOCK.with(|n| n.set(0));
+    a.free_bulk(&hs);
+    assert_eq!(reserve::GROWN_UNDER_LOCK.with(|n| n.get()), 0);
+    assert_eq!(lock(&a.classes[c]).objs_used, 0);
+}
