@@ -21,7 +21,7 @@ impl SlabAllocator {
             return 0;
         };
         // Compaction is there to give memory back: spares go first.
-        let mut freed = self.trim_spares(class, &mut self.lock_with_room(class));
+        let mut freed = self.trim_spares(class);
         // Zspages whose remaining objects are all waiting to be freed: they
         // cannot be emptied now, so later steps look past them.
         let mut pinned: Vec<u64> = Vec::new();

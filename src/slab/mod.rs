@@ -741,18 +741,31 @@ impl SlabAllocator {
     }
 
     /// Gives the spares of the class the reserve does not need back to the
-    /// OS; returns the 4 KB pages given back.
-    fn trim_spares(&self, class: &SizeClass, state: &mut ClassState) -> u64 {
-        let before = spare_pages(class, state);
-        let keep = self.reserve_want(class, state);
-        self.release_dead_keeping(class, state, keep);
-        before - spare_pages(class, state)
+    /// OS, [`reserve::HOLD_PUSHES`] a lock hold; returns the 4 KB pages
+    /// given back.
+    fn trim_spares(&self, class: &SizeClass) -> u64 {
+        let mut pages = 0;
+        loop {
+            let mut state = self.lock_with_room(class);
+            let before = spare_pages(class, &state);
+            let keep = self.reserve_want(class, &state);
+            self.release_dead_keeping(class, &mut state, keep);
+            let given = before.saturating_sub(spare_pages(class, &state));
+            if given == 0 {
+                return pages;
+            }
+            pages += given;
+        }
     }
 
     /// [`Self::release_dead`], keeping up to `cap` empty zspages as spares
-    /// (and giving back spares beyond `cap`).
+    /// (and giving back spares beyond `cap`, at most
+    /// [`reserve::HOLD_PUSHES`] of them a call).
     fn release_dead_keeping(&self, class: &SizeClass, state: &mut ClassState, cap: usize) {
-        while state.spare.len() > cap {
+        // At most HOLD_PUSHES spares a hold, within the room the hold was
+        // given ([`Self::lock_with_room`]); the rest go in later holds.
+        let excess = state.spare.len().saturating_sub(cap);
+        for _ in 0..excess.min(reserve::HOLD_PUSHES) {
             if let Some(id) = state.spare.pop() {
                 reserve::push_touched(&mut state.dead, id);
             }
@@ -1014,9 +1027,9 @@ impl ObjAllocator for SlabAllocator {
     fn trim(&self) -> u64 {
         let mut pages = 0;
         for class in self.classes.iter() {
-            let mut state = lock(class);
-            if !std::mem::take(&mut state.spare_used) {
-                pages += self.trim_spares(class, &mut state);
+            let used = std::mem::take(&mut lock(class).spare_used);
+            if !used {
+                pages += self.trim_spares(class);
             }
         }
         pages
