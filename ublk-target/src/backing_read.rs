@@ -12,9 +12,9 @@
 //! A page of a written-back packed group needs its group's run of blocks
 //! (up to its pages and two): a queue keeps [`GROUP_BUFS`] buffers of
 //! that size for them, and a read that finds them all taken is read on the
-//! queue thread ([`Unqueued::Busy`], today's `pread`), so a queue never
-//! holds more than [`GROUP_BUFS`] runs locked for reads and a burst of
-//! group reads beyond that costs the queue only what it cost before.
+//! queue thread with `pread` ([`Unqueued::Busy`]), so a queue never holds
+//! more than [`GROUP_BUFS`] runs locked for reads; a group read beyond
+//! those holds up its queue until it lands.
 //!
 //! Nothing here allocates once the queue serves: each tag has its own
 //! aligned block and the queue its group buffers, made, locked and
