@@ -287,48 +287,23 @@ mod tests {
     }
 
     /// A read of a written-back packed group's page, waiting for its run
-    /// (the store and its backing file's folder kept alive with it).
-    fn group_wait() -> (BackingWait, std::sync::Arc<Store>, tempfile::TempDir) {
-        let dir = tempfile::tempdir().unwrap();
-        let bd = dir.path().join("backing");
-        std::fs::File::create(&bd)
-            .unwrap()
-            .set_len(1 << 20)
-            .unwrap();
-        let mut cfg = zblk::StoreConfig::new(64 * PAGE_SIZE as u64);
-        cfg.backing = Some(bd);
-        cfg.mode = zblk::Mode::Packed;
-        let s = Store::new(cfg).unwrap();
-        let mut x = 0x9e37_79b9u32;
-        let mut data = vec![0u8; 8 * PAGE_SIZE];
-        for (i, b) in data.iter_mut().enumerate() {
-            x ^= x << 13;
-            x ^= x >> 17;
-            x ^= x << 5;
-            *b = if i % PAGE_SIZE < 1024 {
-                x as u8
-            } else {
-                (i % 7) as u8
-            };
-        }
-        let mut ctx = s.new_ctx();
-        ctx.write(0, &data).unwrap();
-        s.mark_idle(None).unwrap();
-        let wb = zblk::Writeback {
-            select: zblk::WritebackType::Idle.into(),
-            limit: 0,
-        };
-        assert_eq!(s.writeback(&wb).unwrap().written, 8);
+    /// (the store and its backing file kept alive with it).
+    fn group_wait() -> (BackingWait, crate::testing::WrittenBack) {
+        let data = crate::testing::noisy_pages(8);
+        let wb = crate::testing::WrittenBack::new(64 * PAGE_SIZE as u64, zblk::Mode::Packed, &data);
+        assert_eq!(wb.written, 8);
+        let s = &wb.store;
         let mut buf = vec![0u8; PAGE_SIZE];
         let zblk::ReadStep::Wait(w) = s.new_ctx().read_begin(0, &mut buf).unwrap() else {
             panic!("the read did not wait for the group's blocks");
         };
-        (w, s, dir)
+        (w, wb)
     }
 
     #[test]
     fn a_landed_group_read_gives_its_buffer_back() {
-        let (w, s, _dir) = group_wait();
+        let (w, wb) = group_wait();
+        let s = &wb.store;
         assert!(w.bytes() > PAGE_SIZE, "the group spans blocks");
         let blocks = BlockBufs::new(4, s.backing_read_bytes());
         let mut r = reads(&blocks);

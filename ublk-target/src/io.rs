@@ -588,26 +588,11 @@ mod tests {
     #[test]
     fn a_read_of_written_back_pages_waits_for_each_block_then_resumes() {
         use std::os::unix::fs::FileExt;
-        let dir = tempfile::tempdir().unwrap();
-        let bd = dir.path().join("backing");
-        std::fs::File::create(&bd)
-            .unwrap()
-            .set_len(16 * PAGE_SIZE as u64)
-            .unwrap();
-        let mut cfg = StoreConfig::new(DEV);
-        cfg.backing = Some(bd.clone());
-        let s = Store::new(cfg).unwrap();
-        let mut ctx = s.new_ctx();
-        let mut data: Vec<u8> = (1..3u8).flat_map(page).collect();
-        let w = iod(UBLK_IO_OP_WRITE, 0, 2 * SPP);
-        dispatch(&mut ctx, &w, &mut data).unwrap();
-        s.mark_idle(None).unwrap();
-        let wb = zblk::Writeback {
-            select: zblk::WritebackType::Idle.into(),
-            limit: 0,
-        };
-        assert_eq!(s.writeback(&wb).unwrap().written, 2);
-        let file = std::fs::File::open(&bd).unwrap();
+        let data: Vec<u8> = (1..3u8).flat_map(page).collect();
+        let wb = crate::testing::WrittenBack::new(DEV, zblk::Mode::PerPage, &data);
+        assert_eq!(wb.written, 2);
+        let (s, mut ctx) = (&wb.store, wb.store.new_ctx());
+        let file = std::fs::File::open(&wb.file).unwrap();
         let block = |w: &BackingWait| {
             let mut b = vec![0u8; w.bytes()];
             file.read_exact_at(&mut b, w.offset()).unwrap();
@@ -637,37 +622,11 @@ mod tests {
     #[test]
     fn a_read_of_written_back_groups_waits_once_a_group_or_reads_here() {
         use std::os::unix::fs::FileExt;
-        let dir = tempfile::tempdir().unwrap();
-        let bd = dir.path().join("backing");
-        std::fs::File::create(&bd)
-            .unwrap()
-            .set_len(64 * PAGE_SIZE as u64)
-            .unwrap();
-        let mut cfg = StoreConfig::new(DEV);
-        cfg.backing = Some(bd.clone());
-        cfg.mode = zblk::Mode::Packed;
-        let s = Store::new(cfg).unwrap();
-        // A noisy quarter of each page: a group compresses to more than a
-        // block, so its run spans blocks.
-        let mut data: Vec<u8> = (1..17u8).flat_map(page).collect();
-        let mut x = 0x2545_f491u32;
-        for p in data.chunks_mut(PAGE_SIZE) {
-            for b in &mut p[..PAGE_SIZE / 4] {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                *b = x as u8;
-            }
-        }
-        let w = iod(UBLK_IO_OP_WRITE, 0, 16 * SPP);
-        dispatch(&mut s.new_ctx(), &w, &mut data).unwrap();
-        s.mark_idle(None).unwrap();
-        let wb = zblk::Writeback {
-            select: zblk::WritebackType::Idle.into(),
-            limit: 0,
-        };
-        assert_eq!(s.writeback(&wb).unwrap().written, 16);
-        let file = std::fs::File::open(&bd).unwrap();
+        let data = crate::testing::noisy_pages(16);
+        let wb = crate::testing::WrittenBack::new(DEV, zblk::Mode::Packed, &data);
+        assert_eq!(wb.written, 16);
+        let s = &wb.store;
+        let file = std::fs::File::open(&wb.file).unwrap();
         let r = iod(UBLK_IO_OP_READ, 0, 16 * SPP);
         // Through the caller's own reads: one wait a group, for its run.
         let (mut ctx, mut buf) = (s.new_ctx(), vec![0u8; 16 * PAGE_SIZE]);

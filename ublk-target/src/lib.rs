@@ -66,6 +66,8 @@ pub mod safety;
 pub mod signals;
 pub mod size;
 pub mod swap;
+#[cfg(test)]
+mod testing;
 pub mod transport;
 
 pub use config::{DeviceConfig, EngineConfig};

@@ -590,11 +590,7 @@ mod tests {
 
     #[test]
     fn a_packed_device_takes_the_recompression_and_writeback_policies() {
-        let dir = tempfile::tempdir().expect("a temporary directory");
-        let bd = dir.path().join("backing");
-        std::fs::File::create(&bd)
-            .and_then(|f| f.set_len(1 << 20))
-            .expect("a backing file");
+        let (_dir, bd) = crate::testing::backing_file(1 << 20);
         let mut cfg = zblk::StoreConfig::new(1 << 20);
         cfg.mode = Mode::Packed;
         cfg.backing = Some(bd);

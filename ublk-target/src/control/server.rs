@@ -998,12 +998,7 @@ mod tests {
     #[test]
     fn the_policy_recompresses_and_writes_back_idle_pages_on_its_own() {
         use crate::policy::{self, Timing};
-        let dir = tempfile::tempdir().unwrap();
-        let bd = dir.path().join("backing");
-        std::fs::File::create(&bd)
-            .unwrap()
-            .set_len(64 * PAGE_SIZE as u64)
-            .unwrap();
+        let (_dir, bd) = crate::testing::backing_file(64 * PAGE_SIZE as u64);
         let mut dc = cfg(1);
         dc.backing_dev = Some(bd);
         let store = zblk::Store::new(dc.store_config()).unwrap();
