@@ -12,9 +12,9 @@
 #
 # Usage: bash tests/vm/run.sh [options]
 #   --kernel K          6.12, 7.3 or both (default both: the default suite takes
-#                       about 8 min of qemu time per kernel under TCG, crash,
-#                       soak and upgrade 5 min of it, inside the 45 min CI
-#                       allows for both); repeatable and comma-separated too;
+#                       about 11 min of qemu time per kernel under TCG, crash,
+#                       soak and upgrade 4 min of it); repeatable and
+#                       comma-separated too;
 #                       the kernels boot one after the other, in the given order
 #   --scenario NAME     run only this scenario (repeatable; default: all, in order
 #                       swap munmap blockio stat lifecycle recompress exhaust soak
@@ -95,7 +95,7 @@
 #                     zblk.settle_s=10        time allowed to fall back after munmap
 #                     zblk.compare_rounds=1   zram/zblk pairs in zram-compare
 #                     zblk.timeout=360        limit per scenario in the guest
-#                     zblk.soak_s=120         traffic time of the soak scenario;
+#                     zblk.soak_s=60          traffic time of the soak scenario;
 #                       ZBLK_VM_ARGS='zblk.soak_s=600 zblk.timeout=900' with
 #                       --scenario soak --timeout 1500 is the 10-minute soak
 #                       (opt-in: too long for CI's default run)

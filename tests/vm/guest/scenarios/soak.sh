@@ -1,4 +1,4 @@
-# soak: ZBLK_SOAK_S seconds (default 120) of mixed traffic on two devices
+# soak: ZBLK_SOAK_S seconds (default 60) of mixed traffic on two devices
 # with two queues each, every page verified:
 #   - swap pressure: usemem rounds, several processes in a memory cgroup
 #     (memory.high ZBLK_LIMIT_MB), two verify passes each, a new seed
@@ -22,7 +22,7 @@
 #
 # The 10-minute soak is opt-in (too long for CI's default run):
 #   ZBLK_VM_ARGS='zblk.soak_s=600 zblk.timeout=900' bash tests/vm/run.sh --scenario soak --timeout 1500
-: "${ZBLK_SOAK_S:=120}" "${ZBLK_SOAK_PROCS:=3}" "${ZBLK_SOAK_MB:=64}" "${ZBLK_SOAK_MUNMAP_MB:=32}"
+: "${ZBLK_SOAK_S:=60}" "${ZBLK_SOAK_PROCS:=3}" "${ZBLK_SOAK_MB:=64}" "${ZBLK_SOAK_MUNMAP_MB:=32}"
 grep -q "(deleted)" /proc/swaps && fail "a dead swap area from an earlier scenario is active (run swapkill last)"
 dmesg_mark
 zadd --size "${ZBLK_DEV_MB}M" --algo "$ZBLK_ALGO" --swap --queues 2
