@@ -526,9 +526,49 @@ pub(crate) fn read_backed_page(
     group: &[u8],
     out: &mut [u8],
 ) -> std::result::Result<(), String> {
+    check_backed_group(page, e, group)?;
+    let blob = &group[GROUP_HEADER..];
+    decode_to_cache(st, e, blob, backed_key(e), usize::from(e.idx), out)
+}
+
+/// The pages a written-back group was written with, as its header says.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct BackedShape {
+    /// The group's CRC-32 (of its header's other fields and its blob).
+    pub(crate) crc: u32,
+    /// Offsets (within the group) whose pages are in the blob.
+    orig: u64,
+    /// The group's first page.
+    base: u64,
+}
+
+impl BackedShape {
+    /// Each page of the blob, with its position there, in page order.
+    pub(crate) fn pages(self) -> impl Iterator<Item = (u64, u8)> {
+        let mut m = self.orig;
+        let mut pos = 0u8;
+        std::iter::from_fn(move || {
+            let off = (m != 0).then(|| u64::from(m.trailing_zeros()))?;
+            m &= m - 1;
+            pos += 1;
+            Some((self.base + off, pos - 1))
+        })
+    }
+}
+
+/// Checks `group`, a written-back group's header and blob as read from
+/// the backing store, against the slot `e` of page `page` that names it:
+/// its CRC against the header's and the slot's 24 bits, its length and
+/// pages against the slot's, and that the header puts this very page at
+/// the slot's position. Returns the group's shape.
+pub(crate) fn check_backed_group(
+    page: u64,
+    e: &Entry,
+    group: &[u8],
+) -> std::result::Result<BackedShape, String> {
     let at = e.group_at();
-    let (head, blob) = group
-        .split_first_chunk::<GROUP_HEADER>()
+    let head = group
+        .first_chunk::<GROUP_HEADER>()
         .ok_or("a written-back group shorter than its header")?;
     let hdr = DiskHeader::parse(head);
     let crc = group_crc(group);
@@ -545,7 +585,11 @@ pub(crate) fn read_backed_page(
             at.block
         ));
     }
-    decode_to_cache(st, e, blob, backed_key(e), usize::from(e.idx), out)
+    Ok(BackedShape {
+        crc,
+        orig: hdr.orig,
+        base: hdr.base,
+    })
 }
 
 /// Decompresses a group's blob with the codec of the algorithm its slot

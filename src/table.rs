@@ -43,10 +43,10 @@ pub(crate) enum Held<'a> {
     /// The packed object of this id (0: a per-page object, which the entry
     /// alone identifies).
     PackedId(Entry, u64),
-    /// A written-back per-page object (kind 5) at the place this entry
-    /// names: the entry alone identifies it, since only the holder of the
-    /// writeback batch, who is the mover, writes backing blocks, so no
-    /// other page's object can take that place meanwhile.
+    /// A written-back object (kind 5, or a page of a group: kind 6) at
+    /// the place this entry names: the entry alone identifies it, since
+    /// only the holder of the writeback batch, who is the mover, writes
+    /// backing blocks, so no other object can take that place meanwhile.
     Backed(Entry),
 }
 
@@ -189,7 +189,9 @@ impl SlotTable {
             Held::PackedId(e, id) => {
                 guard.entry().same_object(&e) && packed::object_id(&*self.alloc, guard) == id
             }
-            Held::Backed(e) => e.kind == Kind::Backed && guard.entry().same_object(&e),
+            Held::Backed(e) => {
+                matches!(e.kind, Kind::Backed | Kind::BackedGroup) && guard.entry().same_object(&e)
+            }
         }
     }
 

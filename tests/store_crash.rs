@@ -58,7 +58,8 @@ enum Op {
     /// Marks every page idle and writes a few idle ones back (a packed
     /// store: the groups whose live pages fit the limit, whole).
     Writeback,
-    /// Compacts the backing store (its sparse blocks' per-page objects).
+    /// Compacts the backing store (the per-page objects and packed groups
+    /// of its sparse blocks).
     CompactBacking,
 }
 
@@ -364,6 +365,9 @@ fn per_page_store_survives_a_crash_at_every_point() {
 fn packed_store_survives_a_crash_at_every_point() {
     let names = crash_everywhere(Mode::Packed);
     for want in [
+        "backing-compact:group-locked",
+        "backing-compact:group-released",
+        "backing-compact:written",
         "install:locked",
         "pack:allocated",
         "pack:header",

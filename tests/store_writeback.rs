@@ -683,9 +683,14 @@ fn race_maintenance(store: &Arc<Store>, n: u64, mut maintain: impl FnMut(&Store)
 /// device with a backing file; returns what `maintain` counted and checks
 /// that discarding everything leaves nothing on the backing store.
 fn race_writeback(maintain: impl Fn(&Store, &Writeback) -> u64) -> u64 {
+    race_writeback_in(Mode::PerPage, maintain)
+}
+
+/// [`race_writeback`] in `mode`.
+fn race_writeback_in(mode: Mode, maintain: impl Fn(&Store, &Writeback) -> u64) -> u64 {
     const N: u64 = 256;
     let (_d, bd) = backing_file(N);
-    let store = Store::new(config(N, &bd, false)).unwrap();
+    let store = Store::new(config_in(mode, N, &bd, false)).unwrap();
     let wb = Writeback {
         select: WritebackType::Idle.into(),
         limit: 0,
@@ -1024,11 +1029,13 @@ fn backing_compaction_loses_to_an_overwrite_and_a_discard_meanwhile() {
 
 #[test]
 fn backing_compaction_racing_writes_reads_and_discards_loses_nothing() {
-    let moved = race_writeback(|store, wb| {
-        store.writeback(wb).unwrap();
-        store.compact_backing(16).unwrap().objects_moved
-    });
-    assert!(moved > 0);
+    for mode in [Mode::PerPage, Mode::Packed] {
+        let moved = race_writeback_in(mode, |store, wb| {
+            store.writeback(wb).unwrap();
+            store.compact_backing(16).unwrap().objects_moved
+        });
+        assert!(moved > 0, "{mode}");
+    }
 }
 
 #[test]
@@ -1036,35 +1043,172 @@ fn recovery_rebuilds_the_free_map_after_backing_compaction() {
     let (_d, bd) = backing_file(256);
     let n = 120;
     let (store, ctx, data) = sparse_backing(n, &bd, true);
+    recover_after_backing_compaction(Mode::PerPage, store, ctx, data, &bd);
+    let (_d, bd) = backing_file(256);
+    let (store, ctx, data) = sparse_packed_backing(240, &bd, true);
+    recover_after_backing_compaction(Mode::Packed, store, ctx, data, &bd);
+}
+
+/// Compacts the backing store of a shared-memory store, crashes it,
+/// recovers and checks the free map and every page.
+fn recover_after_backing_compaction(
+    mode: Mode,
+    store: Arc<Store>,
+    ctx: QueueCtx,
+    data: Vec<u8>,
+    bd: &Path,
+) {
+    let n = (data.len() / PAGE_SIZE) as u64;
     assert!(store.compact_backing(u64::MAX).unwrap().blocks_freed > 0);
     let before = store.stats();
-    let store = crash_and_recover(store, ctx, config(n, &bd, true));
+    let store = crash_and_recover(store, ctx, config_in(mode, n, bd, true));
     let after = store.stats();
-    assert_eq!(after.recovery_dropped, 0);
+    assert_eq!(after.recovery_dropped, 0, "{mode}");
     assert_eq!(after.counters.bd_count, before.counters.bd_count);
+    assert_eq!(after.counters.bd_bytes, before.counters.bd_bytes);
     assert_eq!(
         after.bd_used_bytes, before.bd_used_bytes,
-        "free map rebuilt"
+        "{mode}: free map rebuilt"
     );
     let mut ctx = store.new_ctx();
-    assert!(read_back(&mut ctx, &data).is_empty());
+    assert!(read_back(&mut ctx, &data).is_empty(), "{mode}");
     ctx.discard(0, n * P).unwrap();
-    assert_eq!(store.stats().bd_used_bytes, 0);
+    assert_eq!(store.stats().bd_used_bytes, 0, "{mode}");
+}
+
+/// Pages per group of [`sparse_packed_backing`]: a real-memory page and
+/// two text pages, so that a group takes under half a block and many
+/// groups cross block boundaries.
+const SMALL_GROUP: u64 = 3;
+
+/// Writes `n` pages to a packed store in writes of [`SMALL_GROUP`] pages
+/// (a group each) and writes them all back, then discards every
+/// page of three groups in four and the middle page of every other group
+/// left: most backing blocks are left sparse, and some groups left hold
+/// a dead page; returns what each page holds now.
+fn sparse_packed_backing(n: u64, bd: &Path, shared: bool) -> (Arc<Store>, QueueCtx, Vec<u8>) {
+    let store = Store::new(config_in(Mode::Packed, n, bd, shared)).unwrap();
+    let mut ctx = store.new_ctx();
+    let real = real_pages();
+    let mut data: Vec<u8> = (0..n)
+        .flat_map(|i| match i % SMALL_GROUP {
+            0 => page(Content::Real(i as usize % 96), &real),
+            _ => page(Content::Text(i), &[]),
+        })
+        .collect();
+    for chunk in (0..n).step_by(SMALL_GROUP as usize) {
+        let pages = SMALL_GROUP.min(n - chunk) as usize;
+        let at = chunk as usize * PAGE_SIZE;
+        ctx.write(chunk * P, &data[at..at + pages * PAGE_SIZE])
+            .unwrap();
+    }
+    store.mark_idle(None).unwrap();
+    let r = write_back_idle(&store, 0);
+    let stored = store.stats().counters;
+    assert_eq!(r.written, stored.stored_pages - stored.same_pages, "{r:?}");
+    let g = SMALL_GROUP;
+    for p in (0..n).filter(|p| (p / g) % 4 != 0 || (p / g) % 8 == 4 && p % g == 1) {
+        ctx.discard(p * P, P).unwrap();
+        let at = p as usize * PAGE_SIZE;
+        data[at..at + PAGE_SIZE].fill(0);
+    }
+    (store, ctx, data)
+}
+
+/// Written-back packed groups on sparse blocks move whole: header, blob
+/// and dead pages' bytes, each live page's slot switched to the copy; the
+/// pages read back with one read a group, as before.
+#[test]
+fn backing_compaction_moves_packed_groups_whole() {
+    let (_d, bd) = backing_file(256);
+    let (store, mut ctx, data) = sparse_packed_backing(240, &bd, false);
+    let before = store.stats();
+    let r = store.compact_backing(u64::MAX).unwrap();
+    let after = store.stats();
+    eprintln!(
+        "bd_used_bytes {} -> {} for bd_bytes {}: {r:?}",
+        before.bd_used_bytes, after.bd_used_bytes, after.counters.bd_bytes
+    );
+    assert!(r.groups_moved > 0 && r.blocks_freed > 0, "{r:?}");
+    assert_eq!((r.raced, r.corrupt, r.unreadable, r.full), (0, 0, 0, false));
+    assert!(r.blocks_written < r.blocks_looked, "{r:?}");
+    assert_eq!(
+        before.bd_used_bytes - after.bd_used_bytes,
+        r.blocks_freed * P
+    );
+    assert_eq!(after.counters.bd_count, before.counters.bd_count);
+    assert_eq!(after.counters.bd_bytes, before.counters.bd_bytes);
+    let reads = after.counters.bd_reads;
+    assert!(read_back(&mut ctx, &data).is_empty());
+    let reads = store.stats().counters.bd_reads - reads;
+    assert!(
+        reads < after.counters.bd_count,
+        "one read a group: {reads} reads for {} pages",
+        after.counters.bd_count
+    );
+    let again = store.compact_backing(u64::MAX).unwrap();
+    assert_eq!(again.blocks_freed, 0, "{again:?}");
+    assert!(read_back(&mut ctx, &data).is_empty());
+    ctx.discard(0, 240 * P).unwrap();
+    let s = store.stats();
+    assert_eq!((s.counters.bd_count, s.bd_used_bytes), (0, 0));
+}
+
+/// A page of a group overwritten, and another discarded, between the
+/// copy and the switch: each keeps what the write or discard gave it, the
+/// group's other pages move, and nothing is left on the backing store
+/// once everything is discarded.
+#[test]
+fn backing_compaction_of_a_group_loses_to_an_overwrite_and_a_discard_meanwhile() {
+    let (_d, bd) = backing_file(256);
+    let (store, mut ctx, mut data) = sparse_packed_backing(240, &bd, false);
+    let moved = store.slot_states(0..240);
+    let fresh = page(Content::Text(1234), &[]);
+    let mut other = store.new_ctx();
+    let mut done = false;
+    let new = fresh.clone();
+    zblk::testing::on_crash_point(Some(Box::new(move |name| {
+        if name != "backing-compact:written" || done {
+            return;
+        }
+        done = true;
+        other.write(0, &new).unwrap();
+        other.discard(P, P).unwrap();
+    })));
+    let r = store.compact_backing(u64::MAX).unwrap();
+    zblk::testing::on_crash_point(None);
+    assert!(
+        moved[0].kind == zblk::SlotKind::WrittenBack,
+        "page 0 is on the backing store: {:?}",
+        moved[0]
+    );
+    assert!(r.groups_moved > 0, "{r:?}");
+    assert_eq!(r.raced, 2, "pages 0 and 1, of the group on block 0: {r:?}");
+    data[..PAGE_SIZE].copy_from_slice(&fresh);
+    data[PAGE_SIZE..2 * PAGE_SIZE].fill(0);
+    assert!(read_back(&mut ctx, &data).is_empty());
+    ctx.discard(0, 240 * P).unwrap();
+    assert_eq!(store.stats().bd_used_bytes, 0, "the lost copies were freed");
 }
 
 #[test]
-fn backing_compaction_leaves_packed_groups_and_needs_a_backing_device() {
+fn backing_compaction_leaves_a_corrupt_group_failing_its_reads() {
     let (_d, bd) = backing_file(256);
-    let (store, mut ctx, mut data) = written_back_in(Mode::Packed, 120, &bd, false);
-    for p in (0..120).filter(|p| p % 4 != 0) {
-        ctx.discard(p * P, P).unwrap();
-        data[p as usize * PAGE_SIZE..(p as usize + 1) * PAGE_SIZE].fill(0);
-    }
-    let before = store.stats();
+    let (store, mut ctx, data) = sparse_packed_backing(240, &bd, false);
+    // Block 0, the first written, holds the group of pages 0-2; ruin it.
+    let f = std::fs::OpenOptions::new().write(true).open(&bd).unwrap();
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(&[0x5a; PAGE_SIZE], 0).unwrap();
+    f.sync_all().unwrap();
+    let failed = read_back(&mut ctx, &data);
+    assert!(failed.contains(&0), "{failed:?}");
     let r = store.compact_backing(u64::MAX).unwrap();
-    assert_eq!(r.objects_moved, 0, "{r:?}");
-    assert_eq!(store.stats().bd_used_bytes, before.bd_used_bytes);
-    assert!(read_back(&mut ctx, &data).is_empty());
+    assert!(r.corrupt >= 1 && r.groups_moved > 0, "{r:?}");
+    assert_eq!(read_back(&mut ctx, &data), failed, "the same pages fail");
+}
+
+#[test]
+fn backing_compaction_needs_a_backing_device() {
     let plain = Store::new(StoreConfig::new(8 * P)).unwrap();
     let e = plain.compact_backing(8).unwrap_err().to_string();
     assert!(e.contains("no backing device"), "{e}");

@@ -138,10 +138,11 @@ fn compact_backing(id: u32, max_blocks: u64) -> CliResult {
     let r = control::request(id, &req, COMPACT_BACKING_TIMEOUT)?;
     let n = |k: &str| r[k].as_u64().unwrap_or(0);
     println!(
-        "blocks_looked {} objects_moved {} bytes_moved {} blocks_written {} blocks_freed {} \
-         raced {} corrupt {} unreadable {} full {}",
+        "blocks_looked {} objects_moved {} groups_moved {} bytes_moved {} blocks_written {} \
+         blocks_freed {} raced {} corrupt {} unreadable {} full {}",
         n("blocks_looked"),
         n("objects_moved"),
+        n("groups_moved"),
         n("bytes_moved"),
         n("blocks_written"),
         n("blocks_freed"),

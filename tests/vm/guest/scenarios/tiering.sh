@@ -10,7 +10,9 @@
 # was freed since (bd_count <= bd_writes), bd_bytes <= bd_used_bytes <=
 # bd_size, compr_data_size and mem_used_total dropped (by at least half
 # of what was written back, after the compaction writeback ends with),
-# bd_reads grows while the cold workload verifies, both usemem runs
+# bd_reads grows while the cold workload verifies; `zblk compact
+# --backing`, while both run, leaves bd_bytes <= bd_used_bytes, no more
+# blocks in use than before and nothing corrupt; both usemem runs
 # verify every page, no kernel swap error; after del the loop device is
 # released. Then a small device over the same backing device takes 64
 # known pages: `zblk dump` shows their kinds, `zblk writeback --pages`
@@ -86,6 +88,16 @@ log "stored=$st writeback: $wb; recompress: $rc; bd_count=$bdc bd_writes=$bdw bd
 # RAM used drops by (about) what was written back: at least half of it,
 # after the compaction writeback and recompression end with.
 [ $(( mem0 - mem1 )) -ge $(( wbytes / 2 )) ] || { loop_backing_release; fail "mem_used_total dropped $(( mem0 - mem1 )) bytes for $wbytes written back"; }
+# The hot pages written back come back in and leave holes in their
+# blocks: compact the backing device while both workloads run.
+sleep 5
+cb=$(zblk compact -n "$ZID" --backing 2>&1) || { loop_backing_release; fail "compact --backing failed: $cb"; }
+cbu0=$(word_after "$cb" bd_used_bytes) cbu1=$(echo "$cb" | sed -n 's/.* -> \([0-9]*\) .*/\1/p')
+cbb=$(word_after "$cb" bd_bytes) cbad=$(( $(word_after "$cb" corrupt) + $(word_after "$cb" unreadable) ))
+log "compact --backing: $(echo "$cb" | tr '\n' ' ')"
+[ -n "$cbu1" ] && [ "$cbu1" -le "$cbu0" ] && [ "$cbb" -le "$cbu1" ] || { loop_backing_release; fail "compact --backing: bd_used_bytes $cbu0 -> $cbu1 for bd_bytes $cbb"; }
+[ "$cbad" = 0 ] || { loop_backing_release; fail "compact --backing found corrupt or unreadable blocks: $cb"; }
+COMPACTED="backing compaction: $(word_after "$cb" objects_moved) objects ($(word_after "$cb" groups_moved) groups) moved, bd_used_bytes $cbu0 -> $cbu1 for bd_bytes $cbb"
 hold_end
 wait $COLD
 crc=$?
@@ -107,4 +119,4 @@ rmdir "$CG" 2>/dev/null
 must zblk del -n "$ZID" --force >/dev/null
 by_index
 loop_backing_release
-pass "$ZBLK_TIERING_MODE: stored=$st written_back=$written ($wbytes bytes in $(( bdu / 4096 )) blocks) bd_reads $bdr0 -> $bdr1, mem_used_total $mem0 -> $mem1 ($(ratio "$mem1" "$mem0")x), compr_data_size $compr0 -> $compr1; both usemem runs verified every page; $BY_INDEX"
+pass "$ZBLK_TIERING_MODE: stored=$st written_back=$written ($wbytes bytes in $(( bdu / 4096 )) blocks) bd_reads $bdr0 -> $bdr1, mem_used_total $mem0 -> $mem1 ($(ratio "$mem1" "$mem0")x), compr_data_size $compr0 -> $compr1; $COMPACTED; both usemem runs verified every page; $BY_INDEX"
