@@ -10,15 +10,18 @@
 # was freed since (bd_count <= bd_writes), bd_bytes <= bd_used_bytes <=
 # bd_size, compr_data_size and mem_used_total dropped (by at least half
 # of what was written back, after the compaction writeback ends with),
-# bd_reads grows while the cold workload verifies; `zblk compact
-# --backing`, while both run, leaves bd_bytes <= bd_used_bytes, no more
-# blocks in use than before and nothing corrupt; both usemem runs
+# bd_reads grows while the cold workload verifies, both usemem runs
 # verify every page, no kernel swap error; after del the loop device is
 # released. Then a small device over the same backing device takes 64
 # known pages: `zblk dump` shows their kinds, `zblk writeback --pages`
 # writes back exactly the stored pages of its ranges (the dump and
 # bd_count say so, and they read back unchanged), and --type with --pages
-# or a range past the end are refused in one line.
+# or a range past the end are refused in one line. Last, compaction of
+# the backing device: a device in the swap device's mode takes 3072 text
+# pages in writes of 3 pages (a packed group each), writes them all back,
+# and 3 of every 4 groups are discarded; `zblk compact --backing` moves
+# objects, frees blocks (bd_used_bytes drops, still >= bd_bytes), finds
+# nothing corrupt, and every page reads back as it should.
 #
 # ZBLK_TIERING_MODE (default per-page) is the swap device's store mode:
 # packed writes back whole packed groups.
@@ -63,6 +66,35 @@ by_index() {
     rm -f /tmp/zblk-vm.pages
     BY_INDEX="by index: 26 of pages 8-40,50 written back, dump and read-back match"
 }
+# Compaction of the backing device: groups of 3 text pages written back,
+# 3 groups in 4 discarded, the rest moved together, every page read back.
+backing_compaction() {
+    zadd --size 16M --algo "$ZBLK_ALGO" --mode "$ZBLK_TIERING_MODE" --backing-dev "$BD"
+    awk 'BEGIN { for (p = 0; p < 3072; p++) { s = sprintf("page %d, moved by backing compaction; ", p); l = s; while (length(l) < 4096) l = l s; printf "%s", substr(l, 1, 4096) } }' >/tmp/zblk-vm.cpages
+    must dd if=/tmp/zblk-vm.cpages of="$ZDEV" bs=12288 oflag=direct
+    wb=$(zblk writeback -n "$ZID" --pages 0-3071 2>&1) || { loop_backing_release; fail "writeback for compaction: $wb"; }
+    [ "$(word_after "$wb" written)" = 3072 ] || { loop_backing_release; fail "writeback for compaction wrote: $wb"; }
+    cp /tmp/zblk-vm.cpages /tmp/zblk-vm.cwant
+    g=0
+    while [ $g -lt 1024 ]; do
+        # Groups g+1..g+3 (pages 3g+3..3g+11) go; group g stays.
+        blkdiscard -o $(( (g + 1) * 12288 )) -l 36864 "$ZDEV" || { loop_backing_release; fail "blkdiscard of groups $((g + 1))-$((g + 3))"; }
+        dd if=/dev/zero of=/tmp/zblk-vm.cwant bs=12288 seek=$((g + 1)) count=3 conv=notrunc 2>/dev/null
+        g=$((g + 4))
+    done
+    cb=$(zblk compact -n "$ZID" --backing 2>&1) || { loop_backing_release; fail "compact --backing failed: $cb"; }
+    log "compact --backing: $(echo "$cb" | tr '\n' ' ')"
+    cbu0=$(word_after "$cb" bd_used_bytes) cbu1=$(echo "$cb" | sed -n 's/.* -> \([0-9]*\) .*/\1/p')
+    cbb=$(word_after "$cb" bd_bytes) moved=$(word_after "$cb" objects_moved)
+    bad=$(( $(word_after "$cb" corrupt) + $(word_after "$cb" unreadable) + $(word_after "$cb" raced) ))
+    [ "${moved:-0}" -gt 0 ] && [ -n "$cbu1" ] && [ "$cbu1" -lt "$cbu0" ] && [ "$cbb" -le "$cbu1" ] && [ "$bad" = 0 ] ||
+        { loop_backing_release; fail "compact --backing: $(echo "$cb" | tr '\n' ' ')"; }
+    dd if="$ZDEV" bs=12288 count=1024 iflag=direct 2>/dev/null | cmp -s - /tmp/zblk-vm.cwant ||
+        { loop_backing_release; fail "pages read back changed after compact --backing"; }
+    must zblk del -n "$ZID" >/dev/null
+    rm -f /tmp/zblk-vm.cpages /tmp/zblk-vm.cwant
+    COMPACTED="backing compaction: $moved objects ($(word_after "$cb" groups_moved) groups) moved, bd_used_bytes $cbu0 -> $cbu1 for bd_bytes $cbb, every page read back"
+}
 zadd --size "${ZBLK_DEV_MB}M" --algo "$ZBLK_ALGO" --mode "$ZBLK_TIERING_MODE" --backing-dev "$BD" --swap
 j=$(zstat)
 [ "$(echo "$j" | jget backing_dev)" = "$BD" ] || { loop_backing_release; fail "stat's backing_dev is '$(echo "$j" | jget backing_dev)', not $BD"; }
@@ -88,16 +120,6 @@ log "stored=$st writeback: $wb; recompress: $rc; bd_count=$bdc bd_writes=$bdw bd
 # RAM used drops by (about) what was written back: at least half of it,
 # after the compaction writeback and recompression end with.
 [ $(( mem0 - mem1 )) -ge $(( wbytes / 2 )) ] || { loop_backing_release; fail "mem_used_total dropped $(( mem0 - mem1 )) bytes for $wbytes written back"; }
-# The hot pages written back come back in and leave holes in their
-# blocks: compact the backing device while both workloads run.
-sleep 5
-cb=$(zblk compact -n "$ZID" --backing 2>&1) || { loop_backing_release; fail "compact --backing failed: $cb"; }
-cbu0=$(word_after "$cb" bd_used_bytes) cbu1=$(echo "$cb" | sed -n 's/.* -> \([0-9]*\) .*/\1/p')
-cbb=$(word_after "$cb" bd_bytes) cbad=$(( $(word_after "$cb" corrupt) + $(word_after "$cb" unreadable) ))
-log "compact --backing: $(echo "$cb" | tr '\n' ' ')"
-[ -n "$cbu1" ] && [ "$cbu1" -le "$cbu0" ] && [ "$cbb" -le "$cbu1" ] || { loop_backing_release; fail "compact --backing: bd_used_bytes $cbu0 -> $cbu1 for bd_bytes $cbb"; }
-[ "$cbad" = 0 ] || { loop_backing_release; fail "compact --backing found corrupt or unreadable blocks: $cb"; }
-COMPACTED="backing compaction: $(word_after "$cb" objects_moved) objects ($(word_after "$cb" groups_moved) groups) moved, bd_used_bytes $cbu0 -> $cbu1 for bd_bytes $cbb"
 hold_end
 wait $COLD
 crc=$?
@@ -118,5 +140,6 @@ dmesg | tail -n +"$DMESG_FROM" | grep -qiE 'segfault|SIGBUS|I/O error, dev ublkb
 rmdir "$CG" 2>/dev/null
 must zblk del -n "$ZID" --force >/dev/null
 by_index
+backing_compaction
 loop_backing_release
-pass "$ZBLK_TIERING_MODE: stored=$st written_back=$written ($wbytes bytes in $(( bdu / 4096 )) blocks) bd_reads $bdr0 -> $bdr1, mem_used_total $mem0 -> $mem1 ($(ratio "$mem1" "$mem0")x), compr_data_size $compr0 -> $compr1; $COMPACTED; both usemem runs verified every page; $BY_INDEX"
+pass "$ZBLK_TIERING_MODE: stored=$st written_back=$written ($wbytes bytes in $(( bdu / 4096 )) blocks) bd_reads $bdr0 -> $bdr1, mem_used_total $mem0 -> $mem1 ($(ratio "$mem1" "$mem0")x), compr_data_size $compr0 -> $compr1; both usemem runs verified every page; $BY_INDEX; $COMPACTED"
