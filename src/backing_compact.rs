@@ -69,14 +69,14 @@
 //! group's pages `backing-compact:group-locked` and
 //! `backing-compact:group-released`.
 
-use crate::backing::{object_crc, Backing, Batch, Extent, Pending, BATCH_BLOCKS, BATCH_OBJECTS};
+use crate::backing::{object_crc, Backing, Batch, Extent, Pending, BATCH_BLOCKS};
 use crate::ctx::CtxState;
 use crate::error::Result;
 use crate::packed;
 use crate::page::PAGE_SIZE;
 use crate::slot::{BackedAt, Entry, GroupAt, Kind, TAG_MASK};
 use crate::table::{backed_extent, Held, MovePoints, SlotTable};
-use crate::writeback::{file_blocks, place_and_write, Fill};
+use crate::writeback::{file_blocks, place_and_write, Fill, Room};
 use serde::Serialize;
 
 /// A run of blocks whose live bytes are fewer than this many a block is
@@ -383,12 +383,11 @@ fn gather_object(
         r.corrupt += 1;
         return Gather::Next;
     }
-    let Some((blk, off)) = fill.place(len, false) else {
-        return Gather::Full;
+    let (blk, off) = match fill.room(batch, len, 1, false) {
+        Room::At(blk, off) => (blk, off),
+        Room::Full => return Gather::Full,
+        Room::Never => return Gather::Next,
     };
-    if batch.items.len() >= BATCH_OBJECTS {
-        return Gather::Full;
-    }
     let to = blk * PAGE_SIZE + off;
     batch.buf.as_mut_slice()[to..to + len].copy_from_slice(obj);
     batch.items.push(Pending {
@@ -416,17 +415,11 @@ fn gather_group(
     r: &mut BackingCompactReport,
 ) -> Gather {
     let Found { page, e, at, len } = found;
-    let Some((blk, off)) = fill.place(len, true) else {
-        // A group too big for an empty batch is never moved.
-        return if batch.items.is_empty() {
-            Gather::Next
-        } else {
-            Gather::Full
-        };
+    let (blk, off) = match fill.room(batch, len, usize::from(e.n), true) {
+        Room::At(blk, off) => (blk, off),
+        Room::Full => return Gather::Full,
+        Room::Never => return Gather::Next,
     };
-    if batch.items.len() + usize::from(e.n) > BATCH_OBJECTS {
-        return Gather::Full;
-    }
     if groups.met(e.val) {
         return Gather::Next;
     }

@@ -247,6 +247,22 @@ impl Fill {
         (end <= BATCH_BLOCKS * PAGE_SIZE).then_some((blk, off))
     }
 
+    /// Where an object of `bytes` bytes for `pages` items (a group's
+    /// live pages, or 1) goes in `batch`, if it has room for both.
+    pub(crate) fn room(&self, batch: &Batch, bytes: usize, pages: usize, group: bool) -> Room {
+        let Some((blk, off)) = self.place(bytes, group) else {
+            return if batch.items.is_empty() {
+                Room::Never
+            } else {
+                Room::Full
+            };
+        };
+        if batch.items.len() + pages > BATCH_OBJECTS {
+            return Room::Full;
+        }
+        Room::At(blk, off)
+    }
+
     /// Records an object of `bytes` bytes placed at `blk`, `off`.
     pub(crate) fn advance(&mut self, blk: usize, off: usize, bytes: usize) {
         if off == 0 {
@@ -256,6 +272,16 @@ impl Fill {
         let end = blk * PAGE_SIZE + off + bytes;
         (self.blk, self.off) = (end / PAGE_SIZE, end % PAGE_SIZE);
     }
+}
+
+/// Whether a batch has room for an object ([`Fill::room`]).
+pub(crate) enum Room {
+    /// At this batch block and offset.
+    At(usize, usize),
+    /// Not with what the batch holds: write it out, look again.
+    Full,
+    /// Not even in an empty batch (a group too big): never moved.
+    Never,
 }
 
 /// Blocks a run of packed groups crossing blocks may take at most: the
@@ -333,12 +359,11 @@ fn gather(
         return Gather::Skipped;
     };
     let len = obj.len();
-    let Some((blk, off)) = fill.place(len, false) else {
-        return Gather::Full;
+    let (blk, off) = match fill.room(batch, len, 1, false) {
+        Room::At(blk, off) => (blk, off),
+        Room::Full => return Gather::Full,
+        Room::Never => return Gather::Skipped,
     };
-    if batch.items.len() >= BATCH_OBJECTS {
-        return Gather::Full;
-    }
     let at = blk * PAGE_SIZE + off;
     batch.buf.as_mut_slice()[at..at + len].copy_from_slice(obj);
     drop(guard);
@@ -375,17 +400,11 @@ fn gather_group(
         return Gather::Skipped;
     }
     let bytes = GROUP_HEADER + e.len as usize;
-    let Some((blk, off)) = fill.place(bytes, true) else {
-        // A group too big for an empty batch is never written back.
-        return if batch.items.is_empty() {
-            Gather::Skipped
-        } else {
-            Gather::Full
-        };
+    let (blk, off) = match fill.room(batch, bytes, usize::from(e.n), true) {
+        Room::At(blk, off) => (blk, off),
+        Room::Full => return Gather::Full,
+        Room::Never => return Gather::Skipped,
     };
-    if batch.items.len() + usize::from(e.n) > BATCH_OBJECTS {
-        return Gather::Full;
-    }
     fill.group = id;
     let at = blk * PAGE_SIZE + off;
     let dst = &mut batch.buf.as_mut_slice()[at..at + bytes];
